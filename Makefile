@@ -1,0 +1,25 @@
+# The two commands of the README: `make test` and `make run`. Both set up .venv from nothing first.
+VENV := .venv
+PY := $(VENV)/bin/python
+CONFIG ?= examples/configs/grpo_swe_tiny.yaml
+
+.PHONY: setup test test-fast run lint
+
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m fleet.protogen --check || $(PY) -m fleet.protogen
+	$(PY) -m pytest tests -q
+
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy fleet services trainer rollout sandbox_client envs
+
+run: setup
+	$(VENV)/bin/grpo-fleet up --config $(CONFIG)

@@ -1,0 +1,64 @@
+"""`env.*` and `data.*`: where tasks come from and how answers are scored (seed key names kept)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from fleet.config.base import Section
+
+
+class CodeEnvConfig(Section):
+    sandbox_urls: list[str] = Field(default_factory=lambda: ["http://localhost:9090"])
+    """Sandbox executors; the client spreads tasks over them (least outstanding first)."""
+    reward_mode: Literal["binary", "pass_rate"] = "binary"
+    """binary: 1 for a FULL resolution, else 0. pass_rate: fraction of FAIL_TO_PASS + PASS_TO_PASS tests passing."""
+    integrity_check: bool = True
+    """Refuse patches that touch test files or files of the test patch."""
+    task_timeout: float = Field(300.0, gt=0)
+    """Seconds one task may take in the sandbox (tests included)."""
+    num_workers: int = Field(4, ge=1)
+    """Sandbox tasks one rollout worker keeps in flight."""
+    format_error_reward: float = 0.0
+    """Reward of an answer with no usable patch."""
+    auth_token: str | None = None
+    """Bearer token for the sandbox executors (or GRPO_FLEET_SANDBOX_TOKEN)."""
+    max_retries: int = Field(5, ge=0)
+    """Retries of a task after infrastructure failures before the group is given back."""
+
+
+class ArithEnvConfig(Section):
+    max_operand: int = Field(20, ge=1)
+    """Largest operand of the generated arithmetic tasks."""
+    num_tasks: int = Field(2000, ge=1)
+    """Tasks in the generated training set."""
+
+
+class EnvConfig(Section):
+    code: CodeEnvConfig = Field(default_factory=CodeEnvConfig)
+    """The SWE coding environment (patch -> sandbox verdict -> reward)."""
+    arith: ArithEnvConfig = Field(default_factory=ArithEnvConfig)
+    """A small verifiable environment a tiny model learns in minutes (scored through the same reward path)."""
+
+
+class DatasetConfig(Section):
+    dataset_name: str = "swe_embedded"
+    """Registry name of the task source (`swe_embedded`, `swebench`, `arith`)."""
+    data_path: str | None = None
+    """File or folder of the data (SWE-bench JSON/JSONL/parquet; built task set). None: the source's default."""
+    split: Literal["train", "validation", "test"] = "train"
+    """Split of the source to read."""
+    max_prompt_length: int = Field(1536, ge=8)
+    """Prompt token budget; code context is dropped file by file (never cut silently) to fit."""
+    max_samples: int | None = Field(None, ge=1)
+    """Use at most this many tasks."""
+    context: Literal["oracle", "none"] = "oracle"
+    """Code context in the prompt: the files the gold patch touches (SWE-bench 'oracle'), or none."""
+
+
+class DataConfig(Section):
+    train: DatasetConfig = Field(default_factory=DatasetConfig)
+    """Training tasks."""
+    validation: DatasetConfig | None = None
+    """Validation tasks (None: the validation split of the training source)."""
+    shuffle: bool = True
+    """Shuffle training tasks each epoch (seeded by `grpo.seed`)."""

@@ -1,0 +1,100 @@
+"""`policy.*`: the model being trained, how it is trained and how it generates (seed key names kept)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from fleet.config.base import Section
+
+
+class TokenizerConfig(Section):
+    name: str | None = None
+    """HF tokenizer folder or hub id; defaults to `policy.model_name`."""
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's own (None: use the tokenizer's)."""
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw"] = "adamw"
+    """Optimizer; AdamW (fused on CUDA)."""
+    lr: float = Field(1e-6, gt=0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.01, ge=0)
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = Field(1e-8, gt=0)
+    """Adam epsilon."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps of the learning-rate schedule (constant afterwards)."""
+
+
+class VllmConfig(Section):
+    async_engine: bool = True
+    """Use vLLM's AsyncLLM (required for in-flight weight updates)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Tensor parallelism of one rollout worker's engine."""
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    """Fraction of GPU memory vLLM may take."""
+    max_model_len: int | None = None
+    """Context length of the engine; defaults to `policy.max_total_sequence_length`."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs (faster start, needed on CPU)."""
+    cpu_kvcache_space_gb: float = Field(1.0, gt=0)
+    """KV cache size on CPU backends (VLLM_CPU_KVCACHE_SPACE)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prompt prefixes (the G samples of a group share their prompt)."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Most sequences the engine batches at once."""
+
+
+class ColocatedConfig(Section):
+    enabled: bool = False
+    """Share GPUs between training and generation. grpo-fleet always runs generation in its own fleet, so only
+    `false` is accepted (kept so that seed YAMLs load)."""
+
+
+class GenerationConfig(Section):
+    backend: Literal["vllm", "hf"] = "vllm"
+    """Generation engine of rollout workers: vLLM AsyncLLM, or transformers where vLLM is unavailable."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling."""
+    top_k: int | None = None
+    """Top-k sampling (None = off)."""
+    max_new_tokens: int = Field(512, ge=1)
+    """Most tokens generated per answer."""
+    stop_strings: list[str] = Field(default_factory=list)
+    """Generation stops at any of these strings (kept in the output)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device of the `hf` backend."""
+    vllm_cfg: VllmConfig = Field(default_factory=VllmConfig)
+    """vLLM engine settings."""
+    colocated: ColocatedConfig = Field(default_factory=ColocatedConfig)
+    """Seed compatibility; must stay disabled."""
+
+
+class PolicyConfig(Section):
+    model_name: str = "tiny-qwen2"
+    """HF-format model folder (or hub id where a hub is reachable). `tiny-qwen2` is made locally on first use."""
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    """Tokenizer settings."""
+    max_total_sequence_length: int = Field(2048, ge=16)
+    """Prompt + response tokens, the most any sample may hold."""
+    precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter/compute dtype of training (bf16 mixed precision under FSDP2 on GPUs)."""
+    train_global_batch_size: int = Field(32, ge=1)
+    """Samples per optimizer step across all data-parallel ranks."""
+    train_micro_batch_size: int = Field(4, ge=1)
+    """Samples per forward/backward on one rank (gradient accumulation fills the global batch)."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Gradient clipping by global norm (None = off)."""
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Optimizer settings."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    compile: bool = False
+    """torch.compile the model's layers (GPU)."""
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    """How rollout workers generate."""
