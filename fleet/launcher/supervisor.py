@@ -1,0 +1,164 @@
+"""Runs the fleet's processes: prefixed logs (console + one file per process), readiness probes, restarts of
+stateless services, and an orderly stop (trainer first, so it can checkpoint; then the services it used)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from fleet.launcher.topology import ProcessSpec
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    # Children are in their own session (Ctrl-C must reach only the launcher, which stops them in order), so tie
+    # their life to the launcher's instead: a SIGKILLed launcher leaves no orphans behind.
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class FleetFailed(RuntimeError):
+    pass
+
+
+class Supervisor:
+    def __init__(self, specs: list[ProcessSpec], log_dir: Path, *, cwd: Path, max_restarts: int = 3,
+                 ready_timeout_s: float = 180.0, echo: bool = True) -> None:
+        self.specs = specs
+        self.log_dir = log_dir
+        self.cwd = cwd
+        self.max_restarts = max_restarts
+        self.ready_timeout_s = ready_timeout_s
+        self.echo = echo
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.restarts: dict[str, int] = {s.name: 0 for s in specs}
+        self._pumps: list[asyncio.Task[None]] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    async def _spawn(self, spec: ProcessSpec) -> asyncio.subprocess.Process:
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            *spec.argv, cwd=self.cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_launcher,
+        )
+        self.procs[spec.name] = proc
+        self._pumps.append(asyncio.create_task(self._pump(spec.name, proc)))
+        log.info("started %s (pid %d), log: %s", spec.name, proc.pid, self.log_path(spec.name))
+        return proc
+
+    async def _pump(self, name: str, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        prefix = f"[{name}] "
+        with self.log_path(name).open("ab") as out:
+            while line := await proc.stdout.readline():
+                out.write(line)
+                out.flush()
+                if self.echo:
+                    sys.stdout.write(prefix + line.decode(errors="replace"))
+                    sys.stdout.flush()
+
+    async def _wait_ready(self, spec: ProcessSpec) -> None:
+        if spec.ready is None:
+            return
+        deadline = time.monotonic() + self.ready_timeout_s
+        proc = self.procs[spec.name]
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise FleetFailed(f"{spec.name} exited with {proc.returncode} before it was ready; "
+                                  f"see {self.log_path(spec.name)}")
+            if await probe(spec.ready):
+                log.info("%s is ready", spec.name)
+                return
+            await asyncio.sleep(0.3)
+        raise FleetFailed(f"{spec.name} not ready after {self.ready_timeout_s:.0f}s; see {self.log_path(spec.name)}")
+
+    async def start_all(self) -> None:
+        for spec in self.specs:
+            await self._spawn(spec)
+            await self._wait_ready(spec)
+
+    async def watch(self, stop: asyncio.Event) -> int:
+        """Until the trainer ends or `stop` is set. Returns the run's exit code."""
+        by_name = {s.name: s for s in self.specs}
+        while not stop.is_set():
+            waits = {asyncio.create_task(p.wait()): n for n, p in self.procs.items()}
+            stopper = asyncio.create_task(stop.wait())
+            done, pending = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                if task is stopper:
+                    continue
+                name = waits[task]
+                rc = self.procs[name].returncode
+                spec = by_name[name]
+                if not spec.restartable:
+                    if rc == 0:
+                        log.info("%s finished", name)
+                        return 0
+                    print(f"\ngrpo-fleet: {name} failed with exit code {rc}; its log: {self.log_path(name)}",
+                          file=sys.stderr)
+                    return rc or 1
+                if self.restarts[name] >= self.max_restarts:
+                    print(f"\ngrpo-fleet: {name} died {self.restarts[name] + 1} times (last exit code {rc}); "
+                          f"giving up; its log: {self.log_path(name)}", file=sys.stderr)
+                    return 1
+                self.restarts[name] += 1
+                log.warning("%s exited with %s; restarting (%d/%d)", name, rc, self.restarts[name], self.max_restarts)
+                await asyncio.sleep(min(5.0, 0.5 * 2 ** self.restarts[name]))
+                await self._spawn(spec)
+        return 0
+
+    async def stop_all(self, grace_s: float = 60.0) -> None:
+        """Trainer first (SIGTERM -> it checkpoints and exits), then rollout workers, sandbox, replay buffer."""
+        order = [s.name for s in reversed(self.specs)]
+        for name in order:
+            proc = self.procs.get(name)
+            if proc is None or proc.returncode is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=grace_s if name == "trainer" else 20.0)
+            except TimeoutError:
+                log.warning("%s did not stop in time; killing it", name)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+
+async def probe(target: str) -> bool:
+    """True when a service answers: an http(s) URL -> 200 from it; "host:port" -> gRPC health SERVING."""
+    if target.startswith("http"):
+        import aiohttp
+
+        try:
+            async with aiohttp.ClientSession() as session, session.get(
+                target, timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+    from grpc import aio
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with aio.insecure_channel(target) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

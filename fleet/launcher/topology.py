@@ -1,0 +1,78 @@
+"""The fleet's processes: which services run, with which command. The single source of truth for both
+`grpo-fleet up` and compose.yaml (a test checks that compose runs the same roles with the same commands)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from fleet.config import MasterConfig
+
+# Role -> the command that starts it, after the interpreter (compose uses the `grpo-fleet` script / torchrun).
+ROLE_COMMANDS: dict[str, list[str]] = {
+    "replay-buffer": ["-m", "fleet.cli", "serve", "replay-buffer"],
+    "sandbox": ["-m", "fleet.cli", "serve", "sandbox"],
+    "rollout": ["-m", "fleet.cli", "serve", "rollout"],
+    "trainer": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node={nproc}", "trainer/main.py"],
+}
+# Stateless services are restarted when they die; the trainer's death ends the run.
+RESTARTABLE = {"replay-buffer", "sandbox", "rollout"}
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    role: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    restartable: bool = True
+    # "host:port" of its gRPC health endpoint, or an http://.../healthz URL; None = no readiness probe.
+    ready: str | None = None
+
+
+@dataclass
+class Ports:
+    replay_buffer: int
+    sandbox: int
+    trainer: int
+    rollout: list[int]
+
+
+def trainer_nproc(cfg: MasterConfig) -> int:
+    return max(1, cfg.cluster.gpus_per_node)
+
+
+def role_argv(role: str, cfg: MasterConfig, config_path: str | None, overrides: list[str]) -> list[str]:
+    cmd = [part.format(nproc=trainer_nproc(cfg)) for part in ROLE_COMMANDS[role]]
+    cfg_args = ["--config", config_path] if config_path else []
+    return [sys.executable, *cmd, *cfg_args, *overrides]
+
+
+def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[str], ports: Ports,
+                    redis_url: str) -> list[ProcessSpec]:
+    """The processes of one local fleet, in start order. Every process gets the same config plus the overrides
+    that wire it to the others (ports, Redis URL, sandbox URL)."""
+    host = "127.0.0.1"
+    wiring = [
+        f"redis.url={redis_url}",
+        f"services.replay_buffer.host={host}",
+        f"services.replay_buffer.port={ports.replay_buffer}",
+        f"services.sandbox.host={host}",
+        f"services.sandbox.port={ports.sandbox}",
+        f"services.trainer.host={host}",
+        f"services.trainer.port={ports.trainer}",
+        f"env.code.sandbox_urls=[http://{host}:{ports.sandbox}]",
+    ]
+    base = [*overrides, *wiring]
+    specs = [
+        ProcessSpec("replay-buffer", "replay-buffer", role_argv("replay-buffer", cfg, config_path, base),
+                    ready=f"{host}:{ports.replay_buffer}"),
+        ProcessSpec("sandbox", "sandbox", role_argv("sandbox", cfg, config_path, base),
+                    ready=f"http://{host}:{ports.sandbox}/healthz"),
+    ]
+    for i, port in enumerate(ports.rollout):
+        argv = role_argv("rollout", cfg, config_path,
+                         [*base, f"services.rollout.port={port}", f"rollout.worker_id=rollout-{i}"])
+        specs.append(ProcessSpec(f"rollout-{i}", "rollout", argv, ready=None))
+    specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg, config_path, base), restartable=False))
+    return specs

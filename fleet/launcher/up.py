@@ -1,0 +1,94 @@
+"""`grpo-fleet up`: make what is missing (tiny model, task slice), start embedded Redis, then every service of the
+fleet as a local process on loopback, and supervise them until the trainer finishes (or Ctrl-C / SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+
+from fleet.config import MasterConfig
+from fleet.config.loader import write_resolved
+from fleet.launcher.supervisor import FleetFailed, Supervisor
+from fleet.launcher.topology import Ports, fleet_processes
+from fleet.paths import ROOT, resolve_model, run_dir
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def pick_ports(cfg: MasterConfig) -> Ports:
+    """Free loopback ports for every service of a local fleet; each rollout worker gets its own."""
+    return Ports(
+        replay_buffer=free_port(),
+        sandbox=free_port(),
+        trainer=free_port(),
+        rollout=[free_port() for _ in range(cfg.rollout.num_workers)],
+    )
+
+
+def prepare(cfg: MasterConfig) -> None:
+    """First run: make the tiny model and the task slice the config asks for (idempotent, with progress)."""
+    print(f"grpo-fleet: model {cfg.policy.model_name} ...", flush=True)
+    print(f"grpo-fleet: model ready at {resolve_model(cfg.policy.model_name)}", flush=True)
+    from envs.registry import prepare_dataset
+
+    for ds in [cfg.data.train, cfg.data.validation]:
+        if ds is not None:
+            prepare_dataset(cfg, ds)
+
+
+async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str]) -> int:
+    rd = run_dir(cfg.run.dir)
+    write_resolved(cfg, rd)
+    redis_handle = None
+    redis_url = cfg.redis.url
+    if not redis_url:
+        from services.replay_buffer.embedded import start_embedded_redis
+
+        redis_url, redis_handle = start_embedded_redis(rd / "redis")
+        print(f"grpo-fleet: embedded Redis at {redis_url} (AOF in {rd / 'redis'})", flush=True)
+    ports = pick_ports(cfg)
+    specs = fleet_processes(cfg, config_path, [*overrides, f"run.dir={rd}"], ports, redis_url)
+    sup = Supervisor(specs, rd / "logs" / "processes", cwd=ROOT, max_restarts=3)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    rc = 1
+    try:
+        await sup.start_all()
+        print(f"grpo-fleet: fleet up; run directory {rd}; `grpo-fleet status --config ... "
+              f"services.replay_buffer.port={ports.replay_buffer} services.trainer.port={ports.trainer}` "
+              "shows progress", flush=True)
+        rc = await sup.watch(stop)
+        if stop.is_set():
+            print("grpo-fleet: stopping (trainer first, it writes a checkpoint) ...", flush=True)
+            rc = 0
+    except FleetFailed as exc:
+        print(f"grpo-fleet: {exc}", flush=True)
+        rc = 1
+    finally:
+        await sup.stop_all(grace_s=cfg.services.grace_s + 120)
+        trainer = sup.procs.get("trainer")
+        if stop.is_set() and trainer is not None and trainer.returncode not in (0, None, -signal.SIGTERM):
+            rc = trainer.returncode or 1
+        if redis_handle is not None:
+            redis_handle.shutdown()
+    return rc
+
+
+def up(cfg: MasterConfig, *, config_path: str | None, overrides: list[str]) -> int:
+    from fleet.cli import setup_logging
+
+    setup_logging(cfg.logger.level, prefix="[up] ")
+    prepare(cfg)
+    path = str(Path(config_path).resolve()) if config_path else None
+    return asyncio.run(_run(cfg, path, list(overrides)))

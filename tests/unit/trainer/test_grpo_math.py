@@ -1,0 +1,384 @@
+"""GRPO math checked against an independent float64 reference.
+
+The reference below is written per element with plain Python over nested lists (``math``, ``statistics``), straight
+from the definitions in REFERENCE.md / NeMo RL, and never calls the vectorised module code. ``statistics.stdev``
+uses exact rational arithmetic, so the reference's "std > 0" test is exact.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer.grpo import LossConfig, compute_advantages, count_valid, grpo_loss
+
+Matrix = list[list[float]]
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reference implementation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def ref_advantages(rewards: Matrix, leave_one_out: bool, normalize: bool) -> Matrix:
+    out = []
+    for group in rewards:
+        row = []
+        for i, r in enumerate(group):
+            if len(group) == 1:
+                row.append(0.0)
+                continue
+            pool = group[:i] + group[i + 1 :] if leave_one_out else group
+            baseline = statistics.fmean(pool)
+            std = statistics.stdev(pool) if len(pool) >= 2 else 0.0
+            a = r - baseline
+            if normalize and std > 0:
+                a = a / (std + 1e-6)
+            row.append(a)
+        out.append(row)
+    return out
+
+
+def _exp_or_zero(x: float) -> float:
+    """exp, with the loss's rule that a non-finite IS weight counts as 0."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return 0.0
+
+
+def _clamp(x: float, lo: float, hi: float) -> float:
+    return min(max(x, lo), hi)
+
+
+def ref_token_terms(lp: Matrix, old: Matrix, gen: Matrix, adv: list, mask: Matrix, cfg: LossConfig,
+                    ref: Matrix | None) -> list[dict[tuple[int, int], dict[str, float]]]:
+    """Per valid token: loss term, its pieces and flags, and d(term)/d(logprob) for token-level ratios."""
+    rows = []
+    for b in range(len(lp)):
+        valid = [t for t in range(len(lp[b])) if mask[b][t] != 0]
+        n = len(valid)
+        seq_log_ratio = sum(lp[b][t] - old[b][t] for t in valid) / n if n else 0.0
+        seq_w = _exp_or_zero(sum(old[b][t] - gen[b][t] for t in valid))
+        geo_w = math.exp(sum(old[b][t] - gen[b][t] for t in valid) / n) if n else 1.0
+        terms = {}
+        for t in valid:
+            a = adv[b] if not isinstance(adv[b], list) else adv[b][t]
+            r = math.exp(seq_log_ratio) if cfg.sequence_level_importance_ratios else math.exp(lp[b][t] - old[b][t])
+            l_unclipped = -a * r
+            l_clipped = -a * _clamp(r, 1 - cfg.ratio_clip_min, 1 + cfg.ratio_clip_max)
+            clipped = l_clipped > l_unclipped
+            pg = max(l_unclipped, l_clipped)
+            dual = False
+            if cfg.ratio_clip_c is not None and a < 0 and -a * cfg.ratio_clip_c < pg:
+                pg, dual = -a * cfg.ratio_clip_c, True
+            d_pg = 0.0 if (clipped or dual) else -a * r  # d(-A r)/d logprob for a per-token ratio
+            w_raw = seq_w if cfg.sequence_level_importance_ratios else _exp_or_zero(old[b][t] - gen[b][t])
+            w, truncated = w_raw, False
+            hi, lo = cfg.truncated_importance_sampling_ratio, cfg.truncated_importance_sampling_ratio_min
+            kind = cfg.truncated_importance_sampling_type
+            if kind == "tis" and w_raw > hi:
+                w, truncated = hi, True
+            elif kind == "icepop" and not lo <= w_raw <= hi:
+                w, truncated = 0.0, True
+            elif kind == "seq-mask-tis" and not lo <= geo_w <= hi:
+                w, truncated = 0.0, True
+            if not cfg.use_importance_sampling_correction:
+                w = 1.0
+            k3 = d_k3 = 0.0
+            beta = cfg.reference_policy_kl_penalty
+            if beta != 0:
+                log_r_raw = ref[b][t] - lp[b][t]
+                log_r = _clamp(log_r_raw, -20.0, 20.0)
+                k3_raw = math.exp(log_r) - 1 - log_r
+                k3 = _clamp(k3_raw, -10.0, 10.0)
+                d_k3 = 0.0 if (abs(log_r_raw) > 20 or abs(k3_raw) > 10) else 1 - math.exp(log_r)
+            terms[(b, t)] = {
+                "term": w * pg + beta * k3, "pg_term": w * pg, "k3": k3, "clipped": float(clipped),
+                "dual": float(dual), "truncated": float(truncated), "w_raw": w_raw,
+                "grad": w * d_pg + beta * d_k3, "tmpe": math.exp(abs(old[b][t] - gen[b][t])),
+            }
+        rows.append(terms)
+    return rows
+
+
+def ref_loss(lp: Matrix, old: Matrix, gen: Matrix, adv: list, mask: Matrix, cfg: LossConfig,
+             ref: Matrix | None = None, n_tok: int | None = None, n_seq: int | None = None) -> dict[str, float]:
+    rows = ref_token_terms(lp, old, gen, adv, mask, cfg, ref)
+    n_tok = max(sum(len(r) for r in rows) if n_tok is None else n_tok, 1)
+    n_seq = max(sum(1 for r in rows if r) if n_seq is None else n_seq, 1)
+
+    def reduce(key: str) -> float:
+        if cfg.token_level_loss:
+            return sum(v[key] for r in rows for v in r.values()) / n_tok
+        return sum(sum(v[key] for v in r.values()) / len(r) for r in rows if r) / n_seq
+
+    if cfg.sequence_level_importance_ratios:
+        ratios = [next(iter(r.values()))["w_raw"] for r in rows if r]
+        ratio_norm = n_seq
+    else:
+        ratios = [v["w_raw"] for r in rows for v in r.values()]
+        ratio_norm = n_tok
+    token_mean = {k: sum(v[k] for r in rows for v in r.values()) / n_tok
+                  for k in ("clipped", "dual", "truncated", "tmpe")}
+    return {
+        "loss": reduce("term"), "pg_loss": reduce("pg_term"), "kl": reduce("k3"),
+        "clip_fraction": token_mean["clipped"], "dual_clip_fraction": token_mean["dual"],
+        "is_truncated_fraction": token_mean["truncated"], "token_mult_prob_error": token_mean["tmpe"],
+        "is_ratio_mean": sum(ratios) / ratio_norm, "is_ratio_min": min(ratios, default=math.inf),
+        "is_ratio_max": max(ratios, default=-math.inf),
+    }
+
+
+def ref_grad(lp: Matrix, old: Matrix, gen: Matrix, adv: list, mask: Matrix, cfg: LossConfig,
+             ref: Matrix | None = None) -> Matrix:
+    """Analytic d loss / d logprobs for per-token ratios (the GSPO ratio is checked by finite differences)."""
+    assert not cfg.sequence_level_importance_ratios
+    rows = ref_token_terms(lp, old, gen, adv, mask, cfg, ref)
+    n_tok = max(sum(len(r) for r in rows), 1)
+    n_seq = max(sum(1 for r in rows if r), 1)
+    grad = [[0.0] * len(lp[0]) for _ in lp]
+    for b, r in enumerate(rows):
+        for (_, t), v in r.items():
+            grad[b][t] = v["grad"] / (n_tok if cfg.token_level_loss else len(r) * n_seq)
+    return grad
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+F64 = torch.float64
+TOKEN_IS = LossConfig(use_importance_sampling_correction=True)
+CONFIGS = [
+    LossConfig(),
+    LossConfig(reference_policy_kl_penalty=0.0),
+    LossConfig(ratio_clip_min=0.1, ratio_clip_max=0.28, ratio_clip_c=3.0, reference_policy_kl_penalty=0.1),
+    TOKEN_IS,
+    replace(TOKEN_IS, truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio=2.0),
+    replace(TOKEN_IS, truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio=2.0,
+            truncated_importance_sampling_ratio_min=0.5),
+    replace(TOKEN_IS, truncated_importance_sampling_type="seq-mask-tis", truncated_importance_sampling_ratio=1.5,
+            truncated_importance_sampling_ratio_min=0.7, token_level_loss=False),
+    replace(TOKEN_IS, sequence_level_importance_ratios=True, token_level_loss=False, ratio_clip_c=2.0),
+    replace(TOKEN_IS, sequence_level_importance_ratios=True, token_level_loss=False,
+            truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio=3.0,
+            truncated_importance_sampling_ratio_min=0.3),
+    LossConfig(token_level_loss=False, ratio_clip_c=1.5),
+]
+
+
+def run_loss(lp: Matrix, old: Matrix, gen: Matrix, adv: list, mask: Matrix, cfg: LossConfig,
+             ref: Matrix | None = None, dtype: torch.dtype = F64) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    logprobs = torch.tensor(lp, dtype=dtype, requires_grad=True)
+    mask_t = torch.tensor(mask, dtype=dtype)
+    n_tok, n_seq = count_valid(mask_t)
+    loss, metrics = grpo_loss(
+        logprobs, torch.tensor(old, dtype=dtype), torch.tensor(gen, dtype=dtype), torch.tensor(adv, dtype=dtype),
+        mask_t, cfg, global_valid_tokens=n_tok, global_valid_seqs=n_seq,
+        reference_logprobs=None if ref is None else torch.tensor(ref, dtype=dtype),
+    )
+    loss.backward()
+    assert logprobs.grad is not None
+    return loss, metrics, logprobs.grad
+
+
+def assert_matches_reference(got: tuple[torch.Tensor, dict, torch.Tensor], want: dict[str, float],
+                             rel: float = 1e-9, abs_: float = 1e-12) -> None:
+    loss, metrics, _ = got
+    assert loss.item() == pytest.approx(want["loss"], rel=rel, abs=abs_)
+    for key, value in want.items():
+        assert metrics[key].item() == pytest.approx(value, rel=rel, abs=abs_), key
+
+
+def assert_close(got: Matrix, want: Matrix, rel: float = 1e-9, abs_: float = 1e-12) -> None:
+    assert len(got) == len(want)
+    for got_row, want_row in zip(got, want, strict=True):
+        assert got_row == pytest.approx(want_row, rel=rel, abs=abs_)
+
+
+def random_batch(seed: int, b: int, t: int, spread: float, per_token_adv: bool = False) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(b, t, generator=g, dtype=F64) * 5
+    old = lp + (torch.rand(b, t, generator=g, dtype=F64) * 2 - 1) * spread
+    gen = old + (torch.rand(b, t, generator=g, dtype=F64) * 2 - 1) * spread
+    ref = lp + (torch.rand(b, t, generator=g, dtype=F64) * 2 - 1) * spread
+    mask = (torch.rand(b, t, generator=g) < 0.75).to(F64)
+    mask[0] = 0.0  # a fully masked row
+    mask[1, 0] = 1.0
+    shape = (b, t) if per_token_adv else (b,)
+    adv = torch.randn(*shape, generator=g, dtype=F64) * 2
+    return {"lp": lp.tolist(), "old": old.tolist(), "gen": gen.tolist(), "ref": ref.tolist(),
+            "mask": mask.tolist(), "adv": adv.tolist()}
+
+
+def check_batch(batch: dict, cfg: LossConfig, **tol: float) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    args = (batch["lp"], batch["old"], batch["gen"], batch["adv"], batch["mask"], cfg, batch["ref"])
+    got = run_loss(*args)
+    assert_matches_reference(got, ref_loss(*args), **tol)
+    return got
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Advantages
+# ----------------------------------------------------------------------------------------------------------------
+
+reward_values = st.one_of(st.sampled_from([0.0, 0.5, 1.0, -1.0]),
+                          st.floats(-100, 100, allow_nan=False, allow_subnormal=False))
+reward_groups = st.integers(1, 9).flatmap(
+    lambda g: st.lists(st.lists(reward_values, min_size=g, max_size=g), min_size=1, max_size=5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rewards=reward_groups, normalize=st.booleans())
+def test_leave_one_out_advantage_matches_reference(rewards: Matrix, normalize: bool) -> None:
+    got = compute_advantages(torch.tensor(rewards, dtype=F64), leave_one_out=True, normalize=normalize)
+    want = ref_advantages(rewards, leave_one_out=True, normalize=normalize)
+    assert_close(got.tolist(), want, rel=1e-9, abs_=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rewards=reward_groups, normalize=st.booleans())
+def test_group_mean_advantage_matches_reference(rewards: Matrix, normalize: bool) -> None:
+    got = compute_advantages(torch.tensor(rewards, dtype=F64), leave_one_out=False, normalize=normalize)
+    want = ref_advantages(rewards, leave_one_out=False, normalize=normalize)
+    assert_close(got.tolist(), want, rel=1e-9, abs_=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.floats(-1e6, 1e6, allow_nan=False), group_size=st.integers(1, 16),
+       leave_one_out=st.booleans(), normalize=st.booleans(), dtype=st.sampled_from([torch.float32, F64]))
+def test_all_equal_reward_groups_give_exactly_zero(value: float, group_size: int, leave_one_out: bool,
+                                                   normalize: bool, dtype: torch.dtype) -> None:
+    rewards = torch.full((3, group_size), value, dtype=dtype)
+    got = compute_advantages(rewards, leave_one_out=leave_one_out, normalize=normalize)
+    assert torch.equal(got, torch.zeros_like(rewards))
+
+
+def test_leave_one_out_binary_rewards_match_hand_computed_values() -> None:
+    got = compute_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]]), leave_one_out=True, normalize=True)
+    # r_0: the others are all 0, std 0, so A = 1 unscaled; r_j: others {1, 0, 0}, mean 1/3, Bessel std sqrt(1/3).
+    other = -(1 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    assert_close(got.tolist(), [[1.0, other, other, other]], rel=1e-6)
+    assert got.dtype == torch.float32
+
+
+def test_one_near_equal_others_do_not_blow_up_leave_one_out_advantage() -> None:
+    # The others of r_0 are three equal 0.1s, whose float mean is not exactly 0.1: the std must still be 0.
+    got = compute_advantages(torch.tensor([[0.0, 0.1, 0.1, 0.1]], dtype=F64), leave_one_out=True, normalize=True)
+    assert got[0, 0].item() == pytest.approx(-0.1, rel=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_group_of_two_leave_one_out_is_plain_difference(normalize: bool) -> None:
+    got = compute_advantages(torch.tensor([[1.0, 0.25], [3.0, 3.0]], dtype=F64), leave_one_out=True,
+                             normalize=normalize)
+    assert got.tolist() == [[0.75, -0.75], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("leave_one_out", [False, True])
+def test_single_response_group_has_zero_advantage(leave_one_out: bool) -> None:
+    got = compute_advantages(torch.tensor([[5.0], [-2.0]]), leave_one_out=leave_one_out, normalize=True)
+    assert got.tolist() == [[0.0], [0.0]]
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(4), torch.zeros(2, 3, 1)])
+def test_advantages_reject_rewards_that_are_not_a_group_matrix(bad: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="rewards must have shape"):
+        compute_advantages(bad, leave_one_out=True, normalize=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loss against the reference
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def loss_cases(draw: st.DrawFn) -> tuple:
+    b, t = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+
+    def matrix(elements: st.SearchStrategy[float]) -> Matrix:
+        flat = draw(st.lists(elements, min_size=b * t, max_size=b * t))
+        return [flat[i * t : (i + 1) * t] for i in range(b)]
+
+    delta = st.floats(-1.5, 1.5, allow_nan=False, allow_subnormal=False)
+    lp = matrix(st.floats(-8, 0, allow_nan=False, allow_subnormal=False))
+    old = [[x + d for x, d in zip(row, drow, strict=True)] for row, drow in zip(lp, matrix(delta), strict=True)]
+    gen = [[x + d for x, d in zip(row, drow, strict=True)] for row, drow in zip(old, matrix(delta), strict=True)]
+    ref = [[x + 3 * d for x, d in zip(row, drow, strict=True)] for row, drow in zip(lp, matrix(delta), strict=True)]
+    mask = matrix(st.sampled_from([0.0, 1.0]))
+    adv_value = st.floats(-3, 3, allow_nan=False, allow_subnormal=False)
+    adv = matrix(adv_value) if draw(st.booleans()) else draw(st.lists(adv_value, min_size=b, max_size=b))
+    return lp, old, gen, adv, mask, draw(st.sampled_from(CONFIGS)), ref
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=loss_cases())
+def test_loss_and_metrics_match_reference_for_every_config(case: tuple) -> None:
+    got = run_loss(*case)
+    assert_matches_reference(got, ref_loss(*case))
+    lp, old, gen, adv, mask, cfg, ref = case
+    if not cfg.sequence_level_importance_ratios:
+        assert_close(got[2].tolist(), ref_grad(*case))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("per_token_adv", [False, True])
+def test_seeded_batches_match_reference(cfg: LossConfig, per_token_adv: bool) -> None:
+    for seed in range(3):
+        check_batch(random_batch(seed, 5, 17, spread=0.6, per_token_adv=per_token_adv), cfg)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_extreme_log_ratios_stay_finite_and_match_reference(cfg: LossConfig) -> None:
+    batch = random_batch(7, 6, 12, spread=30.0)
+    loss, metrics, grad = check_batch(batch, cfg)
+    assert math.isfinite(loss.item()) and bool(torch.isfinite(grad).all())
+    # The same batch in float32 (the training precision) agrees with the float64 reference.
+    want = ref_loss(batch["lp"], batch["old"], batch["gen"], batch["adv"], batch["mask"], cfg, batch["ref"])
+    got32 = run_loss(batch["lp"], batch["old"], batch["gen"], batch["adv"], batch["mask"], cfg, batch["ref"],
+                     dtype=torch.float32)
+    if not cfg.sequence_level_importance_ratios:  # exp(sum of 30s) overflows at a lower threshold in float32
+        assert got32[0].item() == pytest.approx(want["loss"], rel=1e-4, abs=1e-5)
+
+
+def test_overflowing_sequence_level_weight_drops_the_sequence() -> None:
+    cfg = replace(TOKEN_IS, sequence_level_importance_ratios=True, token_level_loss=False)
+    lp = [[-1.0] * 40, [-1.0] * 40]
+    old = [[-1.1] * 40, [-1.1] * 40]
+    gen = [[-30.0] * 40, [-1.2] * 40]  # row 0: exp(40 * 28.9) overflows
+    loss, metrics, grad = run_loss(lp, old, gen, [1.0, 1.0], [[1.0] * 40] * 2, replace(cfg), [[-1.0] * 40] * 2)
+    assert_matches_reference((loss, metrics, grad), ref_loss(lp, old, gen, [1.0, 1.0], [[1.0] * 40] * 2, cfg,
+                                                             [[-1.0] * 40] * 2))
+    assert torch.all(grad[0] == 0) and torch.all(grad[1] != 0)
+
+
+def test_gspo_gradient_matches_finite_differences_of_reference() -> None:
+    cfg = replace(TOKEN_IS, sequence_level_importance_ratios=True, token_level_loss=False,
+                  reference_policy_kl_penalty=0.05)
+    batch = random_batch(3, 4, 6, spread=0.15)
+    args = [batch[k] for k in ("lp", "old", "gen", "adv", "mask")]
+    _, _, grad = run_loss(*args, cfg, batch["ref"])
+    h = 1e-6
+    for b in range(4):
+        for t in range(6):
+            up = [row[:] for row in batch["lp"]]
+            down = [row[:] for row in batch["lp"]]
+            up[b][t] += h
+            down[b][t] -= h
+            numeric = (ref_loss(up, *args[1:], cfg, batch["ref"])["loss"]
+                       - ref_loss(down, *args[1:], cfg, batch["ref"])["loss"]) / (2 * h)
+            assert grad[b][t].item() == pytest.approx(numeric, rel=1e-5, abs=1e-8), (b, t)
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[2], CONFIGS[5], CONFIGS[9]])
+def test_token_ratio_gradient_matches_analytic_reference(cfg: LossConfig) -> None:
+    batch = random_batch(11, 6, 9, spread=0.5, per_token_adv=True)
+    args = (batch["lp"], batch["old"], batch["gen"], batch["adv"], batch["mask"], cfg, batch["ref"])
+    _, _, grad = run_loss(*args)
+    assert_close(grad.tolist(), ref_grad(*args))

@@ -1,0 +1,1 @@
+"""The trainer fleet: GRPO math, policy updates and weight publication."""
