@@ -23,7 +23,7 @@ SERVICES = ("replay-buffer", "sandbox", "rollout")
 
 
 def setup_logging(level: str = "INFO", prefix: str = "") -> None:
-    fmt = f"%(asctime)s {prefix}%(levelname).1s %(name)s: %(message)s" if prefix else "%(asctime)s %(levelname).1s %(name)s: %(message)s"
+    fmt = f"%(asctime)s {prefix}%(levelname).1s %(name)s: %(message)s"
     logging.basicConfig(level=level.upper(), format=fmt, datefmt="%H:%M:%S", force=True)
 
 
@@ -81,7 +81,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpo-fleet", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="grpo-fleet", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("config", help="show or check a config")
     p.add_argument("action", choices=["show", "check"])

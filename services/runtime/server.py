@@ -72,11 +72,18 @@ class GrpcService:
     def address(self) -> str:
         return f"{self.endpoint.host}:{self.port}"
 
+    def bind(self) -> int:
+        """Bind the listen address (port 0 picks a free port) before start, so that a service can advertise its
+        address to others before it serves."""
+        if not self.port:
+            self.port = self.server.add_insecure_port(f"{self.endpoint.host}:{self.endpoint.port}")
+            if self.port == 0:
+                raise OSError(f"services.{self.name}: cannot bind {self.endpoint.host}:{self.endpoint.port}")
+        return self.port
+
     async def start(self) -> int:
+        self.bind()
         reflection.enable_server_reflection(self._service_names, self.server)
-        self.port = self.server.add_insecure_port(f"{self.endpoint.host}:{self.endpoint.port}")
-        if self.port == 0:
-            raise OSError(f"services.{self.name}: cannot bind {self.endpoint.host}:{self.endpoint.port}")
         await self.server.start()
         await self.set_serving(False)
         log.info("%s listening on %s", self.name, self.address)

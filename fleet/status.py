@@ -1,0 +1,64 @@
+"""`grpo-fleet status`: one screen on a running fleet — trainer step and phase, weight version per worker, queue
+depths, the trajectory-age histogram and recent reward. Reads the replay buffer and the trainer over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from grpc import aio
+
+from fleet.config import MasterConfig
+
+
+async def _gather(cfg: MasterConfig) -> list[str]:
+    from grpofleet.v1 import replay_buffer_pb2, replay_buffer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+    from services.runtime.client import make_channel
+
+    lines: list[str] = []
+    t = cfg.services.rpc_timeout_s
+    async with make_channel(cfg.services.trainer.address, cfg.services) as ch:
+        try:
+            st = await trainer_pb2_grpc.TrainerStub(ch).GetStatus(trainer_pb2.TrainerStatusRequest(), timeout=t)
+            mode = "async" if st.async_mode else "sync"
+            lines.append(f"trainer   step {st.step}/{st.max_steps}  version {st.weight_version}  epoch {st.epoch}  "
+                         f"phase {st.phase}  ({mode}, {st.world_size} ranks)")
+            keys = ("reward/mean", "val/accuracy", "loss/total", "throughput/tokens_per_s", "timing/step_s")
+            shown = [f"{k} {st.metrics[k]:.4g}" for k in keys if k in st.metrics]
+            if shown:
+                lines.append("          " + "  ".join(shown))
+        except aio.AioRpcError as exc:
+            lines.append(f"trainer   unreachable at {cfg.services.trainer.address} ({exc.code().name})")
+    async with make_channel(cfg.services.replay_buffer.address, cfg.services) as ch:
+        stub = replay_buffer_pb2_grpc.ReplayBufferStub(ch)
+        try:
+            s = await stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=t)
+            w = await stub.ListWorkers(replay_buffer_pb2.ListWorkersRequest(include_dead=True), timeout=t)
+        except aio.AioRpcError as exc:
+            lines.append(f"buffer    unreachable at {cfg.services.replay_buffer.address} ({exc.code().name})")
+            return lines
+        lines.append(f"buffer    prompts pending {s.prompts_pending}  leased {s.leases_outstanding}  ready "
+                     f"{s.groups_ready}  sampled {s.sampled}  dead-lettered {s.dead_lettered}  (enqueued {s.enqueued})")
+        if s.dead_lettered_by_reason:
+            lines.append("          dead letters: " + ", ".join(f"{k}={v}" for k, v in
+                                                            sorted(s.dead_lettered_by_reason.items())))
+        if s.age_histogram:
+            lines.append("          ages: " + "  ".join(f"{age}:{n}" for age, n in sorted(s.age_histogram.items())))
+        now = time.time() * 1000
+        for info in w.workers:
+            age = (now - info.last_heartbeat_ms) / 1000
+            lines.append(f"worker    {info.worker_id:<16} {info.address:<21} version {info.weight_version} "
+                         f"(epoch {info.weight_epoch})  {info.state}  in flight {info.groups_in_flight}  "
+                         f"heartbeat {age:.1f}s ago")
+    return lines
+
+
+def show_status(cfg: MasterConfig, *, watch: bool = False) -> int:
+    while True:
+        lines = asyncio.run(_gather(cfg))
+        if watch:
+            print("\033[2J\033[H", end="")
+        print("\n".join(lines), flush=True)
+        if not watch:
+            return 0 if not any("unreachable" in ln for ln in lines) else 1
+        time.sleep(2)

@@ -1,0 +1,53 @@
+"""`grpo-fleet serve rollout`: one rollout worker (engine + scorer + lease loop + RolloutWorker service)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from fleet.config import MasterConfig
+from fleet.paths import resolve_model
+from grpofleet.v1 import rollout_worker_pb2_grpc
+from services.runtime.server import GrpcService, run, run_service
+
+log = logging.getLogger(__name__)
+
+
+def worker_id(cfg: MasterConfig) -> str:
+    return cfg.rollout.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def serve(cfg: MasterConfig) -> int:
+    from rollout.engine import make_engine
+    from transformers import AutoTokenizer
+
+    from rollout.buffer_client import BufferClient
+    from rollout.scoring import Scorer
+    from rollout.servicer import RolloutWorkerServicer
+    from rollout.worker import Decoder, RolloutWorker
+
+    model_path = resolve_model(cfg.policy.model_name)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
+    engine = make_engine(cfg, model_path)
+    service = GrpcService("rollout", cfg.services.rollout, cfg.services)
+    buffer = BufferClient(cfg)
+    scorer = Scorer(cfg)
+    await engine.start()
+    port = service.bind()
+    host = cfg.rollout.advertise_host or cfg.services.rollout.host
+    worker = RolloutWorker(cfg, worker_id(cfg), f"{host}:{port}", engine, scorer, buffer, Decoder(tokenizer))
+    service.add(rollout_worker_pb2_grpc.add_RolloutWorkerServicer_to_server,
+                RolloutWorkerServicer(worker, cfg.policy.generation.backend), "grpofleet.v1.RolloutWorker")
+
+    async def on_stop() -> None:
+        await worker.drain(timeout_s=cfg.services.grace_s)
+        await scorer.close()
+        await buffer.close()
+        await engine.stop()
+
+    return await run_service(service, background=[worker.heartbeat_loop, worker.lease_loop], on_stop=on_stop)
+
+
+def main(cfg: MasterConfig) -> int:
+    return run(lambda: serve(cfg))

@@ -1,0 +1,51 @@
+"""grpofleet.v1.RolloutWorker: a thin adapter from protobuf to `RolloutWorker` and the engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from grpc import aio
+
+from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
+from rollout import weights
+from rollout.worker import RolloutWorker
+
+
+class RolloutWorkerServicer(rollout_worker_pb2_grpc.RolloutWorkerServicer):
+    def __init__(self, worker: RolloutWorker, engine_name: str) -> None:
+        self.worker = worker
+        self.engine_name = engine_name
+
+    async def PushWeights(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[common_pb2.WeightChunk], context: aio.ServicerContext
+    ) -> rollout_worker_pb2.PushWeightsResponse:
+        t0 = time.monotonic()
+        ws = await weights.receive(request_iterator, self.worker.engine.weight_spec())
+        if ws.transport == "nccl":
+            from rollout.nccl import receive_nccl
+
+            await receive_nccl(ws)
+        receive_s = time.monotonic() - t0
+        pause_s, load_s = await self.worker.apply_weights(ws)
+        return rollout_worker_pb2.PushWeightsResponse(
+            version=self.worker.version, epoch=self.worker.epoch, pause_s=pause_s, load_s=load_s,
+            receive_s=receive_s, bytes=ws.nbytes,
+        )
+
+    async def GetStatus(  # noqa: N802
+        self, request: rollout_worker_pb2.WorkerStatusRequest, context: aio.ServicerContext
+    ) -> rollout_worker_pb2.WorkerStatusResponse:
+        w, s = self.worker, self.worker.stats
+        return rollout_worker_pb2.WorkerStatusResponse(
+            worker_id=w.worker_id, weight_version=w.version, weight_epoch=w.epoch,
+            groups_in_flight=len(w.in_flight), tokens_per_s=s.tokens_per_s(), tokens_generated=s.tokens_generated,
+            groups_submitted=s.groups_submitted, weight_updates=s.weight_updates, total_pause_s=s.total_pause_s,
+            last_pause_s=s.last_pause_s, state=w.state, engine=self.engine_name, scoring_retries=s.scoring_retries,
+        )
+
+    async def Drain(  # noqa: N802
+        self, request: rollout_worker_pb2.DrainRequest, context: aio.ServicerContext
+    ) -> rollout_worker_pb2.DrainResponse:
+        finished, released = await self.worker.drain(request.timeout_s)
+        return rollout_worker_pb2.DrainResponse(groups_finished=finished, leases_released=released)

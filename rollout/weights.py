@@ -1,0 +1,108 @@
+"""Receiving a weight push: validate the announced tensor set against the model, then assemble the streamed bytes.
+
+The check happens on the header, before any byte is received and long before the engine is touched, so a wrong
+tensor set costs nothing and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from services.runtime.errors import InvalidArgument
+
+DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+
+
+@dataclass
+class WeightSet:
+    version: int
+    epoch: int
+    transport: str
+    metas: list[TensorMeta]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    nccl_init_method: str = ""
+    nccl_world_size: int = 0
+    nccl_rank: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.metas)
+
+
+def check_against_spec(metas: list[TensorMeta], spec: Mapping[str, tuple[tuple[int, ...], str]]) -> None:
+    """Raise InvalidArgument naming the first tensor that the model does not have, or has with another shape/dtype.
+    A push must cover every parameter of the model: a partial set would leave the engine half old, half new."""
+    if not metas:
+        raise InvalidArgument("weight push announces no tensors")
+    seen: set[str] = set()
+    for m in metas:
+        if m.name in seen:
+            raise InvalidArgument(f"tensor {m.name!r} announced twice")
+        seen.add(m.name)
+        if m.dtype not in DTYPES:
+            raise InvalidArgument(f"tensor {m.name!r}: unsupported dtype {m.dtype!r} (expected one of {list(DTYPES)})")
+        if m.name not in spec:
+            raise InvalidArgument(f"tensor {m.name!r} is not a parameter of the served model")
+        shape, dtype = spec[m.name]
+        if tuple(shape) != m.shape:
+            raise InvalidArgument(f"tensor {m.name!r}: shape {list(m.shape)} does not match the model's {list(shape)}")
+        if dtype != m.dtype:
+            raise InvalidArgument(f"tensor {m.name!r}: dtype {m.dtype} does not match the model's {dtype}")
+    missing = sorted(set(spec) - seen)
+    if missing:
+        raise InvalidArgument(f"weight push lacks {len(missing)} model tensors, e.g. {missing[0]!r}")
+
+
+async def receive(chunks: AsyncIterator[object], spec: Mapping[str, tuple[tuple[int, ...], str]]) -> WeightSet:
+    """Read a PushWeights stream (protobuf WeightChunk messages) into a WeightSet."""
+    it = aiter(chunks)
+    first = await anext(it, None)
+    if first is None or first.WhichOneof("payload") != "header":  # type: ignore[attr-defined]
+        raise InvalidArgument("a weight push must start with a header")
+    h = first.header  # type: ignore[attr-defined]
+    if h.version < 0:
+        raise InvalidArgument(f"weight version must be >= 0, got {h.version}")
+    metas = [TensorMeta(t.name, t.dtype, tuple(int(d) for d in t.shape)) for t in h.tensors]
+    check_against_spec(metas, spec)
+    ws = WeightSet(h.version, h.epoch, h.transport or "grpc", metas, nccl_init_method=h.nccl_init_method,
+                   nccl_world_size=h.nccl_world_size, nccl_rank=h.nccl_rank)
+    if ws.transport == "nccl":
+        return ws
+    if ws.transport != "grpc":
+        raise InvalidArgument(f"unknown weight transport {ws.transport!r} (expected 'grpc' or 'nccl')")
+    buffers = [bytearray(m.nbytes) for m in metas]
+    filled = [0] * len(metas)
+    async for chunk in it:
+        s = chunk.slice  # type: ignore[attr-defined]
+        if not 0 <= s.tensor_index < len(metas):
+            raise InvalidArgument(f"slice for tensor index {s.tensor_index} outside the announced set")
+        buf = buffers[s.tensor_index]
+        end = s.offset + len(s.data)
+        if s.offset < 0 or end > len(buf):
+            raise InvalidArgument(f"slice [{s.offset}, {end}) outside tensor {metas[s.tensor_index].name!r}")
+        buf[s.offset:end] = s.data
+        filled[s.tensor_index] += len(s.data)
+    for m, buf, n in zip(metas, buffers, filled, strict=True):
+        if n != len(buf):
+            raise InvalidArgument(f"tensor {m.name!r}: received {n} of {len(buf)} bytes")
+        ws.tensors[m.name] = torch.frombuffer(buf, dtype=DTYPES[m.dtype]).reshape(m.shape) if len(buf) else \
+            torch.empty(m.shape, dtype=DTYPES[m.dtype])
+    return ws

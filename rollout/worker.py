@@ -1,0 +1,221 @@
+"""The rollout worker's loop: lease prompt groups, generate G answers each, score them, submit the scored group.
+
+Wiring: `rollout.server` builds the engine, the scorer and the buffer client and hands them to `RolloutWorker`;
+the worker never talks to the trainer — the trainer pushes weights to it through the servicer, which calls
+`apply_weights`. A worker leases nothing until it holds weights of the current run epoch (join handshake).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+from rollout.engine import Generation, GenerationEngine, SamplingSpec
+
+from fleet.config import MasterConfig
+from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from rollout.buffer_client import BufferClient
+from rollout.scoring import Scorer, ScoringUnavailable, to_proto_verdict
+from rollout.weights import WeightSet
+from services.runtime.errors import FailedPrecondition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStats:
+    tokens_generated: int = 0
+    groups_submitted: int = 0
+    groups_released: int = 0
+    weight_updates: int = 0
+    total_pause_s: float = 0.0
+    last_pause_s: float = 0.0
+    scoring_retries: int = 0
+    started_at: float = 0.0
+
+    def tokens_per_s(self) -> float:
+        elapsed = time.monotonic() - self.started_at
+        return self.tokens_generated / elapsed if elapsed > 0 else 0.0
+
+
+class RolloutWorker:
+    def __init__(self, cfg: MasterConfig, worker_id: str, address: str, engine: GenerationEngine,
+                 scorer: Scorer, buffer: BufferClient, decode: Decoder) -> None:
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.address = address
+        self.engine = engine
+        self.scorer = scorer
+        self.buffer = buffer
+        self.decode = decode
+        self.version = -1
+        self.epoch = -1
+        self.state = "starting"
+        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self.stats = WorkerStats(started_at=time.monotonic())
+        self._weights_lock = asyncio.Lock()
+        self._slot_free = asyncio.Event()
+        self._leasing_paused = False
+        self._draining = False
+
+    # ---- registry -------------------------------------------------------------------------------------------
+    def info(self) -> replay_buffer_pb2.WorkerInfo:
+        return replay_buffer_pb2.WorkerInfo(
+            worker_id=self.worker_id, address=self.address, weight_version=self.version, weight_epoch=self.epoch,
+            state=self.state, groups_in_flight=len(self.in_flight),
+        )
+
+    async def heartbeat_loop(self) -> None:
+        reply = await self.buffer.register(self.info())
+        interval = max(0.2, reply.heartbeat_interval_ms / 1000 or self.cfg.replay_buffer.heartbeat_interval_s)
+        log.info("registered with the replay buffer (run epoch %d, current version %d); waiting for weights",
+                 reply.epoch, reply.current_version)
+        while True:
+            await asyncio.sleep(interval)
+            await self.buffer.heartbeat(self.info())
+
+    # ---- weights (called by the servicer) --------------------------------------------------------------------
+    async def apply_weights(self, ws: WeightSet) -> tuple[float, float]:
+        """Load a pushed weight set. Returns (pause_s, load_s). Older (epoch, version) than served is refused; the
+        same one is a no-op (pushes are retried)."""
+        async with self._weights_lock:
+            if (ws.epoch, ws.version) < (self.epoch, self.version):
+                raise FailedPrecondition(
+                    f"weight version {ws.version} (epoch {ws.epoch}) is older than the served {self.version} "
+                    f"(epoch {self.epoch})")
+            if (ws.epoch, ws.version) == (self.epoch, self.version):
+                return 0.0, 0.0
+            a = self.cfg.grpo.async_grpo
+            in_flight = a.enabled and a.in_flight_weight_updates
+            self._leasing_paused = not in_flight
+            try:
+                stats = await self.engine.update_weights(
+                    ws.version, ws.tensors, in_flight=in_flight, reset_cache=a.recompute_kv_cache_after_weight_updates)
+            finally:
+                self._leasing_paused = False
+            self.version, self.epoch = ws.version, ws.epoch
+            self.state = "draining" if self._draining else "serving"
+            self.stats.weight_updates += 1
+            self.stats.last_pause_s = stats.pause_s
+            self.stats.total_pause_s += stats.pause_s
+        log.info("serving weight version %d (epoch %d): paused %.3fs, load %.3fs", ws.version, ws.epoch,
+                 stats.pause_s, stats.load_s)
+        # Tell the buffer right away: the lease check reads the registry, not our next heartbeat.
+        await self.buffer.heartbeat(self.info())
+        return stats.pause_s, stats.load_s
+
+    # ---- leasing --------------------------------------------------------------------------------------------
+    async def lease_loop(self) -> None:
+        limit = self.cfg.rollout.max_groups_in_flight
+        while not self._draining:
+            if self.version < 0 or self._leasing_paused:
+                await asyncio.sleep(0.1)
+                continue
+            free = limit - len(self.in_flight)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            try:
+                reply = await self.buffer.lease(self.worker_id, self.version, self.epoch, free)
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                log.debug("lease refused: %s", exc.details())
+                await asyncio.sleep(0.5)
+                continue
+            if not reply.leases:
+                await asyncio.sleep(reply.retry_after_ms / 1000 if reply.retry_after_ms else 0.2)
+                continue
+            for lease in reply.leases:
+                task = asyncio.create_task(self._run_group(lease), name=f"group-{lease.group.group_id}")
+                self.in_flight[lease.lease_id] = task
+
+    async def _run_group(self, lease: replay_buffer_pb2.Lease) -> None:
+        try:
+            group = await self.process_group(lease.group)
+        except asyncio.CancelledError:
+            # Drain timed out (or shutdown): the group goes back to the queue for another worker.
+            self.stats.groups_released += 1
+            await asyncio.shield(self.buffer.release(self.worker_id, lease.lease_id, "worker_draining"))
+            raise
+        except ScoringUnavailable as exc:
+            self.stats.groups_released += 1
+            log.warning("group %s: scoring infrastructure failed (%s); giving the lease back",
+                        lease.group.group_id, exc)
+            await self.buffer.release(self.worker_id, lease.lease_id, f"scoring_unavailable: {exc}")
+        except Exception:
+            log.exception("group %s failed; giving the lease back", lease.group.group_id)
+            await self.buffer.release(self.worker_id, lease.lease_id, "worker_error")
+        else:
+            await self.buffer.submit(self.worker_id, lease.lease_id, group)
+            self.stats.groups_submitted += 1
+        finally:
+            self.in_flight.pop(lease.lease_id, None)
+            self._slot_free.set()
+
+    def _sampling(self, prompt: common_pb2.PromptGroup) -> SamplingSpec:
+        g = self.cfg.policy.generation
+        max_new = min(g.max_new_tokens, self.cfg.policy.max_total_sequence_length - len(prompt.prompt_token_ids))
+        return SamplingSpec(
+            temperature=self.cfg.grpo.val_temperature if prompt.validation else g.temperature,
+            top_p=g.top_p, top_k=g.top_k, max_new_tokens=max(1, max_new), stop_strings=list(g.stop_strings),
+        )
+
+    async def process_group(self, prompt: common_pb2.PromptGroup) -> common_pb2.ScoredGroup:
+        """Generate G answers concurrently; score each as soon as it is generated."""
+        payload = json.loads(prompt.env_payload or b"{}")
+        sampling = self._sampling(prompt)
+        n = prompt.num_generations or self.cfg.grpo.num_generations_per_prompt
+        trajectories = await asyncio.gather(
+            *(self._one_sample(prompt, payload, sampling, i) for i in range(n)))
+        versions = [v for t in trajectories for v in t.token_versions] or [self.version]
+        return common_pb2.ScoredGroup(
+            prompt=prompt, trajectories=trajectories, worker_id=self.worker_id, min_version=min(versions),
+            max_version=max(versions), submitted_at_ms=int(time.time() * 1000),
+        )
+
+    async def _one_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object], sampling: SamplingSpec,
+                          index: int) -> common_pb2.Trajectory:
+        t0 = time.monotonic()
+        gen: Generation = await self.engine.generate(
+            f"{prompt.group_id}/{index}/{time.monotonic_ns()}", list(prompt.prompt_token_ids), sampling)
+        t1 = time.monotonic()
+        self.stats.tokens_generated += len(gen.token_ids)
+        text = self.decode(gen.token_ids)
+        verdict, reward, retries = await self.scorer.score(prompt.env_name, payload, text,
+                                                           truncated=gen.finish_reason == "length")
+        self.stats.scoring_retries += retries
+        return common_pb2.Trajectory(
+            response_token_ids=gen.token_ids, generation_logprobs=gen.logprobs, token_versions=gen.token_versions,
+            reward=reward, verdict=to_proto_verdict(verdict), finish_reason=gen.finish_reason,
+            timings=common_pb2.SampleTimings(generation_s=t1 - t0, scoring_s=time.monotonic() - t1),
+        )
+
+    # ---- drain ----------------------------------------------------------------------------------------------
+    async def drain(self, timeout_s: float) -> tuple[int, int]:
+        """Stop leasing, let the groups in flight finish (up to timeout_s), give back the rest."""
+        self._draining = True
+        self.state = "draining"
+        self._slot_free.set()
+        tasks = list(self.in_flight.values())
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s or None) if tasks else (set(), set())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return len(done), len(pending)
+
+
+class Decoder:
+    """Token ids -> text for scoring (the tokenizer of the served model)."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))  # type: ignore[attr-defined]
