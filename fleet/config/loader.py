@@ -8,6 +8,7 @@ Every error names the dotted key at fault and, for a misspelling, the closest va
 
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,7 @@ def _validation_error(exc: ValidationError) -> ConfigError:
 
 def parse_config(tree: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> MasterConfig:
     """Validate a raw tree (plus overrides) into a `MasterConfig`."""
-    tree = _merge({}, tree)
+    tree = copy.deepcopy(tree)
     for override in overrides:
         apply_override(tree, override)
     _check_known(tree, [])

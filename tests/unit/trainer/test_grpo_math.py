@@ -8,6 +8,7 @@ uses exact rational arithmetic, so the reference's "std > 0" test is exact.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import replace
 
@@ -268,7 +269,7 @@ def test_leave_one_out_binary_rewards_match_hand_computed_values() -> None:
     assert got.dtype == torch.float32
 
 
-def test_one_near_equal_others_do_not_blow_up_leave_one_out_advantage() -> None:
+def test_equal_others_count_as_zero_std_despite_rounded_mean() -> None:
     # The others of r_0 are three equal 0.1s, whose float mean is not exactly 0.1: the std must still be 0.
     got = compute_advantages(torch.tensor([[0.0, 0.1, 0.1, 0.1]], dtype=F64), leave_one_out=True, normalize=True)
     assert got[0, 0].item() == pytest.approx(-0.1, rel=1e-12)
@@ -382,3 +383,220 @@ def test_token_ratio_gradient_matches_analytic_reference(cfg: LossConfig) -> Non
     args = (batch["lp"], batch["old"], batch["gen"], batch["adv"], batch["mask"], cfg, batch["ref"])
     _, _, grad = run_loss(*args)
     assert_close(grad.tolist(), ref_grad(*args))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Behaviours, one at a time
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def one_row(ws: list[float], cfg: LossConfig, adv: float = 1.0) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """A single sequence with ratio 1 (logprobs == old) and IS weights ``ws``; no KL."""
+    lp = [[-1.0] * len(ws)]
+    gen = [[-1.0 - math.log(w) for w in ws]]
+    return run_loss(lp, lp, gen, [adv], [[1.0] * len(ws)], replace(cfg, reference_policy_kl_penalty=0.0))
+
+
+def test_tis_caps_weights_at_upper_bound_and_ignores_lower_bound() -> None:
+    cfg = replace(TOKEN_IS, truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio=2.0,
+                  truncated_importance_sampling_ratio_min=0.5)
+    ws = [0.1, 1.0, 1.5, 4.0]
+    loss, metrics, grad = one_row(ws, cfg)
+    # With ratio 1 and A = 1, d loss / d logprob_t = -w_t / 4: 0.1 stays (NeMo's tis has no lower clamp), 4 -> 2.
+    assert grad[0].tolist() == pytest.approx([-0.1 / 4, -1.0 / 4, -1.5 / 4, -2.0 / 4], rel=1e-12)
+    assert metrics["is_truncated_fraction"].item() == pytest.approx(0.25)
+    assert metrics["is_ratio_max"].item() == pytest.approx(4.0)  # ratio stats are reported before truncation
+
+
+def test_icepop_zeroes_tokens_outside_bounds() -> None:
+    cfg = replace(TOKEN_IS, truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio=2.0,
+                  truncated_importance_sampling_ratio_min=0.5)
+    loss, metrics, grad = one_row([0.4, 0.5, 1.3, 2.0, 2.1], cfg)
+    assert grad[0].tolist() == pytest.approx([0.0, -0.5 / 5, -1.3 / 5, -2.0 / 5, 0.0], rel=1e-12)
+    assert loss.item() == pytest.approx(-(0.5 + 1.3 + 2.0) / 5, rel=1e-12)
+    assert metrics["is_truncated_fraction"].item() == pytest.approx(0.4)
+
+
+def test_seq_mask_tis_zeroes_sequences_by_geometric_mean_and_keeps_token_weights() -> None:
+    cfg = replace(TOKEN_IS, truncated_importance_sampling_type="seq-mask-tis",
+                  truncated_importance_sampling_ratio=1.5, truncated_importance_sampling_ratio_min=0.7)
+    # Geometric means: row 0 sqrt(0.5 * 4) = 1.41 (kept, and its 4.0 token keeps weight 4), row 1 sqrt(4 * 1) = 2.
+    lp = [[-1.0, -1.0], [-1.0, -1.0]]
+    gen = [[-1.0 - math.log(0.5), -1.0 - math.log(4.0)], [-1.0 - math.log(4.0), -1.0]]
+    cfg = replace(cfg, reference_policy_kl_penalty=0.0)
+    loss, metrics, grad = run_loss(lp, lp, gen, [1.0, 1.0], [[1.0, 1.0], [1.0, 1.0]], cfg)
+    assert grad.tolist()[0] == pytest.approx([-0.5 / 4, -4.0 / 4], rel=1e-12)
+    assert grad.tolist()[1] == [0.0, 0.0]
+    assert metrics["is_truncated_fraction"].item() == pytest.approx(0.5)
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages() -> None:
+    cfg = LossConfig(ratio_clip_c=3.0, reference_policy_kl_penalty=0.0)
+    lp = [[math.log(5.0), math.log(2.0), math.log(5.0)]]  # ratios 5, 2, 5 against old = 0
+    old = [[0.0, 0.0, 0.0]]
+    adv = [[-1.0, -1.0, 1.0]]
+    loss, metrics, grad = run_loss(lp, old, old, adv, [[1.0, 1.0, 1.0]], cfg)
+    # A = -1, r = 5: max(5, 1.2) = 5, capped at c = 3. A = -1, r = 2: 2 < 3, unchanged. A = +1, r = 5: clipped to -1.2.
+    assert loss.item() == pytest.approx((3.0 + 2.0 - 1.2) / 3, rel=1e-12)
+    assert grad[0].tolist() == pytest.approx([0.0, 2.0 / 3, 0.0], rel=1e-12)
+    assert metrics["dual_clip_fraction"].item() == pytest.approx(1 / 3)
+    assert metrics["clip_fraction"].item() == pytest.approx(1 / 3)
+
+
+def test_sequence_level_loss_weights_sequences_equally_and_token_level_weights_tokens() -> None:
+    lp = [[-1.0, -1.0, -1.0, -1.0], [-1.0, -1.0, -1.0, -1.0]]
+    mask = [[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]]
+    adv = [1.0, -2.0]  # ratio 1, so the per-token loss is -A
+    token = run_loss(lp, lp, lp, adv, mask, LossConfig(reference_policy_kl_penalty=0.0))[0]
+    seq = run_loss(lp, lp, lp, adv, mask, LossConfig(reference_policy_kl_penalty=0.0, token_level_loss=False))[0]
+    assert token.item() == pytest.approx((-1.0 * 4 + 2.0) / 5, rel=1e-12)
+    assert seq.item() == pytest.approx((-1.0 + 2.0) / 2, rel=1e-12)
+
+
+def test_sequence_level_importance_weight_is_the_product_of_token_ratios() -> None:
+    cfg = replace(TOKEN_IS, sequence_level_importance_ratios=True, token_level_loss=False,
+                  reference_policy_kl_penalty=0.0)
+    lp = [[-1.0, -1.0, -1.0]]
+    gen = [[-1.0 - math.log(2.0), -1.0 - math.log(0.25), -1.0 - math.log(3.0)]]
+    loss, metrics, _ = run_loss(lp, lp, gen, [1.0], [[1.0, 1.0, 1.0]], cfg)
+    assert metrics["is_ratio_mean"].item() == pytest.approx(1.5, rel=1e-12)
+    assert loss.item() == pytest.approx(-1.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_micro_batch_split_sums_to_the_full_batch_loss_gradient_and_metrics(cfg: LossConfig) -> None:
+    batch = random_batch(5, 7, 11, spread=0.7)
+    t = {k: torch.tensor(v, dtype=F64) for k, v in batch.items()}
+    n_tok, n_seq = count_valid(t["mask"])
+
+    def loss_of(rows: slice, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        return grpo_loss(logprobs[rows], t["old"][rows], t["gen"][rows], t["adv"][rows], t["mask"][rows], cfg,
+                         global_valid_tokens=n_tok, global_valid_seqs=n_seq, reference_logprobs=t["ref"][rows])
+
+    full_lp = t["lp"].clone().requires_grad_(True)
+    full, full_metrics = loss_of(slice(None), full_lp)
+    full.backward()
+    split_lp = t["lp"].clone().requires_grad_(True)
+    parts = [loss_of(slice(0, 3), split_lp), loss_of(slice(3, 7), split_lp)]
+    (parts[0][0] + parts[1][0]).backward()
+
+    assert (parts[0][0] + parts[1][0]).item() == pytest.approx(full.item(), rel=1e-12, abs=1e-15)
+    assert split_lp.grad is not None and full_lp.grad is not None
+    assert torch.allclose(split_lp.grad, full_lp.grad, rtol=1e-12, atol=1e-15)
+    for key in ("pg_loss", "kl", "clip_fraction", "is_ratio_mean", "is_truncated_fraction", "token_mult_prob_error"):
+        summed = parts[0][1][key].item() + parts[1][1][key].item()
+        assert summed == pytest.approx(full_metrics[key].item(), rel=1e-12, abs=1e-15), key
+    assert min(p[1]["is_ratio_min"].item() for p in parts) == full_metrics["is_ratio_min"].item()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_padding_with_inf_and_nan_does_not_leak_into_loss_or_gradient(cfg: LossConfig) -> None:
+    batch = random_batch(9, 4, 6, spread=0.5, per_token_adv=True)
+    want = ref_loss(batch["lp"], batch["old"], batch["gen"], batch["adv"], batch["mask"], cfg, batch["ref"])
+    dirty = {k: [row[:] for row in v] for k, v in batch.items() if k != "mask"}
+    for b, row in enumerate(batch["mask"]):
+        for t, m in enumerate(row):
+            if m == 0:
+                dirty["lp"][b][t] = -math.inf
+                dirty["old"][b][t] = math.inf
+                dirty["gen"][b][t] = math.nan
+                dirty["ref"][b][t] = -math.inf
+                dirty["adv"][b][t] = math.nan
+    got = run_loss(dirty["lp"], dirty["old"], dirty["gen"], dirty["adv"], batch["mask"], cfg, dirty["ref"])
+    assert_matches_reference(got, want)
+    grad = got[2]
+    assert bool(torch.isfinite(grad).all())
+    assert bool((grad[torch.tensor(batch["mask"]) == 0] == 0).all())
+
+
+def test_all_padding_batch_gives_zero_loss_not_nan() -> None:
+    loss, metrics, grad = run_loss([[-1.0, -2.0]], [[-1.0, -2.0]], [[-1.0, -2.0]], [1.0], [[0.0, 0.0]], TOKEN_IS,
+                                   [[-1.0, -2.0]])
+    assert loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+    assert metrics["is_ratio_min"].item() == math.inf and metrics["is_ratio_max"].item() == -math.inf
+
+
+def test_kl_term_is_not_importance_weighted() -> None:
+    # icepop drops every token's policy-gradient term, but the KL to the reference still applies in full.
+    cfg = replace(TOKEN_IS, truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio=2.0,
+                  truncated_importance_sampling_ratio_min=0.5, reference_policy_kl_penalty=0.1)
+    lp, ref, gen = [[-1.0, -2.0]], [[-1.5, -1.0]], [[-9.0, -9.0]]
+    loss, metrics, _ = run_loss(lp, lp, gen, [1.0], [[1.0, 1.0]], cfg, ref)
+    k3 = [math.exp(-0.5) - 1 + 0.5, math.exp(1.0) - 1 - 1.0]
+    assert metrics["pg_loss"].item() == 0.0
+    assert loss.item() == pytest.approx(0.1 * sum(k3) / 2, rel=1e-12)
+
+
+def test_importance_weights_and_old_logprobs_carry_no_gradient() -> None:
+    lp = torch.tensor([[-1.0, -2.0]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-1.1, -2.1]], dtype=F64, requires_grad=True)
+    gen = torch.tensor([[-1.3, -1.9]], dtype=F64, requires_grad=True)
+    loss, _ = grpo_loss(lp, old, gen, torch.tensor([1.0], dtype=F64), torch.ones(1, 2), TOKEN_IS,
+                        global_valid_tokens=2, global_valid_seqs=1, reference_logprobs=lp.detach() - 0.1)
+    loss.backward()
+    assert lp.grad is not None and old.grad is None and gen.grad is None
+
+
+def test_without_is_correction_weights_are_one_but_ratios_are_reported() -> None:
+    loss, metrics, grad = one_row([0.5, 4.0], LossConfig())
+    assert grad[0].tolist() == pytest.approx([-0.5, -0.5], rel=1e-12)
+    assert metrics["is_ratio_mean"].item() == pytest.approx(2.25)
+    assert metrics["token_mult_prob_error"].item() == pytest.approx((2.0 + 4.0) / 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"reference_policy_kl_type": "k1"}, "loss_fn.reference_policy_kl_type"),
+    ({"reference_policy_kl_penalty": -0.1}, "loss_fn.reference_policy_kl_penalty"),
+    ({"ratio_clip_c": 1.0}, "loss_fn.ratio_clip_c"),
+    ({"ratio_clip_min": 1.5}, "loss_fn.ratio_clip_min"),
+    ({"ratio_clip_max": -0.1}, "loss_fn.ratio_clip_max"),
+    ({"sequence_level_importance_ratios": True}, "loss_fn.token_level_loss=false"),
+    ({"truncated_importance_sampling_ratio": 2.0}, "loss_fn.truncated_importance_sampling_type is null"),
+    ({"truncated_importance_sampling_type": "tis", "truncated_importance_sampling_ratio": 2.0},
+     "loss_fn.use_importance_sampling_correction=true"),
+    ({"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "clip",
+      "truncated_importance_sampling_ratio": 2.0}, "loss_fn.truncated_importance_sampling_type must be one of"),
+    ({"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "tis"},
+     "loss_fn.truncated_importance_sampling_ratio must be > 0"),
+    ({"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "icepop",
+      "truncated_importance_sampling_ratio": 2.0}, "loss_fn.truncated_importance_sampling_ratio_min"),
+    ({"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "seq-mask-tis",
+      "truncated_importance_sampling_ratio": 2.0, "truncated_importance_sampling_ratio_min": 0.5,
+      "sequence_level_importance_ratios": True, "token_level_loss": False},
+     "loss_fn.sequence_level_importance_ratios=true"),
+])
+def test_loss_config_rejects_invalid_settings_naming_the_key(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(match)):
+        LossConfig(**kwargs)
+
+
+def _inputs(b: int = 2, t: int = 3) -> dict[str, torch.Tensor]:
+    return {"logprobs": torch.zeros(b, t), "old_logprobs": torch.zeros(b, t),
+            "generation_logprobs": torch.zeros(b, t), "advantages": torch.zeros(b), "mask": torch.ones(b, t)}
+
+
+@pytest.mark.parametrize(("name", "bad"), [
+    ("old_logprobs", torch.zeros(2, 4)),
+    ("generation_logprobs", torch.zeros(3, 3)),
+    ("mask", torch.ones(2)),
+    ("advantages", torch.zeros(3)),
+    ("logprobs", torch.zeros(2, 3, 1)),
+])
+def test_grpo_loss_rejects_mismatched_shapes_naming_the_argument(name: str, bad: torch.Tensor) -> None:
+    inputs = _inputs() | {name: bad}
+    with pytest.raises(ValueError, match=f"^{name} must"):
+        grpo_loss(**inputs, config=LossConfig(reference_policy_kl_penalty=0.0), global_valid_tokens=6,
+                  global_valid_seqs=2)
+
+
+def test_grpo_loss_requires_reference_logprobs_when_kl_is_on() -> None:
+    with pytest.raises(ValueError, match="reference_logprobs is required"):
+        grpo_loss(**_inputs(), config=LossConfig(), global_valid_tokens=6, global_valid_seqs=2)
+    with pytest.raises(ValueError, match="^reference_logprobs must"):
+        grpo_loss(**_inputs(), config=LossConfig(), global_valid_tokens=6, global_valid_seqs=2,
+                  reference_logprobs=torch.zeros(2, 2))
