@@ -158,3 +158,29 @@ def test_parse_config_does_not_mutate_input() -> None:
     tree = {"grpo": {"seed": 1}}
     parse_config(tree, ["grpo.seed=2"])
     assert tree == {"grpo": {"seed": 1}}
+
+
+def test_configuration_reference_page_is_current() -> None:
+    from fleet.config import reference
+
+    assert (ROOT / "docs/configuration.md").read_text() == reference.render(), (
+        "docs/configuration.md is stale: run `python -m fleet.config.reference`")
+
+
+def test_every_config_field_has_a_docstring() -> None:
+    from pydantic import BaseModel
+
+    from fleet.config.loader import _section_type
+
+    missing = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            if not field.description:
+                missing.append(prefix + name)
+            sub = _section_type(field.annotation)
+            if sub is not None:
+                walk(sub, f"{prefix}{name}.")
+
+    walk(MasterConfig, "")
+    assert missing == []
