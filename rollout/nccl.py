@@ -1,0 +1,106 @@
+"""The GPU data plane of a weight push: one NCCL broadcast from the trainer (rank 0) to every rollout worker.
+
+The gRPC `PushWeights` call still carries the contract (header: version, epoch, tensor names/shapes/dtypes, and the
+rendezvous `tcp://HOST:PORT`, world size and this worker's rank); only the bytes travel over NCCL. The process group
+is made once per rendezvous with a TCPStore and reused by every later push (creating an NCCL communicator costs
+seconds; a push must not). Tensors are packed into per-dtype flat buckets so that a 0.5B model moves in a few large
+collectives instead of hundreds of small ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+
+from rollout.weights import DTYPES, TensorMeta, WeightSet
+
+BUCKET_BYTES = 1 << 30
+_links: dict[str, NcclLink] = {}
+_lock = threading.Lock()
+
+
+class NcclLink:
+    """A stateless NCCL group between the trainer and the workers, independent of any default process group (the
+    trainer's torchrun group and this one coexist)."""
+
+    def __init__(self, init_method: str, world_size: int, rank: int, device: torch.device) -> None:
+        url = urlparse(init_method)
+        if url.scheme != "tcp" or not url.hostname or not url.port:
+            raise ValueError(f"NCCL rendezvous must be tcp://HOST:PORT, got {init_method!r}")
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
+                                   timeout=timedelta(seconds=120))
+        self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+
+def link(init_method: str, world_size: int, rank: int, device: torch.device) -> NcclLink:
+    with _lock:
+        existing = _links.get(init_method)
+        if existing is None:
+            existing = _links[init_method] = NcclLink(init_method, world_size, rank, device)
+        return existing
+
+
+def buckets(metas: list[TensorMeta]) -> list[tuple[str, list[int]]]:
+    """Group tensor indices into same-dtype buckets of at most BUCKET_BYTES (a larger tensor gets its own)."""
+    out: list[tuple[str, list[int]]] = []
+    current: dict[str, tuple[list[int], int]] = {}
+    for i, m in enumerate(metas):
+        idx, size = current.get(m.dtype, ([], 0))
+        if idx and size + m.nbytes > BUCKET_BYTES:
+            out.append((m.dtype, idx))
+            idx, size = [], 0
+        idx.append(i)
+        current[m.dtype] = (idx, size + m.nbytes)
+    out.extend((dtype, idx) for dtype, (idx, _) in current.items() if idx)
+    return out
+
+
+def send(lk: NcclLink, metas: list[TensorMeta], tensors: Mapping[str, torch.Tensor]) -> None:
+    """Trainer side (rank 0): broadcast every bucket."""
+    for dtype, idx in buckets(metas):
+        flat = torch.cat([tensors[metas[i].name].detach().to(lk.device, DTYPES[dtype]).reshape(-1) for i in idx])
+        lk.broadcast(flat)
+    torch.cuda.synchronize(lk.device)
+
+
+def recv(lk: NcclLink, metas: list[TensorMeta]) -> dict[str, torch.Tensor]:
+    """Worker side: receive every bucket and split it back into named tensors (views of the bucket)."""
+    out: dict[str, torch.Tensor] = {}
+    for dtype, idx in buckets(metas):
+        numels = [_numel(metas[i].shape) for i in idx]
+        flat = torch.empty(sum(numels), dtype=DTYPES[dtype], device=lk.device)
+        lk.broadcast(flat)
+        for i, part in zip(idx, torch.split(flat, numels), strict=True):
+            out[metas[i].name] = part.view(metas[i].shape)
+    torch.cuda.synchronize(lk.device)
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+async def receive_nccl(ws: WeightSet, device: torch.device | None = None) -> None:
+    """Fill `ws.tensors` over NCCL (worker side). Runs in a thread: the collective blocks until the trainer sends."""
+    dev = device or torch.device("cuda", torch.cuda.current_device())
+
+    def work() -> dict[str, torch.Tensor]:
+        lk = link(ws.nccl_init_method, ws.nccl_world_size, ws.nccl_rank, dev)
+        return recv(lk, ws.metas)
+
+    ws.tensors = await asyncio.to_thread(work)
