@@ -36,12 +36,12 @@ class NcclLink:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
                                    timeout=timedelta(seconds=120))
-        self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size)
+        self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, dist.ProcessGroupNCCL.Options())
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.pg.broadcast([tensor], opts).wait()
+        self.pg.broadcast([tensor], opts).wait()  # type: ignore[attr-defined]
 
 
 def link(init_method: str, world_size: int, rank: int, device: torch.device) -> NcclLink:

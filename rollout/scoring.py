@@ -8,7 +8,7 @@ from typing import Any
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2
-from services.sandbox.model import Verdict
+from services.sandbox.model import TaskSpec, Verdict
 
 _STATUS = {
     "completed": common_pb2.VERDICT_STATUS_COMPLETED,
@@ -34,28 +34,44 @@ def to_proto_verdict(v: Verdict) -> common_pb2.Verdict:
 
 
 class Scorer:
-    def __init__(self, cfg: MasterConfig) -> None:
-        from envs.registry import get_environment
+    """Scores completions of any registered environment; SWE answers go through the sandbox fleet."""
 
+    def __init__(self, cfg: MasterConfig) -> None:
         from sandbox_client import SandboxClient
 
         self.cfg = cfg
         self.sandbox = SandboxClient.from_config(cfg)
-        self._get_env = get_environment
+        self._envs: dict[str, Any] = {}
+        self.infra_retries = 0
 
     async def close(self) -> None:
         await self.sandbox.close()
 
+    def _env(self, name: str) -> Any:
+        if name not in self._envs:
+            from envs.registry import make_environment
+
+            self._envs[name] = make_environment(name, self.cfg.env, scorer=self._run_in_sandbox)
+        return self._envs[name]
+
+    async def _run_in_sandbox(self, spec: TaskSpec) -> Verdict:
+        result = await self.sandbox.evaluate(spec)
+        self.infra_retries += result.retries
+        if result.infra_error is not None:
+            return Verdict(status="infra_error", error=result.infra_error)
+        assert result.verdict is not None
+        return result.verdict
+
     async def score(self, env_name: str, payload: dict[str, Any], text: str, *, truncated: bool) -> tuple[
             Verdict, float, int]:
-        """(verdict, reward, infrastructure retries spent)."""
+        """(verdict, reward, infrastructure retries spent). Raises ScoringUnavailable instead of scoring an
+        infrastructure failure."""
         from sandbox_client import reward_from_verdict
 
-        env = self._get_env(env_name)
-        result = await env.score(payload, text, sandbox=self.sandbox, cfg=self.cfg, truncated=truncated)
+        before = self.infra_retries
+        result = await self._env(env_name).score(payload, text, cfg=self.cfg, truncated=truncated)
         if result.infra_error is not None:
             raise ScoringUnavailable(result.infra_error)
-        verdict = result.verdict
         code = self.cfg.env.code
-        reward = reward_from_verdict(verdict, code.reward_mode, code.format_error_reward)
-        return verdict, reward, result.retries
+        reward = reward_from_verdict(result.verdict, code.reward_mode, code.format_error_reward)
+        return result.verdict, reward, self.infra_retries - before

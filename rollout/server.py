@@ -19,10 +19,10 @@ def worker_id(cfg: MasterConfig) -> str:
 
 
 async def serve(cfg: MasterConfig) -> int:
-    from rollout.engine import make_engine
     from transformers import AutoTokenizer
 
     from rollout.buffer_client import BufferClient
+    from rollout.engine import make_engine
     from rollout.scoring import Scorer
     from rollout.servicer import RolloutWorkerServicer
     from rollout.worker import Decoder, RolloutWorker

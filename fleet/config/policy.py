@@ -75,6 +75,22 @@ class GenerationConfig(Section):
     """Seed compatibility; must stay disabled."""
 
 
+class WeightSyncConfig(Section):
+    transport: Literal["grpc", "nccl"] = "grpc"
+    """How weight bytes reach rollout workers: streamed in gRPC `WeightChunk`s, or one NCCL broadcast from trainer
+    rank 0 (GPU trainer and GPU workers reachable by NCCL; the gRPC header still carries names, shapes, versions)."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """dtype of pushed tensors (auto: `policy.precision`); must match the dtype the rollout engine serves."""
+    chunk_mb: float = Field(4.0, gt=0, le=32)
+    """Largest tensor slice per gRPC message, MiB."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Deadline of one PushWeights call (receive + pause + load)."""
+    join_poll_s: float = Field(1.0, gt=0)
+    """How often the trainer lists workers to sync one that joined late or fell behind (join handshake)."""
+    nccl_address: str | None = None
+    """Host:port of the NCCL rendezvous that workers reach (None: this host's name and a free port)."""
+
+
 class PolicyConfig(Section):
     model_name: str = "tiny-qwen2"
     """HF-format model folder (or hub id where a hub is reachable). `tiny-qwen2` is made locally on first use."""
@@ -96,5 +112,15 @@ class PolicyConfig(Section):
     """Recompute activations in the backward pass to save memory."""
     compile: bool = False
     """torch.compile the model's layers (GPU)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """Attention kernel of the trainer's model (packed rows use a block-diagonal causal mask)."""
+    sequence_packing: bool = True
+    """Pack a micro-batch's samples into rows of `policy.max_total_sequence_length` tokens instead of padding each
+    sample to the longest one."""
+    logprob_chunk_tokens: int = Field(1024, ge=1)
+    """Tokens per chunk of the fused lm_head + log-softmax: peak memory is chunk x vocab fp32 logits, never
+    sequence x vocab."""
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    """How the trainer pushes weights to rollout workers."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """How rollout workers generate."""

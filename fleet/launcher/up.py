@@ -81,7 +81,7 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         if stop.is_set() and trainer is not None and trainer.returncode not in (0, None, -signal.SIGTERM):
             rc = trainer.returncode or 1
         if redis_handle is not None:
-            redis_handle.shutdown()
+            redis_handle.stop()
     return rc
 
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import grpc
@@ -124,7 +124,7 @@ async def supervise(tasks: Iterable[asyncio.Task[Any]], stop: asyncio.Event) -> 
 async def run_service(
     service: GrpcService,
     *,
-    background: Iterable[Callable[[], Awaitable[Any]]] = (),
+    background: Iterable[Callable[[], Coroutine[Any, Any, Any]]] = (),
     on_stop: Callable[[], Awaitable[None]] | None = None,
     stop: asyncio.Event | None = None,
 ) -> int:
@@ -151,7 +151,7 @@ async def run_service(
     return 1 if failure is not None else 0
 
 
-def run(main: Callable[[], Awaitable[int]]) -> int:
+def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run an async entry point on uvloop."""
     import uvloop
 

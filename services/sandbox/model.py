@@ -1,11 +1,14 @@
 """The executor's domain types: what a task is and what a verdict says. No HTTP and no I/O here.
 
 Shared by the executor, `sandbox_client` and the task-set builder (which validates bugs through the executor).
+`spec_from_json` / `Verdict.from_json` are the wire format of the seed-compatible HTTP API (`/task/*`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 # completed: tests ran (see resolution). not_applied: the agent patch did not apply. refused: integrity check.
@@ -13,6 +16,9 @@ from typing import Any, Literal
 # sandbox failed to start) -- never a statement about the patch.
 TaskStatus = Literal["pending", "running", "completed", "not_applied", "refused", "timeout", "infra_error"]
 ResolutionName = Literal["FULL", "PARTIAL", "NO"]
+TOKEN_ENV = "GRPO_FLEET_SANDBOX_TOKEN"
+"""Environment variable holding the bearer token, read by the executor and the client when the config has none."""
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "not_applied", "refused", "timeout", "infra_error"})
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,11 @@ class TaskSpec:
     pass_to_pass: list[str] = field(default_factory=list)
     reference_patch: str | None = None
     timeout: float = 300.0
+    integrity_check: bool = True
+    """Refuse a patch touching tests or the test runner (`env.code.integrity_check`; the client sends it)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -44,6 +55,12 @@ class Verdict:
     stderr_tail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    report: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    """swebench's tests report: {FAIL_TO_PASS|PASS_TO_PASS: {success: [...], failure: [...]}} (empty: no lists)."""
+    stdout_bytes: int = 0
+    """Bytes the tests wrote to stdout (only the tail is kept)."""
+    stderr_bytes: int = 0
+    """Bytes the tests wrote to stderr (only the tail is kept)."""
 
     @property
     def is_infra_failure(self) -> bool:
@@ -51,3 +68,110 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        """Inverse of `to_json`; keys this version does not know (a newer executor's) are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class SpecError(ValueError):
+    """A task request that cannot be run; `field` names the offending key (the HTTP layer answers 400)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+_SPEC_KEYS = {"repo_url", "base_commit", "patch", "test_patch", "test_command", "fail_to_pass", "pass_to_pass",
+              "reference_patch", "timeout", "integrity_check"}
+# Labels seed clients send along; accepted and ignored so that a misspelt key is still an error.
+_IGNORED_KEYS = {"instance_id", "metadata"}
+
+
+def _string(data: dict[str, Any], key: str, *, required: bool = False, default: str | None = "") -> str | None:
+    if key not in data or data[key] is None:
+        if required:
+            raise SpecError(key, "is required")
+        return default
+    value = data[key]
+    if not isinstance(value, str):
+        raise SpecError(key, f"must be a string, got {type(value).__name__}")
+    return value
+
+
+def _test_ids(data: dict[str, Any], key: str) -> list[str]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        # SWE-bench datasets store these lists as JSON text.
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SpecError(key, "must be a list of test ids (or its JSON text)") from exc
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise SpecError(key, "must be a list of non-empty test id strings")
+    return value
+
+
+def _flag(data: dict[str, Any], key: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _timeout(data: dict[str, Any], max_timeout: float) -> float:
+    value = data.get("timeout", 300.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError("timeout", "must be a number of seconds")
+    if not 0 < value <= max_timeout:
+        raise SpecError("timeout", f"must be in (0, {max_timeout:g}] seconds (sandbox.max_timeout_s), got {value}")
+    return float(value)
+
+
+def spec_from_json(data: Any, *, max_timeout: float = 3600.0) -> TaskSpec:
+    """Validate a `POST /task/submit` body (or any dict) into a TaskSpec; `SpecError` names the bad field."""
+    if not isinstance(data, dict):
+        raise SpecError("body", f"must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - _SPEC_KEYS - _IGNORED_KEYS)
+    if unknown:
+        raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(_SPEC_KEYS))})")
+    repo_url = _string(data, "repo_url", required=True) or ""
+    if not repo_url.strip():
+        raise SpecError("repo_url", "must not be empty")
+    base_commit = _string(data, "base_commit", required=True) or ""
+    if not base_commit or base_commit.startswith("-") or any(c.isspace() or ord(c) < 32 for c in base_commit):
+        raise SpecError("base_commit", "must be a commit id or ref (no whitespace, not starting with '-')")
+    if "patch" not in data:
+        raise SpecError("patch", 'is required (send "" for no change)')
+    spec = TaskSpec(
+        repo_url=repo_url,
+        base_commit=base_commit,
+        patch=_string(data, "patch") or "",
+        test_patch=_string(data, "test_patch") or "",
+        test_command=_string(data, "test_command", default=None) or None,
+        fail_to_pass=_test_ids(data, "fail_to_pass"),
+        pass_to_pass=_test_ids(data, "pass_to_pass"),
+        reference_patch=_string(data, "reference_patch", default=None),
+        timeout=_timeout(data, max_timeout),
+        integrity_check=_flag(data, "integrity_check", True),
+    )
+    check_spec(spec)
+    return spec
+
+
+def check_spec(spec: TaskSpec) -> None:
+    """Rules every spec obeys, whether it came over HTTP or from in-process callers."""
+    if spec.test_command is None and not spec.fail_to_pass and not spec.pass_to_pass:
+        raise SpecError("test_command", "either test_command or fail_to_pass/pass_to_pass must be given")
+    if not spec.timeout > 0:
+        raise SpecError("timeout", f"must be positive, got {spec.timeout}")
+    for key in ("fail_to_pass", "pass_to_pass"):
+        for test_id in getattr(spec, key):
+            path = test_id.split("::", 1)[0]
+            # The default command passes these paths to pytest: an option or a path outside the tree is never a test.
+            if path.startswith("-") or path.startswith("/") or ".." in path.split("/"):
+                raise SpecError(key, f"test id {test_id!r} must start with a path relative to the repository root")

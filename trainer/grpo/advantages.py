@@ -41,7 +41,7 @@ def compute_advantages(rewards: torch.Tensor, *, leave_one_out: bool, normalize:
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape [num_groups, G], got shape {tuple(rewards.shape)}")
-    num_groups, group_size = rewards.shape
+    group_size = rewards.shape[1]
     if group_size < 1:
         raise ValueError("rewards must have at least one response per group (G >= 1), got G = 0")
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
@@ -51,33 +51,44 @@ def compute_advantages(rewards: torch.Tensor, *, leave_one_out: bool, normalize:
     if group_size == 1:
         return torch.zeros_like(x, dtype=out_dtype)
 
+    # "std > 0" is decided exactly, from the raw rewards, not from a rounded std: when a pool is all equal its
+    # float mean can be off by an ulp, and a 1e-17 std would scale A by 1e6; a real but tiny spread must not
+    # round away into "no spread" either.
+    varies = _pool_varies(x, leave_one_out)
     # Shifting a group by a constant changes no difference, mean-difference or std, but makes every difference
     # inside an all-equal group an exact 0 (sums of equal floats, divided back, need not round-trip exactly).
     x = x - x[:, :1]
-
-    if leave_one_out:
-        baseline, std = _leave_one_out_stats(x)
-    else:
-        baseline, std = _group_stats(x)
-
+    baseline, std = _leave_one_out_stats(x) if leave_one_out else _group_stats(x)
     advantages = x - baseline
     if normalize:
-        advantages = torch.where(std > 0, advantages / (std + ADVANTAGE_STD_EPSILON), advantages)
+        advantages = torch.where(varies, advantages / (std + ADVANTAGE_STD_EPSILON), advantages)
     return advantages.to(out_dtype)
 
 
+def _pool_varies(x: torch.Tensor, leave_one_out: bool) -> torch.Tensor:
+    """Whether the rewards a response is normalised against (its others, or its whole group) are not all equal."""
+    if not leave_one_out:
+        return (x.amax(dim=1, keepdim=True) > x.amin(dim=1, keepdim=True)).expand_as(x)
+    group_size = x.shape[1]
+    if group_size == 2:
+        # One "other" reward: Bessel's std is undefined; NeMo's nan_to_num makes it 0, and so do we.
+        return torch.zeros_like(x, dtype=torch.bool)
+    others = ~torch.eye(group_size, dtype=torch.bool, device=x.device)
+    table = x.unsqueeze(1).expand(-1, group_size, group_size)  # table[g, i, j] = x[g, j]
+    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    return torch.where(others, table, -inf).amax(dim=-1) > torch.where(others, table, inf).amin(dim=-1)
+
+
 def _group_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group mean and Bessel std, broadcast to ``x``'s shape; the std is exactly 0 for all-equal groups."""
+    """Group mean and Bessel std, each broadcast to ``x``'s shape."""
     group_size = x.shape[1]
     mean = x.mean(dim=1, keepdim=True)
-    var = (x - mean).square().sum(dim=1, keepdim=True) / (group_size - 1)
-    spread = x.amax(dim=1, keepdim=True) - x.amin(dim=1, keepdim=True)
-    std = torch.where(spread > 0, var.sqrt(), torch.zeros_like(var))
+    std = ((x - mean).square().sum(dim=1, keepdim=True) / (group_size - 1)).sqrt()
     return mean.expand_as(x), std.expand_as(x)
 
 
 def _leave_one_out_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and Bessel std of the other G-1 rewards of each response.
+    """Mean and Bessel std of the other G-1 rewards of each response (std 0 when there is one other).
 
     Built as a ``[num_groups, G, G]`` table (row i holds the group with column i masked out): G is a handful of
     samples per prompt, so the table is tiny, and it keeps the two-pass variance instead of ``E[r^2] - E[r]^2``,
@@ -87,17 +98,8 @@ def _leave_one_out_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     others = ~torch.eye(group_size, dtype=torch.bool, device=x.device)  # others[i, j]: j is one of i's others
     table = x.unsqueeze(1).expand(num_groups, group_size, group_size)  # table[g, i, j] = x[g, j]
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
-
     baseline = torch.where(others, table, zero).sum(dim=-1) / (group_size - 1)
     if group_size == 2:
-        # One "other" reward: Bessel's std is undefined; NeMo's nan_to_num makes it 0, and so do we.
         return baseline, torch.zeros_like(baseline)
-
     deviations = torch.where(others, table - baseline.unsqueeze(-1), zero)
-    var = deviations.square().sum(dim=-1) / (group_size - 2)
-    # Decide "std > 0" from the rewards themselves, not from the rounded variance: when the others are all equal,
-    # their mean can differ from them by an ulp, and 1e-17 + 1e-6 in the denominator would scale A by 1e6.
-    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
-    spread = torch.where(others, table, -inf).amax(dim=-1) - torch.where(others, table, inf).amin(dim=-1)
-    std = torch.where(spread > 0, var.sqrt(), torch.zeros_like(var))
-    return baseline, std
+    return baseline, (deviations.square().sum(dim=-1) / (group_size - 2)).sqrt()

@@ -179,7 +179,7 @@ def grpo_loss(
     def reduce(x: torch.Tensor) -> torch.Tensor:
         if config.token_level_loss:
             return (x * m).sum() / n_tok
-        return ((x * m).sum(dim=-1) / m.sum(dim=-1).clamp(min=1)).sum() / n_seq
+        return _row_mean(x, m).sum() / n_seq  # a fully padded row adds 0 and is not counted in n_seq
 
     loss = reduce(per_token)
     with torch.no_grad():

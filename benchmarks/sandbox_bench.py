@@ -1,0 +1,218 @@
+"""Sandbox executor: verdict latency and throughput on a real repository's test suite, against the same pytest
+command run bare (no sandbox, no HTTP, no checkout) in the same run.
+
+    .venv/bin/python benchmarks/sandbox_bench.py                  # pools 1..cores, 4 tasks per slot, 2 rounds
+    .venv/bin/python benchmarks/sandbox_bench.py --pools 1,2,4 --tasks-per-slot 6 --rounds 3
+
+Repository: inflection 0.5.1 from PyPI (sdist, 455 tests in `test_inflection.py`), made into a git repository; the
+download is cached under `fleet.paths.cache_dir()/sdists`. Each sandboxed task is the full path a rollout takes:
+`SandboxClient` -> HTTP -> executor (fresh tree from git, patch, bwrap + limits, junit, swebench grading), with every
+test listed in PASS_TO_PASS so the verdict is FULL. The bare run is the exact pytest command the executor runs, with
+the same environment switches, in a prepared checkout. Both run `pool` at a time; bare and sandboxed batches
+alternate for `--rounds` rounds and medians are reported, so that load from other processes hits both alike.
+Writes `benchmarks/results/sandbox.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Run as a script, the checkout is not on sys.path: the editable install's package map may predate sandbox_client.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fleet.config.infra import SandboxConfig  # noqa: E402
+from fleet.paths import cache_dir  # noqa: E402
+from sandbox_client import SandboxClient  # noqa: E402
+from services.sandbox.model import TaskSpec  # noqa: E402
+from services.sandbox.server import SandboxServer  # noqa: E402
+
+PACKAGE, VERSION, SUITE = "inflection", "0.5.1", "test_inflection.py"
+RESULTS = Path(__file__).resolve().parent / "results" / "sandbox.json"
+log = logging.getLogger("sandbox_bench")
+
+
+def fetch_repository(work: Path) -> tuple[Path, str]:
+    """inflection's sdist as a git repository with one commit; returns (repo, commit)."""
+    sdists = cache_dir() / "sdists"
+    archive = sdists / f"{PACKAGE}-{VERSION}.tar.gz"
+    if not archive.exists():
+        sdists.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+                        f"{PACKAGE}=={VERSION}", "-d", str(sdists)], check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(work, filter="data")
+    repo = work / f"{PACKAGE}-{VERSION}"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b",
+           "GIT_COMMITTER_EMAIL": "b@b", "GIT_CONFIG_GLOBAL": os.devnull}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", f"{PACKAGE} {VERSION}"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    return repo, commit
+
+
+def pytest_env() -> dict[str, str]:
+    return {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def collect_ids(repo: Path) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", SUITE],
+                         cwd=repo, capture_output=True, text=True, env=pytest_env(), check=True).stdout
+    return [line for line in out.splitlines() if "::" in line]
+
+
+async def bare_batch(repo: Path, n: int, pool: int) -> list[float]:
+    """`n` runs of the executor's own pytest command, `pool` at a time; per-run wall seconds."""
+    sem = asyncio.Semaphore(pool)
+
+    async def one(i: int) -> float:
+        async with sem:
+            junit = repo / f".bench-junit-{i}.xml"
+            t0 = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "--tb=short",
+                f"--junitxml={junit}", "-o", "junit_family=xunit1", SUITE, cwd=repo, env=pytest_env(),
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            if await proc.wait() != 0:
+                raise RuntimeError("the bare test run failed")
+            elapsed = time.monotonic() - t0
+            junit.unlink()
+            return elapsed
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def sandbox_batch(client: SandboxClient, spec: TaskSpec, n: int) -> list[dict[str, float]]:
+    """`n` tasks at once through the client (the executor's pool bounds concurrency); per-task timings."""
+
+    async def one() -> dict[str, float]:
+        t0 = time.monotonic()
+        verdict = await client.run(spec)
+        if verdict.resolution != "FULL":
+            raise RuntimeError(f"unexpected verdict {verdict.status}/{verdict.resolution}: {verdict.error}")
+        latency = time.monotonic() - t0
+        # end_to_end_s: the task's latency minus its wait for a pool slot (client, HTTP, polling included).
+        return {"latency_s": latency, "end_to_end_s": latency - verdict.timings.get("queued_s", 0.0),
+                **verdict.timings}
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def summary(latencies: list[float], wall_s: float) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {"tasks": len(ordered), "wall_s": round(wall_s, 3), "throughput_per_s": round(len(ordered) / wall_s, 3),
+            "latency_mean_s": round(statistics.fmean(ordered), 3),
+            "latency_p50_s": round(statistics.median(ordered), 3),
+            "latency_p95_s": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3)}
+
+
+async def measure_pool(repo: Path, spec: TaskSpec, pool: int, n: int, rounds: int, work: Path) -> dict[str, Any]:
+    cfg = SandboxConfig(pool_size=pool, work_root=str(work / f"work-{pool}"))
+    server = SandboxServer(cfg)
+    await server.start()
+    bare_rounds: list[dict[str, float]] = []
+    sandbox_rounds: list[dict[str, float]] = []
+    breakdown: dict[str, list[float]] = {}
+    try:
+        async with SandboxClient([f"http://127.0.0.1:{server.port}"], max_concurrency=n, task_timeout=600) as client:
+            await sandbox_batch(client, spec, pool)  # warm-up: page cache, first imports
+            for _ in range(rounds):
+                t0 = time.monotonic()
+                bare = await bare_batch(repo, n, pool)
+                bare_rounds.append(summary(bare, time.monotonic() - t0))
+                t0 = time.monotonic()
+                tasks = await sandbox_batch(client, spec, n)
+                sandbox_rounds.append(summary([t["latency_s"] for t in tasks], time.monotonic() - t0))
+                for t in tasks:
+                    for key, value in t.items():
+                        breakdown.setdefault(key, []).append(value)
+    finally:
+        await server.stop(0)
+    return {"pool": pool, "bare": _median_round(bare_rounds), "sandbox": _median_round(sandbox_rounds),
+            "sandbox_breakdown_mean_s": {k: round(statistics.fmean(v), 4) for k, v in sorted(breakdown.items())}}
+
+
+def _median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {key: round(statistics.median(r[key] for r in rounds), 3) for key in rounds[0]}
+
+
+def overheads(row: dict[str, Any]) -> dict[str, float]:
+    """Per-task overhead vs the bare run at the same concurrency, in % of the bare time.
+
+    service: what the executor adds around the tests (fresh tree, patches, sandbox start, grading), from its own
+    timings; tests_in_sandbox: bwrap + limits around the same pytest; end_to_end: also HTTP, polling and the client
+    (queueing for a pool slot excluded: bare runs wait for their semaphore outside the timer too).
+    """
+    bare = row["bare"]["latency_mean_s"]
+    parts = row["sandbox_breakdown_mean_s"]
+    return {name: round(100 * (parts[key] - bare) / bare, 1)
+            for name, key in (("service_pct", "total_s"), ("tests_in_sandbox_pct", "tests_s"),
+                              ("end_to_end_pct", "end_to_end_s"))}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as tmp:
+        work = Path(tmp)
+        repo, commit = fetch_repository(work)
+        ids = collect_ids(repo)
+        spec = TaskSpec(repo_url=str(repo), base_commit=commit, patch="", pass_to_pass=ids, timeout=600)
+        load_before = os.getloadavg()
+        rows = []
+        for pool in args.pools:
+            log.info("pool %d: %d tasks x %d rounds", pool, pool * args.tasks_per_slot, args.rounds)
+            row = await measure_pool(repo, spec, pool, pool * args.tasks_per_slot, args.rounds, work)
+            row["overhead"] = overheads(row)
+            rows.append(row)
+            log.info("pool %d: %s", pool, json.dumps(row))
+    base = rows[0]["sandbox"]["throughput_per_s"]
+    for row in rows:
+        row["sandbox_speedup_vs_pool1"] = round(row["sandbox"]["throughput_per_s"] / base, 2)
+        row["bare_speedup_vs_pool1"] = round(row["bare"]["throughput_per_s"] / rows[0]["bare"]["throughput_per_s"], 2)
+    return {
+        "benchmark": "sandbox executor vs bare pytest",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "repository": f"{PACKAGE} {VERSION} ({len(ids)} tests in {SUITE})",
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": [round(x, 2) for x in load_before],
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+        "tasks_per_slot": args.tasks_per_slot, "rounds": args.rounds,
+        "target": "service overhead <= 15% of the bare test time per task; throughput scales with pool up to cores",
+        "results": rows,
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    cores = os.cpu_count() or 1
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pools", type=lambda s: [int(x) for x in s.split(",")],
+                        default=sorted({1, *range(2, cores + 1, max(1, cores // 4))}),
+                        help="pool sizes to measure (default: 1..cores)")
+    parser.add_argument("--tasks-per-slot", type=int, default=4, help="tasks per pool slot in one batch")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating bare/sandbox rounds (median reported)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    arguments = parse_args()
+    report = asyncio.run(main(arguments))
+    arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    arguments.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({r["pool"]: {"bare_s": r["bare"]["latency_mean_s"], "overhead": r["overhead"],
+                                  "sandbox_per_s": r["sandbox"]["throughput_per_s"],
+                                  "bare_per_s": r["bare"]["throughput_per_s"]} for r in report["results"]}, indent=1))
+    print(f"wrote {arguments.out}")

@@ -1,0 +1,88 @@
+"""`grpo-fleet data ...`: build the embedded SWE task set, or list what a built one holds.
+
+`fleet/cli.py` calls `data_main(argv)`; heavy imports (LibCST, the executor) happen only inside the subcommands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from envs.swe.paths import default_sdist_cache, default_task_dir
+
+log = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpo-fleet data", description="SWE task data: build and inspect task sets.")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build the embedded task set (sdists -> bugs -> sandbox-validated tasks)")
+    b.add_argument("--out", type=Path, default=default_task_dir(), help="task-set folder (default: %(default)s)")
+    b.add_argument("--repos", default="", help="comma-separated recipe repositories (default: all)")
+    b.add_argument("--max-per-repo", type=int, default=32, help="tasks per repository at most (default: %(default)s)")
+    b.add_argument("--seed", type=int, default=0, help="candidate order seed (default: %(default)s)")
+    b.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                   help="sandbox runs in parallel (default: cores, %(default)s)")
+    b.add_argument("--cache-dir", type=Path, default=default_sdist_cache(),
+                   help="downloaded sdists (default: %(default)s)")
+    b.add_argument("--recipe", type=Path, default=None, help="recipe YAML (default: envs/swe/recipe.yaml)")
+    b.add_argument("--kinds", default="", help="comma-separated bug kinds (default: all)")
+    b.add_argument("--verbose", action="store_true", help="log every sandbox run")
+    ls = sub.add_parser("list", help="counts per repository and bug kind of a built task set")
+    ls.add_argument("--data", type=Path, default=default_task_dir(), help="task-set folder (default: %(default)s)")
+    return p
+
+
+def _build(args: argparse.Namespace) -> int:
+    from envs.swe.builder import BuildOptions, build_taskset
+    from envs.swe.mutations import BUG_KINDS
+    from envs.swe.taskset import format_summary, summarize
+
+    kinds = tuple(k for k in args.kinds.split(",") if k) or BUG_KINDS
+    unknown = [k for k in kinds if k not in BUG_KINDS]
+    if unknown:
+        print(f"error: --kinds: unknown bug kind(s) {unknown}; known: {', '.join(BUG_KINDS)}", file=sys.stderr)
+        return 2
+    if args.max_per_repo < 1 or args.workers < 1:
+        print("error: --max-per-repo and --workers must be >= 1", file=sys.stderr)
+        return 2
+    if not args.verbose:  # hundreds of runs: one line each is noise next to the per-repository progress
+        logging.getLogger("services.sandbox.executor").setLevel(logging.WARNING)
+    opts = BuildOptions(out=args.out, repos=[r for r in args.repos.split(",") if r] or None,
+                        max_per_repo=args.max_per_repo, seed=args.seed, workers=args.workers,
+                        cache_dir=args.cache_dir, recipe_path=args.recipe, kinds=kinds)
+    try:
+        report = asyncio.run(build_taskset(opts))
+    except (KeyError, ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(format_summary(summarize(args.out)))
+    runs = sum(r.sandbox_runs for r in report.repos.values())
+    print(f"\nbuilt {len(report.tasks)} tasks in {report.seconds:.0f} s ({runs} sandbox runs) -> {args.out}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from envs.swe.taskset import format_summary, summarize
+
+    if not (args.data / "train.jsonl").is_file():
+        print(f"error: no task set in {args.data} (build one: grpo-fleet data build --out {args.data})",
+              file=sys.stderr)
+        return 1
+    print(format_summary(summarize(args.data)))
+    return 0
+
+
+def data_main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return _build(args) if args.command == "build" else _list(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(data_main(sys.argv[1:]))

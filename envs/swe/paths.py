@@ -1,0 +1,27 @@
+"""Default locations. Everything that reads or writes task data also takes an explicit path; these are for runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# envs/swe/paths.py -> the repository root (the checkout, or the source tree of an editable install).
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_root() -> Path:
+    return _REPO_ROOT
+
+
+def default_task_dir() -> Path:
+    """The built task set of a run: `.cache/tasks` under the repository root (gitignored)."""
+    return _REPO_ROOT / ".cache" / "tasks"
+
+
+def default_sdist_cache() -> Path:
+    """Where downloaded sdists are kept between builds."""
+    return _REPO_ROOT / ".cache" / "sdists"
+
+
+def repos_dir(task_dir: str | Path) -> Path:
+    """The bare git repositories of a built task set (`SandboxConfig.repos_root` for `embedded://` URLs)."""
+    return Path(task_dir) / "repos"

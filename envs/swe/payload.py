@@ -1,0 +1,43 @@
+"""The JSON payload of a SWE prompt group (`PromptGroup.env_payload`) and the sandbox TaskSpec made from it.
+
+The payload holds what scoring needs and nothing the policy should not see: no gold patch, no statement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envs.registry import Task
+from services.sandbox.model import TaskSpec
+
+PAYLOAD_KEYS = ("instance_id", "repo_url", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass",
+                "test_command")
+
+
+def task_to_payload(task: Task) -> dict[str, Any]:
+    return {
+        "instance_id": task.instance_id,
+        "repo_url": task.repo_url,
+        "base_commit": task.base_commit,
+        "test_patch": task.test_patch,
+        "fail_to_pass": list(task.fail_to_pass),
+        "pass_to_pass": list(task.pass_to_pass),
+        "test_command": task.test_command,
+    }
+
+
+def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 300.0) -> TaskSpec:
+    """The sandbox task that grades `patch` against the payload's task."""
+    missing = [k for k in PAYLOAD_KEYS if k not in payload]
+    if missing:
+        raise ValueError(f"SWE payload lacks {', '.join(missing)} (instance {payload.get('instance_id', '?')})")
+    return TaskSpec(
+        repo_url=payload["repo_url"],
+        base_commit=payload["base_commit"],
+        patch=patch,
+        test_patch=payload["test_patch"] or "",
+        test_command=payload["test_command"],
+        fail_to_pass=list(payload["fail_to_pass"]),
+        pass_to_pass=list(payload["pass_to_pass"]),
+        timeout=timeout,
+    )

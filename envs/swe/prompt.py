@@ -1,0 +1,128 @@
+"""SWE prompts: the problem statement plus code context, in the tokenizer's chat template, within a token budget.
+
+Context "oracle" (SWE-bench's oracle setting) is the full text of every file the gold patch touches, read from the
+task's repository at `base_commit` with `git show`. To fit `max_prompt_length`, whole files are left out (and named
+in the prompt and in `PromptResult.dropped_files`); a file is never cut. Only when the bare statement alone is over
+budget is the statement shortened, with a visible marker and `statement_truncated=True`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from envs.registry import PromptResult, Task
+from envs.swe.gitrepo import BareRepo
+
+SYSTEM_PROMPT = (
+    "You are an expert software engineer. You get an issue and source files of a Python repository. "
+    "Fix the issue by changing the library code (not the tests). Answer with a single unified diff against the "
+    "repository root, as `git diff` prints it, inside one ```diff fenced block, and write nothing after it."
+)
+_TRUNC_MARK = "\n[... the rest of the issue was cut to fit the prompt budget ...]"
+_DIFF_PATH = re.compile(r"^diff --git a/(\S+) b/(\S+)$|^--- a/(\S+)$", re.M)
+
+
+def patch_files(patch: str) -> list[str]:
+    """Files a patch modifies, in patch order (new files excluded: there is nothing to show at base_commit)."""
+    out: list[str] = []
+    for m in _DIFF_PATH.finditer(patch):
+        path = m.group(1) or m.group(3)
+        if path and path not in out:
+            out.append(path)
+    return out
+
+
+def resolve_repo(repo_url: str, repos_root: str | Path | None) -> BareRepo | None:
+    """The local git repository of a task URL: `embedded://NAME` under repos_root, `file://PATH`, or a path."""
+    if repo_url.startswith("embedded://"):
+        return BareRepo(Path(repos_root) / f"{repo_url.removeprefix('embedded://')}.git") if repos_root else None
+    path = Path(repo_url.removeprefix("file://"))
+    if path.exists():
+        return BareRepo(path / ".git" if (path / ".git").is_dir() else path)
+    return None
+
+
+def _render(tokenizer: Any, system: str, user: str) -> tuple[str, list[int]]:
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        # Tokenizers without a chat template (small test tokenizers): a plain layout the model can still learn.
+        text = f"{system}\n\n{user}\n\nAnswer:\n"
+        ids = tokenizer(text)["input_ids"]
+    return text, list(ids)
+
+
+def _user_message(statement: str, files: list[tuple[str, str]], omitted: list[str]) -> str:
+    parts = [f"<issue>\n{statement.strip()}\n</issue>"]
+    if files:
+        body = "\n".join(f"[start of {path}]\n{text.rstrip()}\n[end of {path}]" for path, text in files)
+        parts.append(f"<code>\n{body}\n</code>")
+    if omitted:
+        parts.append("Files left out to fit the prompt (read them mentally as unchanged): " + ", ".join(omitted))
+    return "\n\n".join(parts)
+
+
+def oracle_files(task: Task, repos_root: str | Path | None) -> tuple[list[tuple[str, str]], list[str]]:
+    """(path, text) of the files the gold patch touches, and the paths that could not be read."""
+    repo = resolve_repo(task.repo_url, repos_root)
+    found: list[tuple[str, str]] = []
+    unreadable: list[str] = []
+    for path in patch_files(task.patch):
+        text = repo.try_show(task.base_commit, path) if repo is not None else None
+        if text is None:
+            unreadable.append(path)
+        else:
+            found.append((path, text))
+    return found, unreadable
+
+
+def build_prompt(
+    task: Task,
+    tokenizer: Any,
+    max_prompt_length: int,
+    context: str = "oracle",
+    *,
+    repos_root: str | Path | None = None,
+    system_prompt: str = SYSTEM_PROMPT,
+) -> PromptResult:
+    if context not in ("oracle", "none"):
+        raise ValueError(f"context must be 'oracle' or 'none', got {context!r}")
+    files, dropped = oracle_files(task, repos_root) if context == "oracle" else ([], [])
+    statement = task.problem_statement
+    text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], dropped + [p for p, _ in files]))
+    if len(ids) > max_prompt_length:
+        return _truncated_statement(task, tokenizer, max_prompt_length, system_prompt, [p for p, _ in files] + dropped)
+    kept: list[tuple[str, str]] = []
+    for i, (path, body) in enumerate(files):
+        # Greedy in patch order: a file goes in whole if it fits next to those already in, else it is named only.
+        omitted = dropped + [p for p, _ in files[i + 1:]]
+        _, trial_ids = _render(tokenizer, system_prompt, _user_message(statement, [*kept, (path, body)], omitted))
+        if len(trial_ids) <= max_prompt_length:
+            kept.append((path, body))
+        else:
+            dropped = [*dropped, path]
+    text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped))
+    return PromptResult(ids, text, [p for p, _ in kept], dropped)
+
+
+def _truncated_statement(
+    task: Task, tokenizer: Any, budget: int, system_prompt: str, dropped: list[str]
+) -> PromptResult:
+    statement = task.problem_statement
+    lo, hi = 0, len(statement)
+    best: tuple[str, list[int]] | None = None
+    while lo <= hi:  # longest statement prefix (plus marker) that fits
+        mid = (lo + hi) // 2
+        text, ids = _render(tokenizer, system_prompt, _user_message(statement[:mid] + _TRUNC_MARK, [], dropped))
+        if len(ids) <= budget:
+            best, lo = (text, ids), mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        raise ValueError(f"max_prompt_length={budget} cannot hold even the instructions of task {task.instance_id}; "
+                         "raise data.*.max_prompt_length")
+    return PromptResult(best[1], best[0], [], dropped, statement_truncated=True)

@@ -1,0 +1,40 @@
+"""`make_engine`: the generation engine that `policy.generation.backend` names, configured from the config tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleet.config import MasterConfig
+from rollout.engine.base import GenerationEngine
+
+
+def make_engine(cfg: MasterConfig, model_path: str | Path, *, initial_version: int = 0) -> GenerationEngine:
+    """Build (not start) the engine. The served dtype is `policy.precision`: pushed tensors must carry that dtype.
+    Context length: `policy.generation.vllm_cfg.max_model_len`, else `policy.max_total_sequence_length`."""
+    g = cfg.policy.generation
+    v = g.vllm_cfg
+    common = dict(
+        dtype=cfg.policy.precision,
+        tokenizer=cfg.policy.tokenizer.name,
+        max_model_len=v.max_model_len or cfg.policy.max_total_sequence_length,
+        seed=cfg.grpo.seed,
+        initial_version=initial_version,
+    )
+    if g.backend == "vllm":
+        from rollout.engine.vllm_engine import VllmEngine
+
+        return VllmEngine(
+            model_path,
+            max_num_seqs=v.max_num_seqs,
+            enable_prefix_caching=v.enable_prefix_caching,
+            enforce_eager=v.enforce_eager,
+            tensor_parallel_size=v.tensor_parallel_size,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            cpu_kvcache_space_gb=v.cpu_kvcache_space_gb,
+            **common,  # type: ignore[arg-type]
+        )
+    if g.backend == "hf":
+        from rollout.engine.hf_engine import HfEngine
+
+        return HfEngine(model_path, device=g.device, **common)  # type: ignore[arg-type]
+    raise ValueError(f"policy.generation.backend={g.backend!r} is not an engine (expected 'vllm' or 'hf')")

@@ -1,0 +1,298 @@
+"""Async client of the sandbox executors (`env.code.sandbox_urls`), used by rollout workers.
+
+Per task: pick the up executor with the fewest outstanding tasks, submit, long-poll the result. Transport errors and
+5xx answers are retried with exponential backoff, preferring another executor; a 401 (wrong token) or 400 (bad task)
+raises at once, since retrying cannot fix configuration. Every task has a deadline (`task_timeout` + slack for
+queueing); when retries or the deadline run out the result says `infra_error`, never a failed patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from sandbox_client.endpoints import EndpointPool, EndpointState
+from sandbox_client.results import SandboxAuthError, SandboxRequestError, SandboxResult, SandboxUnavailable
+from services.sandbox.model import TOKEN_ENV, TaskSpec, Verdict
+
+if TYPE_CHECKING:
+    from fleet.config import MasterConfig
+    from fleet.config.env import CodeEnvConfig
+
+log = logging.getLogger(__name__)
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, *, down: bool) -> None:
+        super().__init__(message)
+        self.down = down
+        """The executor looks dead (mark it down until /healthz answers) rather than just failing this task."""
+
+
+class _DeadlineExceeded(Exception):
+    pass
+
+
+class SandboxClient:
+    """`result = await client.evaluate(spec)`; `client.run` is a `Scorer` (returns the Verdict or raises)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        token: str | None = None,
+        task_timeout: float = 300.0,
+        max_retries: int = 5,
+        max_concurrency: int = 4,
+        integrity_check: bool = True,
+        deadline_slack_s: float = 60.0,
+        request_timeout_s: float = 30.0,
+        poll_wait_s: float = 10.0,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        probe_interval_s: float = 1.0,
+    ) -> None:
+        self.pool = EndpointPool(list(urls))
+        self.token = token or os.environ.get(TOKEN_ENV) or None
+        self.task_timeout, self.max_retries, self.integrity_check = task_timeout, max_retries, integrity_check
+        self.deadline_slack_s, self.request_timeout_s = deadline_slack_s, request_timeout_s
+        self.poll_wait_s, self.backoff_s, self.max_backoff_s = poll_wait_s, backoff_s, max_backoff_s
+        self.probe_interval_s = probe_interval_s
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._session: aiohttp.ClientSession | None = None
+        self._prober: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: MasterConfig | CodeEnvConfig, **overrides: Any) -> SandboxClient:
+        """From `env.code` (a MasterConfig or its CodeEnvConfig); keyword overrides win."""
+        code = cfg.env.code if hasattr(cfg, "env") else cfg
+        kwargs: dict[str, Any] = {
+            "token": code.auth_token, "task_timeout": code.task_timeout, "max_retries": code.max_retries,
+            "max_concurrency": code.num_workers, "integrity_check": code.integrity_check, **overrides}
+        return cls(code.sandbox_urls, **kwargs)
+
+    async def __aenter__(self) -> SandboxClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
+            self._prober = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            self._session = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0))
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(self._probe_loop(), name="sandbox-client-prober")
+        return self._session
+
+    # -- public API ----------------------------------------------------------------------------------------------
+    async def run(self, spec: TaskSpec) -> Verdict:
+        """The verdict of `spec`; raises SandboxUnavailable when there is none (infrastructure failure)."""
+        result = await self.evaluate(spec)
+        if result.infra_error is not None:
+            raise SandboxUnavailable(result.infra_error)
+        assert result.verdict is not None
+        return result.verdict
+
+    async def evaluate_many(self, specs: Sequence[TaskSpec]) -> list[SandboxResult]:
+        return list(await asyncio.gather(*(self.evaluate(s) for s in specs)))
+
+    async def evaluate(self, spec: TaskSpec, *, deadline_s: float | None = None) -> SandboxResult:
+        """Run `spec` on some executor. Raises only SandboxAuthError / SandboxRequestError (configuration bugs)."""
+        async with self._sem:
+            return await self._evaluate(spec, deadline_s or self.task_timeout + self.deadline_slack_s)
+
+    async def health(self) -> dict[str, bool]:
+        """Probe every executor's /healthz now (also updates which are up)."""
+        states = self.pool.states
+        return dict(zip([s.url for s in states], await asyncio.gather(*(self._probe(s) for s in states)),
+                        strict=True))
+
+    def endpoint_states(self) -> list[EndpointState]:
+        return [replace(s) for s in self.pool.states]
+
+    # -- one task ------------------------------------------------------------------------------------------------
+    def _body(self, spec: TaskSpec) -> dict[str, Any]:
+        body = spec.to_json()
+        body["integrity_check"] = spec.integrity_check and self.integrity_check
+        return body
+
+    async def _evaluate(self, spec: TaskSpec, deadline_s: float) -> SandboxResult:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        deadline = t0 + deadline_s
+        body, attempts = self._body(spec), 0
+        errors: list[str] = []
+        avoid: set[str] = set()
+
+        def failure(why: str) -> SandboxResult:
+            detail = "; ".join(errors[-3:])
+            return SandboxResult(None, infra_error=f"{why}{': ' + detail if detail else ''}", attempts=attempts,
+                                 elapsed_s=loop.time() - t0)
+
+        while True:
+            state = self._choose(avoid, attempts)
+            if state is None:  # no fresh executor up: back off, waking early if one comes back
+                await self.pool.wait_up(min(self._backoff(attempts), deadline - loop.time()))
+                state = self.pool.pick(avoid) or self.pool.fallback()
+            if loop.time() >= deadline:
+                return failure(f"deadline of {deadline_s:g} s exceeded after {attempts} attempts")
+            attempts += 1
+            try:
+                verdict = await self._attempt(state, body, deadline)
+            except _Retryable as exc:
+                errors.append(f"{state.url}: {exc}")
+                (self.pool.mark_down if exc.down else self.pool.record_failure)(state, str(exc))
+                avoid.add(state.url)
+                log.warning("sandbox attempt %d on %s failed: %s", attempts, state.url, exc)
+                if attempts > self.max_retries:
+                    return failure(f"gave up after {attempts} attempts (env.code.max_retries={self.max_retries})")
+                continue
+            except _DeadlineExceeded:
+                errors.append(f"{state.url}: no verdict yet")
+                return failure(f"deadline of {deadline_s:g} s exceeded")
+            self.pool.mark_up(state)
+            state.verdicts += 1
+            elapsed = loop.time() - t0
+            if verdict.is_infra_failure:
+                return SandboxResult(verdict, infra_error=f"{state.url}: {verdict.error}", executor=state.url,
+                                     attempts=attempts, elapsed_s=elapsed)
+            return SandboxResult(verdict, executor=state.url, attempts=attempts, elapsed_s=elapsed)
+
+    def _choose(self, avoid: set[str], attempts: int) -> EndpointState | None:
+        """First try: the best up executor, else any (all down: it may be back). Retries: a fresh up one or None."""
+        if attempts == 0:
+            return self.pool.pick(set()) or self.pool.fallback()
+        return self.pool.pick(avoid, fresh_only=True)
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return base * (0.5 + random.random() / 2)  # jitter: retries of many tasks do not arrive in lockstep
+
+    async def _attempt(self, state: EndpointState, body: dict[str, Any], deadline: float) -> Verdict:
+        async with self.pool.track(state):
+            task_id = await self._submit(state, body, deadline)
+            try:
+                verdict = await self._poll(state, task_id, deadline)
+            except (_DeadlineExceeded, asyncio.CancelledError):
+                # Free the executor's slot: nobody will read this result.
+                await asyncio.shield(self._forget(state, task_id))
+                raise
+            # The result is ours now: the executor need not keep its output tails until result_ttl_s.
+            await self._forget(state, task_id)
+            return verdict
+
+    def _timeout(self, deadline: float, extra: float = 0.0) -> aiohttp.ClientTimeout:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise _DeadlineExceeded()
+        return aiohttp.ClientTimeout(total=min(self.request_timeout_s + extra, remaining))
+
+    @staticmethod
+    async def _json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+        try:
+            data = await resp.json(content_type=None)
+        except ValueError:
+            data = None
+        return data if isinstance(data, dict) else {"error": f"HTTP {resp.status} without a JSON body"}
+
+    def _raise_for(self, state: EndpointState, status: int, data: dict[str, Any]) -> None:
+        """Map an error answer: 401/400 raise for the caller, 5xx and the rest are retryable."""
+        message = str(data.get("error", f"HTTP {status}"))
+        if status == 401:
+            raise SandboxAuthError(f"sandbox executor {state.url} rejected the token: {message} "
+                                   f"(set env.code.auth_token or {TOKEN_ENV} to the executor's sandbox.auth_token)")
+        if status == 400:
+            raise SandboxRequestError(f"sandbox executor {state.url} rejected the task: {message}", data.get("field"))
+        # Down: a draining executor (until its /healthz is 200 again) or a URL that is no executor at all (404 on
+        # submit). A lost task id (executor restarted) or a full queue only send this task elsewhere.
+        lost = status == 404 and "unknown task" in message
+        down = bool(data.get("draining")) or (status == 404 and not lost)
+        raise _Retryable(f"HTTP {status}: {message}", down=down)
+
+    async def _submit(self, state: EndpointState, body: dict[str, Any], deadline: float) -> str:
+        session = self._ensure_session()
+        try:
+            async with session.post(f"{state.url}/task/submit", json=body, timeout=self._timeout(deadline)) as resp:
+                data = await self._json(resp)
+                if resp.status == 200 and isinstance(data.get("task_id"), str):
+                    return str(data["task_id"])
+                self._raise_for(state, resp.status, data)
+        except _TRANSPORT_ERRORS as exc:
+            raise _Retryable(f"submit failed: {type(exc).__name__}: {exc}", down=True) from exc
+        raise AssertionError("unreachable")
+
+    async def _poll(self, state: EndpointState, task_id: str, deadline: float) -> Verdict:
+        session = self._ensure_session()
+        transient = 0
+        while True:
+            wait = max(0.0, min(self.poll_wait_s, deadline - asyncio.get_running_loop().time() - 0.5))
+            url = f"{state.url}/task/{task_id}/result?wait={wait:.2f}"
+            try:
+                async with session.get(url, timeout=self._timeout(deadline, extra=wait)) as resp:
+                    data = await self._json(resp)
+                    if resp.status == 200:
+                        data.pop("task_id", None)
+                        return Verdict.from_json(data)
+                    if resp.status != 202:
+                        self._raise_for(state, resp.status, data)
+                transient = 0
+            except aiohttp.ClientConnectorError as exc:  # connection refused: the executor is gone
+                raise _Retryable(f"executor unreachable: {exc}", down=True) from exc
+            except _TRANSPORT_ERRORS as exc:
+                transient += 1
+                if transient >= 3:
+                    raise _Retryable(f"polling failed: {type(exc).__name__}: {exc}", down=True) from exc
+                await asyncio.sleep(min(1.0, self.backoff_s * transient))
+            except TypeError as exc:  # a result that is not a Verdict
+                raise _Retryable(f"malformed result: {exc}", down=False) from exc
+
+    async def _forget(self, state: EndpointState, task_id: str) -> None:
+        if self._session is None:
+            return
+        with contextlib.suppress(*_TRANSPORT_ERRORS):
+            async with self._session.delete(f"{state.url}/task/{task_id}", timeout=aiohttp.ClientTimeout(total=5)):
+                pass
+
+    # -- health probing ------------------------------------------------------------------------------------------
+    async def _probe(self, state: EndpointState) -> bool:
+        session = self._ensure_session()
+        try:
+            async with session.get(f"{state.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                ok = resp.status == 200
+        except _TRANSPORT_ERRORS as exc:
+            ok, state.last_error = False, f"healthz: {type(exc).__name__}: {exc}"
+        if ok:
+            if not state.up:
+                log.info("sandbox executor %s is up again", state.url)
+            self.pool.mark_up(state)
+        elif state.up:
+            self.pool.mark_down(state, state.last_error or "healthz not ok")
+        return ok
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            down = self.pool.down()
+            try:
+                await asyncio.gather(*(self._probe(s) for s in down))
+            except Exception:  # a probe must never kill the loop that brings executors back
+                log.exception("sandbox health probe failed")

@@ -1,0 +1,86 @@
+"""The executors a client spreads work over: which are up, how busy each is, and which one gets the next task.
+
+Least outstanding first (ties: the one used longest ago), so a slow or small executor gets fewer tasks instead of
+an equal share. An executor is marked down on a transport failure; the client's prober brings it back once its
+/healthz answers 200 again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+
+@dataclass
+class EndpointState:
+    url: str
+    up: bool = True
+    outstanding: int = 0
+    """Tasks this client has submitted there and not yet got a verdict for."""
+    failures: int = 0
+    """Failures since the last success."""
+    last_error: str = ""
+    last_used: float = 0.0
+    verdicts: int = 0
+
+
+class EndpointPool:
+    def __init__(self, urls: list[str]) -> None:
+        if not urls:
+            raise ValueError("env.code.sandbox_urls must list at least one executor URL")
+        self.states = [EndpointState(url.rstrip("/")) for url in dict.fromkeys(urls)]
+        self._changed = asyncio.Event()
+
+    def pick(self, avoid: set[str], *, fresh_only: bool = False) -> EndpointState | None:
+        """The up endpoint with the fewest outstanding tasks, preferring ones not in `avoid` (already failed)."""
+        up = [s for s in self.states if s.up]
+        fresh = [s for s in up if s.url not in avoid]
+        candidates = fresh if fresh or fresh_only else up
+        if not candidates:
+            return None
+        return min(candidates, key=lambda s: (s.outstanding, s.last_used))
+
+    def fallback(self) -> EndpointState:
+        """When none is up: the one that failed least (it may be back before the prober noticed)."""
+        return min(self.states, key=lambda s: (s.failures, s.last_used))
+
+    async def wait_up(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for some endpoint to be marked up; True if one was."""
+        if timeout_s <= 0:
+            return False
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    @asynccontextmanager
+    async def track(self, state: EndpointState) -> AsyncIterator[EndpointState]:
+        state.outstanding += 1
+        state.last_used = time.monotonic()
+        try:
+            yield state
+        finally:
+            state.outstanding -= 1
+
+    def mark_down(self, state: EndpointState, error: str) -> None:
+        state.failures += 1
+        state.last_error = error
+        state.up = False
+
+    def record_failure(self, state: EndpointState, error: str) -> None:
+        state.failures += 1
+        state.last_error = error
+
+    def mark_up(self, state: EndpointState) -> None:
+        state.failures = 0
+        if not state.up:
+            state.up = True
+            self._changed.set()
+
+    def down(self) -> list[EndpointState]:
+        return [s for s in self.states if not s.up]

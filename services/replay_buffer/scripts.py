@@ -1,0 +1,336 @@
+"""Lua scripts: every state transition of a group is one script, so it is atomic in Redis (and in its AOF, which
+replays a script's effects as one MULTI/EXEC). A replay buffer SIGKILLed between two Redis commands can therefore
+never leave a group counted twice or in two places. The rules mirror policy.py.
+
+Every script receives the same KEYS, in `Keys.all` order, bound to names by PRELUDE. Group states in the status hash:
+enqueued | leased | scored | sampled:STEP | dead:REASON.
+"""
+
+PRELUDE = """
+local K_PROMPTS, K_STATUS, K_TRAJ, K_READY, K_READY_VAL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_TRAINED, K_DEAD, K_COUNTERS, K_AGE, K_RUN = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+
+local function fields(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+local function entry(key, id)
+  local e = redis.call('XRANGE', key, id, id)[1]
+  if e then return fields(e[2]) end
+  return nil
+end
+
+local function incr(name, by)
+  if by ~= 0 then redis.call('HINCRBY', K_COUNTERS, name, by) end
+end
+
+local function dead_letter(gid, reason, kind, data, detail, now)
+  redis.call('XADD', K_DEAD, '*', 'gid', gid, 'reason', reason, 'kind', kind, 'detail', detail, 'at_ms', now,
+             'data', data)
+  redis.call('HSET', K_STATUS, gid, 'dead:' .. reason)
+  incr('dead_lettered', 1)
+  incr('dead:' .. reason, 1)
+end
+
+local function run_int(name)
+  return tonumber(redis.call('HGET', K_RUN, name) or '0')
+end
+"""
+
+# ARGV: now_ms, then (group_id, target_step, validation 0|1, payload) per group.
+ENQUEUE = """
+local added, dup = 0, 0
+for i = 2, #ARGV, 4 do
+  if redis.call('HSETNX', K_STATUS, ARGV[i], 'enqueued') == 1 then
+    redis.call('XADD', K_PROMPTS, '*', 'gid', ARGV[i], 'target', ARGV[i + 1], 'val', ARGV[i + 2], 'kind', 'prompt',
+               'data', ARGV[i + 3])
+    added = added + 1
+  else
+    dup = dup + 1
+  end
+end
+incr('enqueued', added)
+incr('duplicates', dup)
+return {added, dup}
+"""
+
+# ARGV: group, consumer (worker id), pool consumer, max_groups, worker version, max_age, pool scan window.
+# Returns {reason, {{entry_id, gid, kind, data, delivery_count}...}}.
+LEASE = """
+local group, consumer, pool = ARGV[1], ARGV[2], ARGV[3]
+local n, bound = tonumber(ARGV[4]), tonumber(ARGV[5]) + tonumber(ARGV[6])
+local base = math.max(run_int('floor'), run_int('step'))
+local out, blocked = {}, false
+local function eligible(f) return math.max(tonumber(f.target), base) <= bound end
+
+-- Reclaimed and released groups first: they are the oldest work.
+for _, p in ipairs(redis.call('XPENDING', K_PROMPTS, group, '-', '+', tonumber(ARGV[7]), pool)) do
+  if #out >= n then break end
+  local f = entry(K_PROMPTS, p[1])
+  if eligible(f) then
+    redis.call('XCLAIM', K_PROMPTS, group, consumer, 0, p[1])  -- counts one more delivery
+    redis.call('HSET', K_STATUS, f.gid, 'leased')
+    out[#out + 1] = {p[1], f.gid, f.kind, f.data, p[4] + 1}
+  else
+    blocked = true
+  end
+end
+
+-- Then new entries. The trainer enqueues in target-step order, so only the eligible prefix of the undelivered
+-- entries may be read: XREADGROUP cannot skip an entry.
+if #out < n then
+  local last = '0-0'
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', K_PROMPTS)) do
+    local gf = fields(g)
+    if gf['name'] == group then last = gf['last-delivered-id'] end
+  end
+  local k = 0
+  for _, e in ipairs(redis.call('XRANGE', K_PROMPTS, '(' .. last, '+', 'COUNT', n - #out)) do
+    if eligible(fields(e[2])) then k = k + 1 else blocked = true; break end
+  end
+  if k > 0 then
+    local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', k, 'STREAMS', K_PROMPTS, '>')
+    for _, e in ipairs(got[1][2]) do
+      local f = fields(e[2])
+      redis.call('HSET', K_STATUS, f.gid, 'leased')
+      out[#out + 1] = {e[1], f.gid, f.kind, f.data, 1}
+    end
+  end
+end
+
+incr('leased', #out)
+local reason = ''
+if #out == 0 then reason = blocked and 'age_bound' or 'queue_empty' end
+return {reason, out}
+"""
+
+# ARGV: group, pool consumer, min_idle_ms, max_deliveries, now_ms, page size. Returns {reclaimed, dead_lettered}.
+# XPENDING IDLE + XCLAIM with min-idle rather than XAUTOCLAIM: the same atomic claim, but it can skip entries that
+# already sit in the pool (XAUTOCLAIM would re-claim those and count them again) and sees each entry's delivery count.
+RECLAIM = """
+local group, pool, idle, maxd = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local reclaimed, dead, start = 0, 0, '-'
+while true do
+  local page = redis.call('XPENDING', K_PROMPTS, group, 'IDLE', idle, start, '+', tonumber(ARGV[6]))
+  for _, p in ipairs(page) do
+    if p[2] ~= pool and #redis.call('XCLAIM', K_PROMPTS, group, pool, idle, p[1], 'JUSTID') > 0 then
+      local f = entry(K_PROMPTS, p[1])
+      if p[4] >= maxd then
+        dead_letter(f.gid, 'max_deliveries', 'prompt', f.data, 'leased ' .. p[4] .. ' times, never submitted', ARGV[5])
+        redis.call('XACK', K_PROMPTS, group, p[1])
+        redis.call('XDEL', K_PROMPTS, p[1])
+        dead = dead + 1
+      else
+        redis.call('HSET', K_STATUS, f.gid, 'enqueued')
+        reclaimed = reclaimed + 1
+      end
+    end
+  end
+  if #page < tonumber(ARGV[6]) then break end
+  start = '(' .. page[#page][1]
+end
+incr('reclaimed', reclaimed)
+return {reclaimed, dead}
+"""
+
+# ARGV: group, pool consumer, entry_id, dead_letter 0|1, detail, now_ms, max_deliveries.
+RELEASE = """
+local p = redis.call('XPENDING', K_PROMPTS, ARGV[1], ARGV[3], ARGV[3], 1)[1]
+if not p or p[2] == ARGV[2] then return 'not_found' end
+local f = entry(K_PROMPTS, ARGV[3])
+local reason = nil
+if ARGV[4] == '1' then reason = 'released' elseif p[4] >= tonumber(ARGV[7]) then reason = 'max_deliveries' end
+if reason then
+  dead_letter(f.gid, reason, 'prompt', f.data, ARGV[5], ARGV[6])
+  redis.call('XACK', K_PROMPTS, ARGV[1], ARGV[3])
+  redis.call('XDEL', K_PROMPTS, ARGV[3])
+  return 'dead'
+end
+-- Not incrementing the delivery count: the next lease will.
+redis.call('XCLAIM', K_PROMPTS, ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+redis.call('HSET', K_STATUS, f.gid, 'enqueued')
+incr('released', 1)
+return 'released'
+"""
+
+# ARGV: group, pool, entry_id, lease_epoch, gid, target, min_version, max_version, validation 0|1, payload,
+# max_age, now_ms. Returns {outcome, detail}.
+SUBMIT = """
+local gid = ARGV[5]
+local st = redis.call('HGET', K_STATUS, gid)
+if not st then return {'unknown_group', ''} end
+if st ~= 'enqueued' and st ~= 'leased' then return {'duplicate', st} end
+local f = entry(K_PROMPTS, ARGV[3])
+if not f then return {'unknown_lease', ''} end
+if f.gid ~= gid then return {'mismatch', f.gid} end
+local p = redis.call('XPENDING', K_PROMPTS, ARGV[1], ARGV[3], ARGV[3], 1)[1]
+if not p then return {'unknown_lease', ''} end
+local minv, maxv = tonumber(ARGV[7]), tonumber(ARGV[8])
+-- A lease from an earlier run epoch may hold tokens of weights that the trainer's resume discarded (versions newer
+-- than the resumed ones): those tokens were never produced by this run, so the prompt is leased again instead.
+if tonumber(ARGV[4]) < run_int('epoch') and maxv > run_int('resume_version') then
+  redis.call('XCLAIM', K_PROMPTS, ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+  redis.call('HSET', K_STATUS, gid, 'enqueued')
+  incr('requeued', 1)
+  return {'requeued', ''}
+end
+redis.call('XACK', K_PROMPTS, ARGV[1], ARGV[3])
+redis.call('XDEL', K_PROMPTS, ARGV[3])
+local step = run_int('step')
+if ARGV[9] ~= '1' and run_int('epoch') > 0 and step - minv > tonumber(ARGV[11]) then
+  dead_letter(gid, 'stale_on_submit', 'scored', ARGV[10], 'step ' .. step .. ', min_version ' .. minv, ARGV[12])
+  return {'dead', ''}
+end
+local tid = redis.call('XADD', K_TRAJ, '*', 'gid', gid, 'target', ARGV[6], 'minv', ARGV[7], 'maxv', ARGV[8],
+                       'val', ARGV[9], 'data', ARGV[10])
+if ARGV[9] == '1' then redis.call('ZADD', K_READY_VAL, minv, tid) else redis.call('ZADD', K_READY, minv, tid) end
+redis.call('HSET', K_STATUS, gid, 'scored')
+incr('submitted', 1)
+return {'ok', tid}
+"""
+
+# ARGV: step, max_groups, max_age, take_at_least, validation 0|1, now_ms, max_bytes.
+# Returns {evicted, available, payload...}: nothing is taken unless `take_at_least` groups are ready.
+SAMPLE = """
+local step, n, max_age, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local val = ARGV[5] == '1'
+local zkey = K_READY
+local evicted = 0
+if val then
+  zkey = K_READY_VAL  -- validation groups are never trained, so they never age out
+else
+  if step > run_int('step') then redis.call('HSET', K_RUN, 'step', step) end
+  for _, tid in ipairs(redis.call('ZRANGEBYSCORE', K_READY, '-inf', '(' .. (step - max_age))) do
+    local f = entry(K_TRAJ, tid)
+    dead_letter(f.gid, 'too_old', 'scored', f.data, 'step ' .. step .. ', min_version ' .. f.minv, ARGV[6])
+    redis.call('ZREM', K_READY, tid)
+    redis.call('XDEL', K_TRAJ, tid)
+    evicted = evicted + 1
+  end
+end
+local available = redis.call('ZCARD', zkey)
+local out = {evicted, available}
+if available == 0 or available < need then return out end
+local bytes, limit = 0, tonumber(ARGV[7])
+-- Lowest min_version first (oldest weights first); ties in stream-id order, i.e. submission order.
+for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, n - 1)) do
+  local f = entry(K_TRAJ, tid)
+  if #out > 2 and bytes + #f.data > limit then break end
+  bytes = bytes + #f.data
+  redis.call('ZREM', zkey, tid)
+  redis.call('HSET', K_STATUS, f.gid, 'sampled:' .. step)
+  if val then
+    redis.call('XDEL', K_TRAJ, tid)
+    incr('validated', 1)
+  else
+    -- Kept (by reference) until the trainer's checkpoint commits the step: a resumed trainer gets it back.
+    redis.call('XADD', K_TRAINED, '*', 'gid', f.gid, 'step', step, 'tid', tid)
+    redis.call('HINCRBY', K_AGE, step - tonumber(f.minv), 1)
+  end
+  incr('sampled', 1)
+  out[#out + 1] = f.data
+end
+return out
+"""
+
+# ARGV: resume_step, weight_version. Returns {epoch, returned, retargeted, committed, requeued}.
+BEGIN_RUN = """
+local r, w = tonumber(ARGV[1]), tonumber(ARGV[2])
+local epoch = redis.call('HINCRBY', K_RUN, 'epoch', 1)
+redis.call('HSET', K_RUN, 'floor', r, 'step', r, 'version', w, 'resume_version', w)
+local returned, committed, requeued, retargeted = 0, 0, 0, 0
+-- Steps < r are in the checkpoint the trainer resumed from (committed); steps >= r were trained by a trainer that
+-- died before checkpointing them: they go back to the store, to be trained exactly once.
+for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
+  local f = fields(e[2])
+  redis.call('XDEL', K_TRAINED, e[1])
+  if tonumber(f.step) < r then
+    redis.call('XDEL', K_TRAJ, f.tid)
+    committed = committed + 1
+  else
+    redis.call('ZADD', K_READY, entry(K_TRAJ, f.tid).minv, f.tid)
+    redis.call('HSET', K_STATUS, f.gid, 'scored')
+    returned = returned + 1
+  end
+end
+-- Scored groups with tokens newer than the resumed weights came from a timeline that no longer exists: their
+-- prompts are leased again (the scored bytes carry the prompt).
+for _, zkey in ipairs({K_READY, K_READY_VAL}) do
+  for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, -1)) do
+    local f = entry(K_TRAJ, tid)
+    if tonumber(f.maxv) > w then
+      redis.call('XADD', K_PROMPTS, '*', 'gid', f.gid, 'target', f.target, 'val', f.val, 'kind', 'scored',
+                 'data', f.data)
+      redis.call('ZREM', zkey, tid)
+      redis.call('XDEL', K_TRAJ, tid)
+      redis.call('HSET', K_STATUS, f.gid, 'enqueued')
+      requeued = requeued + 1
+    end
+  end
+end
+for _, e in ipairs(redis.call('XRANGE', K_PROMPTS, '-', '+')) do
+  if tonumber(fields(e[2]).target) < r then retargeted = retargeted + 1 end
+end
+incr('sampled', -returned)
+incr('returned_on_resume', returned)
+incr('committed', committed)
+incr('requeued', requeued)
+if committed > 0 and r - 1 > run_int('committed_step') then redis.call('HSET', K_RUN, 'committed_step', r - 1) end
+return {epoch, returned, retargeted, committed, requeued}
+"""
+
+# ARGV: step, epoch. Returns committed count, or -1 on an epoch mismatch.
+COMMIT = """
+if tonumber(ARGV[2]) ~= run_int('epoch') then return -1 end
+local s, n = tonumber(ARGV[1]), 0
+for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
+  local f = fields(e[2])
+  if tonumber(f.step) <= s then
+    redis.call('XDEL', K_TRAJ, f.tid)
+    redis.call('XDEL', K_TRAINED, e[1])
+    n = n + 1
+  end
+end
+incr('committed', n)
+if s > run_int('committed_step') then redis.call('HSET', K_RUN, 'committed_step', s) end
+return n
+"""
+
+# ARGV: version, epoch, step. Returns the current epoch (the caller compares).
+PUBLISH = """
+local epoch = run_int('epoch')
+if tonumber(ARGV[2]) == epoch then redis.call('HSET', K_RUN, 'version', ARGV[1], 'step', ARGV[3]) end
+return epoch
+"""
+
+# ARGV: group, pool. Returns {state counts..., structure sizes...} as a flat name/value list.
+ACCOUNTING = """
+local c = {enqueued = 0, leased = 0, scored = 0, sampled = 0, dead = 0, other = 0}
+local flat = redis.call('HGETALL', K_STATUS)
+for i = 2, #flat, 2 do
+  local s = flat[i]
+  local k = string.match(s, '^(%a+)')
+  if c[k] == nil then k = 'other' end
+  c[k] = c[k] + 1
+end
+local pel, pool = 0, 0
+local summary = redis.call('XPENDING', K_PROMPTS, ARGV[1])
+pel = summary[1]
+for _, row in ipairs(summary[4] or {}) do
+  if row[1] == ARGV[2] then pool = tonumber(row[2]) end
+end
+local out = {}
+for k, v in pairs(c) do out[#out + 1] = 'state:' .. k; out[#out + 1] = v end
+local sizes = {
+  prompts = redis.call('XLEN', K_PROMPTS), pel = pel, pool = pool, ready = redis.call('ZCARD', K_READY),
+  ready_val = redis.call('ZCARD', K_READY_VAL), traj = redis.call('XLEN', K_TRAJ),
+  trained = redis.call('XLEN', K_TRAINED), dead = redis.call('XLEN', K_DEAD),
+  c_enqueued = tonumber(redis.call('HGET', K_COUNTERS, 'enqueued') or '0'),
+  c_sampled = tonumber(redis.call('HGET', K_COUNTERS, 'sampled') or '0'),
+  c_dead = tonumber(redis.call('HGET', K_COUNTERS, 'dead_lettered') or '0'),
+}
+for k, v in pairs(sizes) do out[#out + 1] = k; out[#out + 1] = v end
+return out
+"""

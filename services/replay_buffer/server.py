@@ -1,0 +1,112 @@
+"""`grpo-fleet serve replay-buffer`: connect to Redis (or start the embedded one), serve grpofleet.v1.ReplayBuffer.
+
+Wiring: `main(cfg)` starts the embedded Redis (when `redis.url` is empty) in the main thread, then runs `serve` on
+uvloop. `serve` builds the store and the servicer, adds them to a runtime `GrpcService` (health, reflection, auth,
+error mapping), and hands over to `run_service`, which supervises the lease reclaimer and drains on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from fleet.config.schema import MasterConfig
+from services.replay_buffer.embedded import EmbeddedRedis, start_embedded_redis
+from services.replay_buffer.metrics import MetricsServer, start_metrics
+from services.replay_buffer.models import StoreSettings
+from services.replay_buffer.servicer import SERVICE_NAME, ReplayBufferServicer, add_to_server
+from services.replay_buffer.store import ReplayStore
+from services.runtime.server import GrpcService, run, run_service
+
+log = logging.getLogger(__name__)
+
+_REDIS_WAIT_S = 30.0
+# redis-py's connection errors do not derive from the builtin ConnectionError; BusyLoadingError (a Redis replaying
+# its AOF) derives from its ConnectionError.
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+async def _connect(url: str) -> Redis:
+    """A client whose failures surface as UNAVAILABLE (via the error interceptor) rather than hanging calls."""
+    client = Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    deadline = asyncio.get_running_loop().time() + _REDIS_WAIT_S
+    while True:
+        try:
+            await client.ping()
+            return client
+        except _REDIS_DOWN as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"redis at {url} did not answer within {_REDIS_WAIT_S:.0f}s: {exc}") from exc
+            await asyncio.sleep(0.2)
+
+
+def _reclaimer(store: ReplayStore, interval_s: float):  # type: ignore[no-untyped-def]
+    async def reclaim_expired_leases() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await store.reclaim_expired()
+            except _REDIS_DOWN as exc:  # Redis away for a moment (restarting, loading its AOF): try next round
+                log.warning("lease reclaim skipped: redis unavailable: %s", exc)
+
+    return reclaim_expired_leases
+
+
+@dataclass
+class ReplayBufferApp:
+    """The assembled service: what `serve` runs, and what in-process tests start and stop."""
+
+    service: GrpcService
+    store: ReplayStore
+    client: Redis
+    metrics: MetricsServer | None
+    reclaim_interval_s: float
+
+    async def run(self, stop: asyncio.Event | None = None) -> int:
+        """Serve until SIGTERM/SIGINT (or `stop`); returns the exit code."""
+        return await run_service(
+            self.service, background=[_reclaimer(self.store, self.reclaim_interval_s)], on_stop=self._close, stop=stop
+        )
+
+    async def _close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+        await self.client.aclose()
+
+
+async def build(cfg: MasterConfig, redis_url: str) -> ReplayBufferApp:
+    client = await _connect(redis_url)
+    store = ReplayStore(client, StoreSettings.from_config(cfg))
+    await store.init()
+    service = GrpcService("replay_buffer", cfg.services.replay_buffer, cfg.services)
+    service.add(add_to_server, ReplayBufferServicer(store), SERVICE_NAME)
+    metrics = None
+    if cfg.replay_buffer.metrics_port is not None:
+        metrics = start_metrics(store, cfg.services.replay_buffer.host, cfg.replay_buffer.metrics_port)
+    log.info("replay_buffer: redis %s, max trajectory age %d steps", redis_url, store.settings.max_age)
+    return ReplayBufferApp(service, store, client, metrics, cfg.replay_buffer.reclaim_interval_s)
+
+
+async def serve(cfg: MasterConfig, redis_url: str, *, stop: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or `stop`); returns the exit code."""
+    return await (await build(cfg, redis_url)).run(stop)
+
+
+def main(cfg: MasterConfig) -> int:
+    """Entry point of `grpo-fleet serve replay-buffer`."""
+    embedded: EmbeddedRedis | None = None
+    url = cfg.redis.url
+    if not url:
+        # Started here, in the main thread, before the event loop: the server's death signal is tied to this thread.
+        url, embedded = start_embedded_redis(Path(cfg.run.dir) / "redis", appendfsync=cfg.redis.appendfsync)
+    try:
+        return run(lambda: serve(cfg, url))
+    finally:
+        if embedded is not None:
+            embedded.stop()

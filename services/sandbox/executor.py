@@ -1,0 +1,303 @@
+"""The executor: TaskSpec in, Verdict out. Usable in-process (the task-set builder) and behind HTTP (`server.py`).
+
+One task: resolve the repository (`repos.py`), materialise a fresh tree at `base_commit` (`workspace.py`), apply the
+agent patch (`not_applied` if git cannot), refuse it if it touches tests (`integrity.py`), force-apply the test patch,
+run the tests in bubblewrap under limits (`sandbox.py`, `process.py`), read pytest's junit report and grade it with
+swebench (`grading.py`). A bounded pool (`pool_size` slots) runs tasks concurrently; each slot has its own uid.
+Anything that is not the patch's doing -- missing repository, git or disk failure, a sandbox that did not start, a
+bug here -- becomes an `infra_error` verdict, never a failed patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+
+from fleet.config.infra import SandboxConfig
+from services.sandbox import grading
+from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
+from services.sandbox.model import TaskSpec, TaskStatus, Verdict, check_spec
+from services.sandbox.process import RunResult, run_limited
+from services.sandbox.repos import RepoNotFound, resolve_repo
+from services.sandbox.sandbox import SandboxPolicy, probe_interpreter
+from services.sandbox.workspace import InfraError, PatchError, Workspace, read_regular
+
+log = logging.getLogger(__name__)
+_JUNIT_LIMIT = 64 << 20
+
+
+class Executor:
+    """Runs TaskSpecs, at most `pool_size` at a time. `async with Executor(cfg) as ex: verdict = await ex.run(spec)`."""
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+        self.pool_size = cfg.pool_size or os.cpu_count() or 1
+        self._slots: asyncio.Queue[int] = asyncio.Queue()
+        for slot in range(self.pool_size):
+            self._slots.put_nowait(slot)
+        self._start_lock = asyncio.Lock()
+        self._policy: SandboxPolicy | None = None
+        self._work_root: Path | None = None
+        self._own_work_root = False
+        self.start_error: str | None = None
+        self.running = self.queued = self.completed = self.infra_errors = 0
+
+    async def __aenter__(self) -> Executor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Check the tools, probe the interpreter, prove a sandbox starts. Raises if this host cannot run tasks."""
+        async with self._start_lock:
+            if self._policy is not None:
+                return
+            try:
+                self._policy = await self._setup()
+                self.start_error = None
+            except Exception as exc:
+                self.start_error = str(exc)
+                raise
+
+    async def _setup(self) -> SandboxPolicy:
+        tools = ["git", "prlimit"] + (["bwrap", "setpriv"] if self.cfg.use_bwrap else [])
+        missing = [t for t in tools if shutil.which(t) is None]
+        if missing:
+            raise RuntimeError(f"missing tools: {', '.join(missing)} (packages: git, util-linux, bubblewrap)")
+        interpreter = await probe_interpreter(self.cfg.python)
+        self._work_root = work_root = self._make_work_root()
+        policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size)
+        await asyncio.to_thread(grading.load_grader)
+        await self._preflight(policy)
+        if not policy.as_root and self.cfg.use_bwrap:
+            log.warning("executor is not root: tasks share its uid, so RLIMIT_NPROC is per user, not per task")
+        log.info("executor ready: pool %d, sandbox %s, python %s, work root %s", self.pool_size,
+                 "bwrap" if self.cfg.use_bwrap else "NONE (trusted debugging)", interpreter.python, work_root)
+        return policy
+
+    def _make_work_root(self) -> Path:
+        if self.cfg.work_root:
+            work_root = Path(self.cfg.work_root)
+            work_root.mkdir(parents=True, exist_ok=True)
+        else:
+            work_root, self._own_work_root = Path(tempfile.mkdtemp(prefix="grpo-sandbox-")), True
+        # Search but no listing: a sandbox's uid must traverse to its own tree (bwrap recreates these folders with
+        # the same modes inside its tmpfs), and nobody may enumerate the other tasks' trees.
+        os.chmod(work_root, 0o711)
+        return work_root.resolve()
+
+    async def _preflight(self, policy: SandboxPolicy) -> None:
+        assert self._work_root is not None
+        ws = Workspace(self._work_root / f"preflight-{uuid.uuid4().hex}")
+        try:
+            ws.root.mkdir(mode=0o711)
+            ws.tree.mkdir()
+            ws.seal(policy.uid_for_slot(0))
+            result = await self._sandboxed(policy, ws.tree, [policy.interpreter.python, "-c", "print('ok')"],
+                                           slot=0, hide=[], env={}, limit_s=60)
+        finally:
+            await asyncio.to_thread(ws.remove)
+        if not result.started or result.exit_code != 0 or "ok" not in result.stdout.text():
+            raise RuntimeError(f"the sandbox does not start on this host (exit {result.exit_code}): "
+                               f"{result.stderr.text()[-500:].strip()}")
+
+    async def close(self) -> None:
+        if self._own_work_root and self._work_root is not None:
+            await asyncio.to_thread(shutil.rmtree, self._work_root, True)
+        self._policy = None
+
+    def health(self) -> dict[str, object]:
+        policy = self._policy
+        return {
+            "status": "ok" if self.start_error is None else "unhealthy",
+            "error": self.start_error,
+            "pool_size": self.pool_size,
+            "running": self.running,
+            "queued": self.queued,
+            "completed": self.completed,
+            "infra_errors": self.infra_errors,
+            "sandbox": "bwrap" if self.cfg.use_bwrap else "none",
+            "uid_per_slot": bool(policy and policy.uid_for_slot(0) is not None),
+        }
+
+    async def run(self, spec: TaskSpec, *, on_start: Callable[[], None] | None = None) -> Verdict:
+        """The verdict of one task (waits for a pool slot). Raises SpecError only for an invalid spec."""
+        check_spec(spec)
+        try:
+            await self.start()
+        except Exception as exc:
+            self.infra_errors += 1
+            return Verdict(status="infra_error", error=f"sandbox could not start: {exc}")
+        t0 = time.monotonic()
+        self.queued += 1
+        try:
+            slot = await self._slots.get()
+        finally:
+            self.queued -= 1
+        self.running += 1
+        try:
+            if on_start is not None:
+                on_start()
+            verdict = await self._run_in_slot(spec, slot, {"queued_s": time.monotonic() - t0})
+        finally:
+            self.running -= 1
+            self._slots.put_nowait(slot)
+        self.completed += 1
+        self.infra_errors += verdict.is_infra_failure
+        return verdict
+
+    async def _run_in_slot(self, spec: TaskSpec, slot: int, timings: dict[str, float]) -> Verdict:
+        assert self._work_root is not None
+        t0 = time.monotonic()
+        ws = Workspace(self._work_root / uuid.uuid4().hex)
+        try:
+            verdict = await self._execute(spec, slot, ws, timings)
+        except (InfraError, RepoNotFound) as exc:
+            verdict = Verdict(status="infra_error", error=str(exc))
+        except OSError as exc:  # disk full, permissions, fd exhaustion: the host, not the patch
+            verdict = Verdict(status="infra_error", error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            log.exception("executor bug on %s@%s", spec.repo_url, spec.base_commit)
+            verdict = Verdict(status="infra_error", error=f"executor error: {type(exc).__name__}: {exc}")
+        finally:
+            await asyncio.to_thread(ws.remove)
+        timings["total_s"] = time.monotonic() - t0
+        verdict.timings = {k: round(v, 4) for k, v in timings.items()}
+        log.info("task %s@%.12s: %s %s in %.2f s", spec.repo_url, spec.base_commit, verdict.status,
+                 verdict.resolution, timings["total_s"])
+        return verdict
+
+    async def _execute(self, spec: TaskSpec, slot: int, ws: Workspace, timings: dict[str, float]) -> Verdict:
+        t = time.monotonic()
+        repo = resolve_repo(spec.repo_url, self.cfg)
+        await ws.checkout(repo, spec.base_commit)
+        timings["checkout_s"] = time.monotonic() - t
+        t = time.monotonic()
+        early = await self._apply_patches(ws, spec)
+        timings["apply_s"] = time.monotonic() - t
+        if early is not None:
+            return early
+        return await self._run_tests(ws, spec, slot, repo, timings)
+
+    async def _apply_patches(self, ws: Workspace, spec: TaskSpec) -> Verdict | None:
+        """Apply both patches; a verdict when the run stops here (not_applied, refused)."""
+        test_paths: list[str] = []
+        if spec.test_patch.strip():
+            try:
+                test_paths = await ws.patch_paths("test.diff", spec.test_patch)
+            except PatchError as exc:
+                raise InfraError(f"the task's test_patch is malformed: {exc}") from exc
+            if any(unsafe_path(p) for p in test_paths):
+                raise InfraError("the task's test_patch touches paths outside the tree")
+        if spec.patch.strip():
+            try:
+                paths = await ws.patch_paths("agent.diff", spec.patch)
+                await ws.apply("agent.diff", spec.patch)
+            except PatchError as exc:
+                return Verdict(status="not_applied", error=f"patch does not apply: {exc}")
+            if spec.integrity_check:
+                reason = await self._integrity(ws, paths, test_paths)
+                if reason is not None:
+                    return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
+        if test_paths:
+            await ws.force_apply("test.diff", spec.test_patch, test_paths)
+        return None
+
+    @staticmethod
+    async def _integrity(ws: Workspace, paths: list[str], test_paths: list[str]) -> str | None:
+        # What git read from the patch, plus what actually changed on disk (renames, modes, symlinks included).
+        touched = sorted({*paths, *await ws.changed_paths()})
+        configs = [p for p in touched if PurePosixPath(p).name in CONFIG_FILES]
+        before = {p: await ws.base_text(p) for p in configs}
+        return check_patch(touched, test_paths, before.get, ws.read_text)
+
+    def _command(self, spec: TaskSpec, junit: Path) -> tuple[list[str], dict[str, str]]:
+        assert self._policy is not None
+        env = {"SANDBOX_JUNITXML": str(junit)}
+        junit_opts = [f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+        if spec.test_command is not None:
+            # Any pytest the command starts writes the report: PYTEST_ADDOPTS reaches nested invocations too.
+            env["PYTEST_ADDOPTS"] = shlex.join(junit_opts)
+            return ["/bin/sh", "-c", spec.test_command], env
+        if self.cfg.disable_plugin_autoload:
+            env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        files = sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
+        argv = [self._policy.interpreter.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
+                "--tb=short", *junit_opts, *files]
+        return argv, env
+
+    async def _sandboxed(self, policy: SandboxPolicy, tree: Path, command: list[str], *, slot: int,
+                         hide: list[Path], env: dict[str, str], limit_s: float) -> RunResult:
+        status_pipe = os.pipe() if self.cfg.use_bwrap else None
+        fd = status_pipe[1] if status_pipe else -1
+        cpu_s = max(1, min(self.cfg.cpu_s, math.ceil(limit_s)))
+        argv = policy.argv(tree, command, slot=slot, hide=hide, status_fd=fd, cpu_s=cpu_s)
+        return await run_limited(argv, env=policy.env(env), cwd=str(tree), limit_s=limit_s,
+                                 output_cap=self.cfg.max_output_kb << 10, status_pipe=status_pipe)
+
+    async def _run_tests(self, ws: Workspace, spec: TaskSpec, slot: int, repo: Path,
+                         timings: dict[str, float]) -> Verdict:
+        policy = self._policy
+        assert policy is not None
+        # A fresh random name: a patch cannot plant a report that a crashed run would leave in place.
+        junit = ws.tree / f".sandbox-junit-{uuid.uuid4().hex}.xml"
+        await asyncio.to_thread(ws.seal, policy.uid_for_slot(slot))
+        command, env = self._command(spec, junit)
+        hide = [repo, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
+        t = time.monotonic()
+        result = await self._sandboxed(policy, ws.tree, command, slot=slot, hide=hide, env=env,
+                                       limit_s=spec.timeout)
+        timings["tests_s"] = time.monotonic() - t
+        if not result.started:
+            raise InfraError(f"sandbox did not start (exit {result.exit_code}): {result.stderr.text()[-500:]}")
+        t = time.monotonic()
+        verdict = self._grade(spec, junit, ws.tree, result)
+        timings["grade_s"] = time.monotonic() - t
+        return verdict
+
+    def _grade(self, spec: TaskSpec, junit: Path, tree: Path, result: RunResult) -> Verdict:
+        notes: list[str] = []
+        expected = [*spec.fail_to_pass, *spec.pass_to_pass]
+        try:
+            status = grading.parse_junit(read_regular(junit, _JUNIT_LIMIT), expected, tree)
+        except FileNotFoundError:
+            status = {}
+            if expected:
+                notes.append("no junit report (pytest did not run to the end)")
+        except (OSError, SyntaxError) as exc:  # ET.ParseError is a SyntaxError
+            status = {}
+            notes.append(f"junit report unreadable: {exc}")
+        passed, failed = grading.count(status)
+        code = result.exit_code
+        status_name: TaskStatus = "completed"
+        if result.timed_out:
+            status_name = "timeout"
+            notes.insert(0, f"tests ran past the {spec.timeout:g} s limit and were killed")
+        elif code in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
+            status_name = "timeout" if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "completed"
+            notes.insert(0, f"killed by a resource limit (exit {code}: cpu {self.cfg.cpu_s} s / memory "
+                            f"{self.cfg.memory_mb} MB)")
+        report: dict[str, dict[str, list[str]]] = {}
+        if expected:
+            resolution, report = grading.grade(status, spec.fail_to_pass, spec.pass_to_pass)
+        else:
+            resolution = "FULL" if code == 0 else "NO"
+        if status_name == "timeout":
+            resolution = "NO"
+        return Verdict(
+            status=status_name, patch_applied=True, test_patch_applied=True, tests_passed=passed,
+            tests_failed=failed, exit_code=code, test_status=status, resolution=resolution,
+            stdout_tail=result.stdout.text(), stderr_tail=result.stderr.text(), error="; ".join(notes),
+            report=report, stdout_bytes=result.stdout.total, stderr_bytes=result.stderr.total)

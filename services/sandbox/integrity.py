@@ -1,0 +1,87 @@
+"""Integrity check: an agent patch may change the code under test, never the tests or how they are run.
+
+Refused: any file the task's test patch touches; test files (`tests/` or `test/` folders, `test_*.py`, `*_test.py`,
+`conftest.py`); files that would replace the runner (`pytest.py`, `_pytest/`, `pytest/` at the top level or under
+`src/`, `sitecustomize.py`, `usercustomize.py`); `pytest.ini`; and any change to the pytest section of `setup.cfg`,
+`tox.ini` or `pyproject.toml` (the rest of those files stays editable). Paths come from git's own reading of the patch
+(`git apply --numstat`), so quoting, renames and mode changes cannot hide a file.
+
+Not covered (documented limit): code under test runs in the pytest process and could patch pytest at import time.
+"""
+
+from __future__ import annotations
+
+import configparser
+import tomllib
+from collections.abc import Callable, Iterable
+from pathlib import PurePosixPath
+from typing import Any
+
+TEST_DIRS = frozenset({"tests", "test"})
+RUNNER_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "sitecustomize.py", "usercustomize.py"})
+RUNNER_MODULES = frozenset({"pytest.py", "_pytest", "pytest", "py.py"})
+CONFIG_FILES = frozenset({"setup.cfg", "tox.ini", "pyproject.toml"})
+
+
+def is_test_path(path: str) -> bool:
+    p = PurePosixPath(path)
+    name = p.name
+    if any(part in TEST_DIRS for part in p.parts[:-1]):
+        return True
+    if name == "conftest.py":
+        return True
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+
+
+def _runner_reason(path: str) -> str | None:
+    p = PurePosixPath(path)
+    if p.name in RUNNER_FILES:
+        return f"{path} configures or extends the test runner"
+    parts = p.parts[1:] if p.parts[:1] == ("src",) else p.parts
+    if parts and parts[0] in RUNNER_MODULES:
+        return f"{path} would shadow the test runner's own modules"
+    return None
+
+
+def unsafe_path(path: str) -> bool:
+    p = PurePosixPath(path)
+    return p.is_absolute() or ".." in p.parts or ".git" in p.parts
+
+
+def _pytest_section(name: str, text: str | None) -> Any:
+    """The pytest part of a config file (None when absent); an unreadable file is its own value."""
+    if text is None:
+        return None
+    try:
+        if name == "pyproject.toml":
+            return tomllib.loads(text).get("tool", {}).get("pytest")
+        parser = configparser.RawConfigParser(strict=False)
+        parser.read_string(text)
+        section = "tool:pytest" if name == "setup.cfg" else "pytest"
+        return dict(parser.items(section)) if parser.has_section(section) else None
+    except (ValueError, configparser.Error) as exc:
+        return f"<unreadable: {type(exc).__name__}>"
+
+
+def check_patch(
+    paths: Iterable[str],
+    test_patch_paths: Iterable[str],
+    read_before: Callable[[str], str | None],
+    read_after: Callable[[str], str | None],
+) -> str | None:
+    """Why the patch is refused, or None. `read_before/after(path)` give a config file's text around the patch."""
+    protected = set(test_patch_paths)
+    for path in sorted(set(paths)):
+        if unsafe_path(path):
+            return f"patch touches {path}, outside the working tree"
+        if path in protected:
+            return f"patch modifies {path}, a file of the task's test patch"
+        if is_test_path(path):
+            return f"patch modifies test file {path}"
+        reason = _runner_reason(path)
+        if reason:
+            return f"patch modifies {reason}"
+        name = PurePosixPath(path).name
+        if name in CONFIG_FILES and _pytest_section(name, read_before(path)) != _pytest_section(name, read_after(path)):
+            return f"patch changes the pytest configuration in {path}"
+    return None

@@ -1,0 +1,148 @@
+"""The bubblewrap command line of one test run, and the limits around it.
+
+Layers, outermost first:
+  prlimit      RLIMIT_AS / CPU / NPROC / FSIZE / CORE, inherited by everything below (no preexec_fn: it is unsafe in
+               a threaded process, and prlimit is one exec).
+  bwrap        new pid/net/ipc/uts/cgroup namespaces (no network: only a down loopback), `/` read-only, private /tmp,
+               host folders hidden behind empty tmpfs (`hidden_paths`, the source repository, the executor's work
+               root), the task's tree bound read-write, new session, dies with its parent.
+  setpriv      (executor running as root) drop to the pool slot's own uid/gid, no groups, no capabilities, no new
+               privileges. Root is needed to set up the mounts, but the kernel never enforces RLIMIT_NPROC for root,
+               so a fork bomb would only stop at the host's pid_max; as uid `uid_base + slot` it stops at
+               `max_processes`. This is also why bwrap does not get a user namespace here: one made by root maps only
+               root, and the switch to another uid would then be impossible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet.config.infra import SandboxConfig
+
+SANDBOX_HOME = "/tmp/home"
+_HIDDEN_TMPFS_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The Python the tests run with, and the host folders it needs inside the sandbox."""
+
+    python: str
+    bin_dir: str
+    prefixes: tuple[str, ...]
+
+
+async def probe_interpreter(python: str | None) -> Interpreter:
+    exe = python or sys.executable
+    code = ("import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, "
+            "os.path.dirname(os.path.realpath(sys.executable))]))")
+    proc = await asyncio.create_subprocess_exec(exe, "-I", "-c", code, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"sandbox.python={exe!r} does not run: {err.decode(errors='replace')[-300:]}")
+    return _interpreter(exe, json.loads(out))
+
+
+def _interpreter(exe: str, folders: list[str]) -> Interpreter:
+    prefixes = tuple(dict.fromkeys(os.path.realpath(p) for p in folders))
+    # PATH gets the folder `exe` is in, not its symlink target: a venv's bin/ makes its site-packages active.
+    return Interpreter(python=exe, bin_dir=os.path.dirname(os.path.abspath(exe)), prefixes=prefixes)
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+class SandboxPolicy:
+    """Builds the argv and environment of a sandboxed run from `SandboxConfig`."""
+
+    def __init__(self, cfg: SandboxConfig, interpreter: Interpreter, work_root: Path, pool_size: int) -> None:
+        self.cfg = cfg
+        self.interpreter = interpreter
+        self.work_root = work_root.resolve()
+        self.pool_size = pool_size
+        self.as_root = os.geteuid() == 0
+
+    def uid_for_slot(self, slot: int) -> int | None:
+        """The uid a pool slot's tests run as (None: the executor's own, when it is not root)."""
+        return self.cfg.uid_base + slot if self.as_root and self.cfg.use_bwrap else None
+
+    def _prlimit(self, cpu_s: int) -> list[str]:
+        cfg = self.cfg
+        nproc = cfg.max_processes
+        if not (self.as_root and cfg.use_bwrap):
+            # Without a uid of its own, RLIMIT_NPROC counts every process of the executor's user.
+            nproc = cfg.max_processes * self.pool_size + 256
+        return ["prlimit", f"--as={cfg.memory_mb << 20}", f"--cpu={cpu_s}:{cpu_s + 5}", f"--nproc={nproc}",
+                f"--fsize={cfg.max_file_mb << 20}", "--core=0", "--"]
+
+    def _hidden(self, extra: list[Path]) -> list[str]:
+        paths = [*self.cfg.hidden_paths, *(str(p) for p in extra)]
+        if not _under(str(self.work_root), "/tmp"):
+            paths.append(str(self.work_root))
+        keep = []
+        for raw in paths:
+            path = os.path.realpath(raw)
+            if path != "/" and not _under(path, "/tmp") and os.path.isdir(path):
+                keep.append(path)
+        # Parents before children, so that a nested mount is not covered by its parent's tmpfs.
+        return sorted(set(keep), key=lambda p: (p.count("/"), p))
+
+    @staticmethod
+    def _parents(path: str, covered: tuple[str, ...]) -> list[str]:
+        """`--dir` for `path`'s parents that bwrap creates inside a tmpfs: otherwise 0700 root, not traversable."""
+        args: list[str] = []
+        for parent in reversed(Path(path).parents):
+            p = str(parent)
+            if any(_under(p, c) and p != c for c in covered):
+                args += ["--perms", "0755", "--dir", p]
+        return args
+
+    def _mounts(self, tree: Path, hide: list[Path]) -> list[str]:
+        args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--perms", "1777", "--size", str(self.cfg.tmpfs_mb << 20), "--tmpfs", "/tmp"]
+        hidden = self._hidden(hide)
+        covered = (*hidden, "/tmp")
+        for path in hidden:
+            args += ["--size", str(_HIDDEN_TMPFS_BYTES), "--tmpfs", path]
+        for prefix in self.interpreter.prefixes:
+            if any(_under(prefix, c) for c in covered):
+                args += [*self._parents(prefix, covered), "--ro-bind", prefix, prefix]
+        args += [*self._parents(str(tree), covered), "--perms", "0777", "--dir", SANDBOX_HOME,
+                 "--bind", str(tree), str(tree)]
+        for path in hidden:
+            args += ["--remount-ro", path]
+        return [*args, "--chdir", str(tree)]
+
+    def argv(self, tree: Path, command: list[str], *, slot: int, hide: list[Path], status_fd: int,
+             cpu_s: int) -> list[str]:
+        """The full command line; `status_fd` receives bwrap's JSON status (child-pid once the sandbox is up)."""
+        if not self.cfg.use_bwrap:
+            return [*self._prlimit(cpu_s), *command]
+        uid = self.uid_for_slot(slot)
+        args = ["bwrap", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+                "--json-status-fd", str(status_fd)]
+        if uid is not None:
+            args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                     "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            inner = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                     "--no-new-privs", "--", *command]
+        else:
+            args += ["--unshare-all", "--unshare-user", "--disable-userns"]
+            inner = command
+        return [*self._prlimit(cpu_s), *args, *self._mounts(tree, hide), "--", *inner]
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        """A clean environment: nothing of the executor's (tokens included) reaches the tests."""
+        path = f"{self.interpreter.bin_dir}:/usr/local/bin:/usr/bin:/bin"
+        base = {"PATH": path, "HOME": SANDBOX_HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+        if not self.cfg.use_bwrap:
+            base["HOME"] = base["TMPDIR"] = "/tmp"
+        return {**base, **extra}

@@ -1,0 +1,232 @@
+"""One task's working tree: materialised from a local repository at `base_commit`, patched, handed to the sandbox.
+
+The tree borrows the source repository's objects through `objects/info/alternates` (no copy, no refs: ~20 ms
+whatever the repository's size or number of refs). Its `.git` is removed before the tests run: the shared object
+store holds every other commit of the repository, fixes included, and code under test must not be able to read them.
+All git commands run here, as the executor's user, before the tree is handed to the sandbox's uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+GIT_TIMEOUT_S = 120.0
+# No user/system config: hooks, aliases or fsmonitor settings of the host must not run or change behaviour here.
+_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+}
+_GIT_OPTS = ("-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "advice.detachedHead=false")
+
+
+class InfraError(RuntimeError):
+    """The executor could not do its job (repo, disk, git, sandbox start): reported as `infra_error`."""
+
+
+class PatchError(Exception):
+    """The agent's patch is malformed or does not apply (a verdict, `not_applied`)."""
+
+
+@dataclass
+class GitResult:
+    code: int
+    out: str
+    err: str
+
+
+async def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None) -> GitResult:
+    proc = await asyncio.create_subprocess_exec(
+        "git", *_GIT_OPTS, *args, cwd=cwd, env=_GIT_ENV, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), GIT_TIMEOUT_S)
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+    return GitResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _raise_if_disk(err: str) -> None:
+    if "No space left" in err or "Disk quota exceeded" in err:
+        raise InfraError(f"disk full: {err.strip()[-300:]}")
+
+
+def parse_numstat(out: str) -> list[str]:
+    """Paths from `git apply --numstat -z` (for a rename or copy, only its destination)."""
+    return [fields[2] for token in out.split("\0") if len(fields := token.split("\t", 2)) == 3 and fields[2]]
+
+
+_C_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def unquote_git_path(text: str) -> str:
+    """Undo git's C-style quoting of a path (`"tab\\there"`, octal bytes for non-ASCII)."""
+    if not (len(text) >= 2 and text[0] == text[-1] == '"'):
+        return text
+    out, body, i = bytearray(), text[1:-1], 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            if nxt in "01234567" and i + 4 <= len(body):
+                out.append(int(body[i + 1:i + 4], 8) & 0xFF)
+                i += 4
+                continue
+            out.append(_C_ESCAPES.get(nxt, ord(nxt)))
+            i += 2
+            continue
+        out += ch.encode()
+        i += 1
+    return out.decode(errors="surrogateescape")
+
+
+def rename_sources(text: str) -> list[str]:
+    """Source paths of renames and copies in a git patch: `--numstat` reports only their destination."""
+    prefixes = ("rename from ", "copy from ")
+    return [unquote_git_path(line[len(p):]) for line in text.splitlines() for p in prefixes if line.startswith(p)]
+
+
+class Workspace:
+    """`root/` holds patch files; `root/tree/` is the working tree (the only thing the sandbox can write)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.tree = root / "tree"
+        self.commit = ""
+
+    async def checkout(self, repo: Path, base_commit: str) -> str:
+        """Materialise `repo`@`base_commit` in `tree`; returns the full commit id."""
+        self.root.mkdir(mode=0o711)
+        found = await git("--git-dir", str(_git_dir(repo)), "rev-parse", "--verify", "--quiet",
+                          f"{base_commit}^{{commit}}")
+        if found.code != 0:
+            raise InfraError(f"base_commit {base_commit!r} is not a commit of {repo}")
+        self.commit = found.out.strip()
+        init = await git("init", "--quiet", "--template=", str(self.tree))
+        _raise_if_disk(init.err)
+        if init.code != 0:
+            raise InfraError(f"git init failed: {init.err.strip()[-300:]}")
+        info = self.tree / ".git" / "objects" / "info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "alternates").write_text(f"{_git_dir(repo) / 'objects'}\n")
+        co = await git("checkout", "--quiet", "--detach", self.commit, cwd=self.tree)
+        _raise_if_disk(co.err)
+        if co.code != 0:
+            raise InfraError(f"checkout of {self.commit} failed: {co.err.strip()[-300:]}")
+        return self.commit
+
+    def _patch_file(self, name: str, text: str) -> Path:
+        path = self.root / name
+        # git apply rejects a last hunk without its final newline ("corrupt patch").
+        path.write_text(text if text.endswith("\n") else text + "\n")
+        return path
+
+    async def patch_paths(self, name: str, text: str) -> list[str]:
+        """Every path `text` would touch, as git itself reads the patch (raises PatchError if it cannot)."""
+        result = await git("apply", "--numstat", "-z", str(self._patch_file(name, text)), cwd=self.tree)
+        if result.code != 0:
+            raise PatchError(result.err.strip()[-2000:] or "malformed patch")
+        return sorted({*parse_numstat(result.out), *rename_sources(text)})
+
+    async def changed_paths(self) -> list[str]:
+        """Every path that differs from base_commit, renames split in two: what a patch actually did."""
+        added = await git("add", "--all", "--force", ".", cwd=self.tree)
+        _raise_if_disk(added.err)
+        if added.code != 0:
+            raise InfraError(f"git add failed: {added.err.strip()[-300:]}")
+        diff = await git("diff", "--cached", "--name-only", "-z", "--no-renames", self.commit, cwd=self.tree)
+        if diff.code != 0:
+            raise InfraError(f"git diff failed: {diff.err.strip()[-300:]}")
+        return [p for p in diff.out.split("\0") if p]
+
+    async def base_text(self, rel: str) -> str | None:
+        """A file's text at base_commit (None if it did not exist)."""
+        shown = await git("cat-file", "blob", f"{self.commit}:{rel}", cwd=self.tree)
+        return shown.out if shown.code == 0 else None
+
+    async def apply(self, name: str, text: str) -> None:
+        result = await git("apply", "--whitespace=nowarn", str(self._patch_file(name, text)), cwd=self.tree)
+        _raise_if_disk(result.err)
+        if result.code != 0:
+            raise PatchError(result.err.strip()[-2000:] or "patch does not apply")
+
+    async def force_apply(self, name: str, text: str, paths: list[str]) -> None:
+        """Apply the test patch over whatever the agent did to its files: they go back to base_commit first."""
+        tracked = await git("ls-tree", "-r", "-z", "--name-only", self.commit, "--", *paths, cwd=self.tree)
+        at_base = set(filter(None, tracked.out.split("\0")))
+        for rel in paths:
+            if rel not in at_base:
+                remove_path(self.tree / rel)
+        if at_base:
+            restore = await git("checkout", self.commit, "--", *sorted(at_base), cwd=self.tree)
+            if restore.code != 0:
+                raise InfraError(f"restoring test files failed: {restore.err.strip()[-300:]}")
+        try:
+            await self.apply(name, text)
+        except PatchError as exc:
+            raise InfraError(f"the task's test_patch does not apply at {self.commit[:12]}: {exc}") from exc
+
+    def read_text(self, rel: str) -> str | None:
+        """A small text file of the tree (None if absent, not a regular file, or over 4 MiB)."""
+        path = self.tree / rel
+        try:
+            return read_regular(path, 4 << 20).decode(errors="replace")
+        except OSError:
+            return None
+
+    def seal(self, uid: int | None) -> None:
+        """Drop git metadata and hand the tree to the sandbox uid (lchown: symlinks are never followed)."""
+        remove_path(self.tree / ".git")
+        if uid is None:
+            return
+        os.lchown(self.tree, uid, uid)
+        for dirpath, dirnames, filenames in os.walk(self.tree):
+            for name in (*dirnames, *filenames):
+                os.lchown(os.path.join(dirpath, name), uid, uid)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _git_dir(repo: Path) -> Path:
+    return repo / ".git" if (repo / ".git").is_dir() else repo
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file, symlink or folder without following symlinks."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """Read a regular file written by untrusted code: no symlinks (O_NOFOLLOW), no FIFOs/devices, at most `limit`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{path.name} is not a regular file")
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{path.name} is larger than {limit} bytes")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -1,0 +1,119 @@
+"""End to end: build a slice of the embedded task set through the real sandbox executor, twice, and grade it.
+
+One repository (inflection: one test file, the fastest suite), three tasks. The sdist is downloaded through pip once
+per session into a temporary cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envs.cli import data_main
+from envs.registry import load_dataset, make_environment
+from envs.swe.builder import BuildOptions, BuildReport, build_taskset
+from envs.swe.payload import payload_to_spec, task_to_payload
+from envs.swe.taskset import read_manifest, read_split
+from fleet.config.env import DatasetConfig
+from fleet.config.infra import SandboxConfig
+from services.sandbox.executor import Executor
+
+pytestmark = pytest.mark.slow
+
+REPO, TASKS, SEED = "inflection", 3, 1
+
+
+@pytest.fixture(scope="session")
+def sdist_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sdists")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, sdist_cache: Path) -> tuple[Path, Path, BuildReport]:
+    first, second = tmp_path_factory.mktemp("set-a"), tmp_path_factory.mktemp("set-b")
+    rc = data_main(["build", "--out", str(first), "--repos", REPO, "--max-per-repo", str(TASKS), "--seed", str(SEED),
+                    "--workers", "2", "--cache-dir", str(sdist_cache)])
+    assert rc == 0
+    report = asyncio.run(build_taskset(BuildOptions(out=second, repos=[REPO], max_per_repo=TASKS, seed=SEED,
+                                                    workers=1, cache_dir=sdist_cache)))
+    return first, second, report
+
+
+def rows(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for split in ("train", "validation") for line in (folder / f"{split}.jsonl").open()]
+
+
+def test_same_recipe_and_seed_give_the_same_tasks_for_any_worker_count(built):
+    first, second, report = built
+    a, b = rows(first), rows(second)
+    assert len(a) == TASKS == len(report.tasks)
+    keys = ("instance_id", "base_commit", "patch", "FAIL_TO_PASS", "PASS_TO_PASS", "problem_statement", "split")
+    assert [{k: r[k] for k in keys} for r in a] == [{k: r[k] for k in keys} for r in b]
+    assert all(r["instance_id"].startswith(f"{REPO}__{r['bug_kind']}__") for r in a)
+    manifest = read_manifest(first)
+    assert manifest["seed"] == SEED and manifest["repos"][REPO]["accepted"] == TASKS
+    assert not (first / ".staging").exists()
+
+
+def test_tasks_are_swebench_rows_whose_statement_hides_the_fix(built):
+    for row in rows(built[0]):
+        assert row["FAIL_TO_PASS"] and row["test_patch"] == "" and row["repo_url"] == f"embedded://{REPO}"
+        assert not set(row["FAIL_TO_PASS"]) & set(row["PASS_TO_PASS"])
+        assert all(t.startswith("test_inflection.py::") for t in row["FAIL_TO_PASS"])
+        # Neither the buggy lines nor their fix may show (library frames are dropped from the tracebacks).
+        changed = [line[1:].strip() for line in row["patch"].splitlines()
+                   if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+        assert changed and not any(line in row["problem_statement"] for line in changed if len(line) > 12)
+
+
+def test_gold_patch_resolves_and_empty_patch_does_not(built):
+    folder = built[0]
+    tasks = read_split(folder, "train") + read_split(folder, "validation")
+
+    async def grade() -> list[tuple[str, str]]:
+        async with Executor(SandboxConfig(repos_root=str(folder / "repos"), pool_size=2)) as ex:
+            specs = [payload_to_spec(task_to_payload(t), patch, timeout=120) for t in tasks
+                     for patch in (t.patch, "")]
+            verdicts = await asyncio.gather(*(ex.run(s) for s in specs))
+        return [(v.status, v.resolution) for v in verdicts]
+
+    results = asyncio.run(grade())
+    assert results[0::2] == [("completed", "FULL")] * len(tasks)
+    assert all(status == "completed" and resolution != "FULL" for status, resolution in results[1::2])
+
+
+def test_registry_loads_the_built_set_and_prompts_carry_the_oracle_file(built):
+    folder = built[0]
+    train = load_dataset(DatasetConfig(dataset_name="swe_embedded", data_path=str(folder)))
+    val = load_dataset(DatasetConfig(dataset_name="swe_embedded", data_path=str(folder), split="validation"))
+    assert len(train) + len(val) == TASKS
+    task = (list(train) + list(val))[0]
+    env = make_environment("swe", repos_root=folder / "repos")
+    prompt = env.build_prompt(task, WordTokenizer(), 100_000, "oracle")
+    assert prompt.context_files == ["inflection/__init__.py"] and prompt.dropped_files == []
+    assert "def camelize(" in prompt.text and task.problem_statement.strip() in prompt.text
+    small = env.build_prompt(task, WordTokenizer(), len(prompt.token_ids) - 1, "oracle")
+    assert small.dropped_files == ["inflection/__init__.py"] and "def camelize(" not in small.text
+
+
+def test_list_prints_counts_per_repository_and_kind(built, capsys):
+    assert data_main(["list", "--data", str(built[0])]) == 0
+    out = capsys.readouterr().out
+    assert f"tasks: {TASKS}" in out and "per repository:" in out and REPO in out and "per bug kind:" in out
+    assert data_main(["list", "--data", str(built[0] / "nope")]) == 1
+
+
+class WordTokenizer:
+    """Whitespace tokenizer with a chat template: enough to count a prompt's budget."""
+
+    chat_template = "plain"
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool, add_generation_prompt: bool) -> str:
+        return "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages) + "<assistant>\n"
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [hash(w) % 50_000 for w in text.split()]}

@@ -1,0 +1,117 @@
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from envs.swe.patch import MalformedDiff, extract_patch, normalize_diff
+
+DIFF = (
+    "diff --git a/pkg/mod.py b/pkg/mod.py\n"
+    "--- a/pkg/mod.py\n"
+    "+++ b/pkg/mod.py\n"
+    "@@ -1,3 +1,3 @@\n"
+    " a = 1\n"
+    "-b = 2\n"
+    "+b = 3\n"
+    " c = 4\n"
+)
+
+
+def test_fenced_diff_block_is_extracted():
+    r = extract_patch(f"The bug is in mod.py.\n\n```diff\n{DIFF}```\n")
+    assert (r.status, r.source) == ("ok", "diff_fence")
+    assert r.patch == DIFF
+
+
+def test_patch_tags_are_extracted():
+    r = extract_patch(f"<patch>\n{DIFF}</patch>")
+    assert (r.status, r.source, r.patch) == ("ok", "patch_tag", DIFF)
+
+
+def test_fence_inside_patch_tags_is_unwrapped():
+    r = extract_patch(f"<patch>\n```diff\n{DIFF}```\n</patch>")
+    assert (r.status, r.source, r.patch) == ("ok", "patch_tag", DIFF)
+
+
+@pytest.mark.parametrize("call", [
+    {"name": "submit_patch", "arguments": {"patch": DIFF}},
+    {"name": "submit_patch", "arguments": json.dumps({"patch": DIFF})},
+    {"type": "function", "function": {"name": "submit_patch", "arguments": json.dumps({"patch": DIFF})}},
+])
+def test_submit_patch_tool_call_is_extracted(call):
+    r = extract_patch(f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
+    assert (r.status, r.source, r.patch) == ("ok", "tool_call", DIFF)
+
+
+def test_last_complete_block_wins_among_several():
+    second = DIFF.replace("+b = 3", "+b = 5")
+    text = f"First try:\n```diff\n{DIFF}```\nActually:\n<patch>\n{second}</patch>\n"
+    assert extract_patch(text).patch == second
+    text = f"<patch>\n{second}</patch>\nor rather\n```diff\n{DIFF}```"
+    assert extract_patch(text).patch == DIFF
+
+
+def test_complete_block_is_kept_when_a_later_one_is_cut_off():
+    r = extract_patch(f"```diff\n{DIFF}```\nLet me refine:\n```diff\n{DIFF[:70]}")
+    assert (r.status, r.patch) == ("ok", DIFF)
+
+
+@pytest.mark.parametrize("text", [
+    f"```diff\n{DIFF[:80]}",
+    f"<patch>\n{DIFF[:80]}",
+    '{"name": "submit_patch", "arguments": {"patch": "diff --git a/pkg/mod.py b/pkg/mod.py\\n--- a/p',
+])
+def test_output_ending_inside_a_block_is_truncated(text):
+    assert extract_patch(text).status == "truncated"
+
+
+@pytest.mark.parametrize("text", [
+    "```diff\nI would change b to 3.\n```",
+    "<patch></patch>",
+    "```diff\n@@ -1 +1 @@\n-a\n+b\n```",  # hunk without file header
+    '{"name": "submit_patch", "arguments": {"diff": "x"}}',
+])
+def test_complete_block_without_a_diff_is_malformed(text):
+    r = extract_patch(text)
+    assert r.status == "malformed", r
+    assert r.detail
+
+
+@pytest.mark.parametrize("text", ["", "I could not find the bug.", "```python\nprint('hi')\n```"])
+def test_no_block_is_missing(text):
+    assert extract_patch(text).status == "missing"
+
+
+def test_tool_name_mentioned_in_prose_is_not_a_call():
+    r = extract_patch(f'```diff\n{DIFF}```\nThat is my "submit_patch" answer.')
+    assert (r.status, r.patch) == ("ok", DIFF)
+
+
+def test_other_language_fences_do_not_hide_a_later_diff():
+    r = extract_patch(f"```python\nx = '```'\n```\n\n```diff\n{DIFF}```")
+    assert (r.status, r.patch) == ("ok", DIFF)
+
+
+def test_bare_diff_without_markers_is_accepted_and_trailing_prose_dropped():
+    r = extract_patch(f"Here it is:\n{DIFF}\nThis should fix it.")
+    assert (r.status, r.source, r.patch) == ("ok", "bare_diff", DIFF)
+
+
+def test_wrong_hunk_counts_and_stripped_blank_context_lines_are_repaired():
+    sloppy = "--- a/m.py\n+++ b/m.py\n@@ -1,9 +1,9 @@\n a = 1\n\n-b = 2\n+b = 3\n c = 4\n"
+    r = extract_patch(f"```diff\n{sloppy}```")
+    assert r.status == "ok"
+    assert "@@ -1,4 +1,4 @@\n a = 1\n \n-b = 2\n+b = 3\n c = 4\n" in r.patch
+
+
+def test_normalize_rejects_prose_inside_a_diff():
+    with pytest.raises(MalformedDiff):
+        normalize_diff("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\nthen some words\n")
+
+
+@given(st.text(max_size=300))
+def test_extraction_never_raises_on_arbitrary_text(text):
+    r = extract_patch(text)
+    assert r.status in ("ok", "missing", "malformed", "truncated")
+    assert (r.status == "ok") == bool(r.patch)

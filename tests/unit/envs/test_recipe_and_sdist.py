@@ -1,0 +1,70 @@
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from envs.swe.recipe import DEFAULT_RECIPE, Recipe, load_recipe
+from envs.swe.sdist import SdistError, extract_sdist, fetch_sdist
+
+
+def test_committed_recipe_loads_and_pins_eight_repositories():
+    recipe = load_recipe()
+    assert [r.name for r in recipe.repos] == ["toolz", "inflection", "tabulate", "slugify", "cachetools", "semver",
+                                              "parse", "boltons"]
+    assert recipe.fingerprint() == load_recipe(DEFAULT_RECIPE).fingerprint()
+    semver = recipe.repo("semver")
+    assert semver.test_command(["-q"], ["tests/test_a.py"]) == (
+        "PYTHONHASHSEED=0 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONPATH=src:tests python -m pytest -q tests/test_a.py")
+    with pytest.raises(KeyError, match="unknown repository 'numpy'"):
+        recipe.repo("numpy")
+
+
+def test_recipe_errors_name_the_field(tmp_path):
+    raw = load_recipe().model_dump(by_alias=True)
+    raw["repos"][0]["sha256"] = "xyz"
+    with pytest.raises(ValueError, match="sha256"):
+        Recipe.model_validate(raw)
+    raw = load_recipe().model_dump(by_alias=True)
+    raw["repos"][1]["name"] = raw["repos"][0]["name"]
+    with pytest.raises(ValueError, match="names must be unique"):
+        Recipe.model_validate(raw)
+    bad = tmp_path / "r.yaml"
+    bad.write_text("recipe_version: 1\npytest_args: []\nrepos: []\nsurprise: 1\n")
+    with pytest.raises(ValueError, match="surprise"):
+        load_recipe(bad)
+
+
+def make_sdist(path: Path, members: dict[str, bytes]) -> str:
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_cached_sdist_is_used_only_when_its_hash_matches(tmp_path):
+    sha = make_sdist(tmp_path / "demo_pkg-1.0.tar.gz", {"demo_pkg-1.0/m.py": b"x = 1\n"})
+    assert fetch_sdist("demo-pkg", "1.0", sha, tmp_path) == tmp_path / "demo_pkg-1.0.tar.gz"
+    top = extract_sdist(tmp_path / "demo_pkg-1.0.tar.gz", tmp_path / "x")
+    assert (top / "m.py").read_text() == "x = 1\n"
+
+
+def test_archives_escaping_their_folder_are_refused(tmp_path):
+    make_sdist(tmp_path / "evil-1.0.tar.gz", {"../outside.py": b"boom"})
+    with pytest.raises(tarfile.TarError):
+        extract_sdist(tmp_path / "evil-1.0.tar.gz", tmp_path / "x")
+    assert not (tmp_path / "outside.py").exists()
+
+
+def test_download_failure_is_reported_with_pips_message(tmp_path, monkeypatch):
+    import subprocess
+
+    def fake_run(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for nope==9")
+
+    monkeypatch.setattr("envs.swe.sdist.subprocess.run", fake_run)
+    with pytest.raises(SdistError, match="No matching distribution"):
+        fetch_sdist("nope", "9", "0" * 64, tmp_path)

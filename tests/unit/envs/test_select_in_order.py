@@ -1,0 +1,65 @@
+import asyncio
+import random
+
+from envs.registry import Task
+from envs.swe.builder import select_in_order
+from envs.swe.candidates import Candidate
+from envs.swe.validate import Outcome, function_split
+
+
+def plan(n_functions: int, per_fn: int) -> list[Candidate]:
+    cands = []
+    for r in range(per_fn):
+        for f in range(n_functions):
+            cands.append(Candidate(len(cands), f"m{f % 3}.py", f"fn{f}", "op_change", r, ("t.py",)))
+    return cands
+
+
+def accepts(c: Candidate) -> bool:
+    return (c.order * 7919) % 5 in (0, 2, 3)
+
+
+async def run(cands, want, per_function, concurrency, jitter_seed):
+    rng = random.Random(jitter_seed)
+    delays = {c.order: rng.random() * 0.01 for c in cands}
+
+    async def validate(c: Candidate) -> Outcome:
+        await asyncio.sleep(delays[c.order])
+        task = Task(str(c.order), "swe", "") if accepts(c) else None
+        return Outcome(c, "accepted" if task else "no_failure", task=task)
+
+    outcomes = await select_in_order(cands, validate, want, per_function, concurrency)
+    return [(o.candidate.order, o.reason) for o in outcomes]
+
+
+def sequential(cands, want, per_function):
+    taken: dict[str, int] = {}
+    out, accepted = [], 0
+    for c in cands:
+        if accepted == want:
+            break
+        if taken.get(c.function_id, 0) >= per_function:
+            continue
+        ok = accepts(c)
+        out.append((c.order, "accepted" if ok else "no_failure"))
+        if ok:
+            taken[c.function_id] = taken.get(c.function_id, 0) + 1
+            accepted += 1
+    return out
+
+
+def test_parallel_selection_equals_the_sequential_rule_whatever_the_timing():
+    cands = plan(12, 4)
+    for want, per_function in [(5, 1), (10, 2), (100, 2)]:
+        expected = sequential(cands, want, per_function)
+        for concurrency in (1, 3, 8):
+            for jitter in range(3):
+                assert asyncio.run(run(cands, want, per_function, concurrency, jitter)) == expected
+
+
+def test_split_is_by_function_and_independent_of_seed_and_kind():
+    splits = {function_split("toolz", f"toolz/a.py::f{i}", 0.2) for i in range(200)}
+    assert splits == {"train", "validation"}
+    assert function_split("toolz", "toolz/a.py::f1", 0.2) == function_split("toolz", "toolz/a.py::f1", 0.2)
+    share = sum(function_split("r", f"f{i}", 0.2) == "validation" for i in range(2000)) / 2000
+    assert 0.15 < share < 0.25

@@ -1,0 +1,101 @@
+"""Output capping, git's view of patches, safe reads of sandbox-written files, and the bwrap command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fleet.config.infra import SandboxConfig
+from services.sandbox.process import TailBuffer
+from services.sandbox.sandbox import Interpreter, SandboxPolicy
+from services.sandbox.workspace import parse_numstat, read_regular, rename_sources, unquote_git_path
+
+
+def test_tail_buffer_keeps_only_the_last_bytes_and_counts_all() -> None:
+    buf = TailBuffer(10)
+    for _ in range(1000):
+        buf.feed(b"0123456789abc")
+    assert buf.total == 13000
+    assert buf.text() == "3456789abc"
+    buf.feed(b"Z" * 50)
+    assert buf.text() == "Z" * 10 and buf.total == 13050
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
+
+
+def test_patch_paths_include_both_sides_of_renames_and_quoted_names(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "old\tname.py").write_text("x = 1\n" * 20)
+    (tmp_path / "caf\u00e9.py").write_text("y\n")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "base")
+    (tmp_path / "tests").mkdir()
+    os.rename(tmp_path / "old\tname.py", tmp_path / "tests" / "new.py")
+    (tmp_path / "caf\u00e9.py").write_text("z\n")
+    _git(tmp_path, "add", "-A")
+    patch = _git(tmp_path, "diff", "--cached", "-M", "HEAD")
+    assert 'rename from "old\\tname.py"' in patch
+    (tmp_path / "p.diff").write_text(patch)
+    _git(tmp_path, "reset", "-q", "--hard", "HEAD")
+    out = subprocess.run(["git", "apply", "--numstat", "-z", "p.diff"], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout
+    # git reports only a rename's destination: the source comes from the patch header.
+    assert sorted(parse_numstat(out)) == ["caf\u00e9.py", "tests/new.py"]
+    assert rename_sources(patch) == ["old\tname.py"]
+    assert unquote_git_path('"caf\\303\\251.py"') == "caf\u00e9.py"
+
+
+def test_read_regular_refuses_symlinks_fifos_and_big_files(tmp_path: Path) -> None:
+    (tmp_path / "ok").write_bytes(b"data")
+    assert read_regular(tmp_path / "ok", 10) == b"data"
+    os.symlink("/etc/passwd", tmp_path / "link")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError):
+        read_regular(tmp_path / "link", 1 << 20)
+    with pytest.raises(OSError, match="not a regular file"):
+        read_regular(tmp_path / "fifo", 1 << 20)
+    with pytest.raises(OSError, match="larger than"):
+        read_regular(tmp_path / "ok", 2)
+
+
+def _policy(tmp_path: Path, **kw: object) -> SandboxPolicy:
+    interp = Interpreter(python="/opt/venv/bin/python", bin_dir="/opt/venv/bin",
+                         prefixes=("/opt/venv", "/root/.pyenv/versions/3.11.7"))
+    return SandboxPolicy(SandboxConfig(**kw), interp, tmp_path, pool_size=2)  # type: ignore[arg-type]
+
+
+def test_bwrap_argv_limits_isolates_and_drops_privileges(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, uid_base=70000, memory_mb=512, max_processes=32)
+    tree = tmp_path / "task" / "tree"
+    argv = policy.argv(tree, ["python", "-m", "pytest"], slot=1, hide=[], status_fd=9, cpu_s=30)
+    joined = " ".join(argv)
+    assert argv[0] == "prlimit" and f"--as={512 << 20}" in argv and "--cpu=30:35" in argv
+    assert "--nproc=32" in argv or not policy.as_root
+    assert "--die-with-parent" in argv and "--new-session" in argv and "--unshare-net" in joined + "--unshare-all"
+    assert ["--ro-bind", "/", "/"] == argv[argv.index("--ro-bind"):argv.index("--ro-bind") + 3]
+    assert f"--bind {tree} {tree}" in joined and "--tmpfs /tmp" in joined and "--tmpfs /root" in joined
+    # The interpreter under a hidden folder is bound back after the tmpfs that hides it.
+    assert joined.index("--tmpfs /root") < joined.index("--ro-bind /root/.pyenv/versions/3.11.7")
+    if policy.as_root:
+        assert argv[argv.index("--") + 1:argv.index("--") + 3] != ["python", "-m"]
+        assert "setpriv" in argv and "--reuid=70001" in argv and "--no-new-privs" in argv
+    assert argv[-3:] == ["python", "-m", "pytest"]
+
+
+def test_environment_is_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRPO_FLEET_SANDBOX_TOKEN", "secret")
+    env = _policy(tmp_path).env({"X": "1"})
+    assert "GRPO_FLEET_SANDBOX_TOKEN" not in env and env["X"] == "1"
+    assert env["PATH"].startswith("/opt/venv/bin:") and env["HOME"] == "/tmp/home"
+
+
+def test_without_bwrap_only_limits_apply(tmp_path: Path) -> None:
+    argv = _policy(tmp_path, use_bwrap=False).argv(tmp_path, ["true"], slot=0, hide=[], status_fd=-1, cpu_s=5)
+    assert argv[0] == "prlimit" and "bwrap" not in argv and argv[-1] == "true"

@@ -1,0 +1,33 @@
+"""Fixtures of the trainer's unit tests: the locally made tiny Qwen2 and small configs around it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from fleet.config import MasterConfig, parse_config
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> str:
+    from fleet.paths import resolve_model
+
+    return resolve_model("tiny-qwen2")
+
+
+@pytest.fixture
+def make_cfg(tiny_model_path: str, tmp_path) -> Callable[..., MasterConfig]:  # type: ignore[no-untyped-def]
+    """A small trainer config (4 prompts x 4 generations, global batch 16, micro-batch 4); overrides on top."""
+
+    def make(*overrides: str) -> MasterConfig:
+        base = [
+            f"policy.model_name={tiny_model_path}", "policy.max_total_sequence_length=256",
+            "policy.generation.max_new_tokens=64", "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=4", "policy.optimizer.lr=1.0e-3", "grpo.num_prompts_per_step=4",
+            "grpo.num_generations_per_prompt=4", "loss_fn.reference_policy_kl_penalty=0.0",
+            f"run.dir={tmp_path / 'run'}", "logger.progress_bar=false", "logger.tensorboard_enabled=false",
+        ]
+        return parse_config({}, [*base, *overrides])
+
+    return make

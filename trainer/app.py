@@ -1,0 +1,108 @@
+"""Wiring of one trainer process: distributed set-up, model, optimizer, resume, rank 0's coordinator, the loop.
+
+`trainer/main.py` validates the config (no torch) and calls `run()`. Order matters for resume: the newest checkpoint
+is found first, the policy is built from ITS weights, the optimizer/scheduler/RNG/data position are restored, and
+only then does rank 0 begin a run epoch and push those weights to the workers (TrainLoop._begin).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from fleet.config import MasterConfig
+from fleet.config.loader import write_resolved
+from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
+from trainer.coordinator import Coordinator
+from trainer.data import DataPosition, PromptFeeder, TaskSource
+from trainer.dist import Dist, pick_device, read_env
+from trainer.loop import Rank0, TrainLoop
+from trainer.metrics import Metrics, Progress
+from trainer.model import build_policy, build_reference, resolve_model_path
+from trainer.status import TrainerState
+from trainer.step import StepRunner, loss_config, make_optimizer
+
+log = logging.getLogger(__name__)
+
+
+def _under(run_dir: Path, sub: str) -> Path:
+    p = Path(sub)
+    return p if p.is_absolute() else run_dir / p
+
+
+def _sources(cfg: MasterConfig, model_path: str,
+             sources: tuple[TaskSource, TaskSource | None] | None) -> tuple[TaskSource, TaskSource | None]:
+    if sources is not None:
+        return sources
+    from transformers import AutoTokenizer
+
+    from trainer.tasks import load_sources
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
+    return load_sources(cfg, tokenizer)
+
+
+def _rank0(cfg: MasterConfig, dist: Dist, state: TrainerCheckpoint, run_dir: Path,
+           sources: tuple[TaskSource, TaskSource | None]) -> Rank0:
+    train, val = sources
+    g = cfg.grpo
+    position = DataPosition.from_json(state.data_position) if state.data_position else None
+    feeder = PromptFeeder(train, num_prompts=g.num_prompts_per_step, num_generations=g.num_generations_per_prompt,
+                          seed=g.seed, shuffle=cfg.data.shuffle, position=position)
+    status = TrainerState(step=state.step, weight_version=state.weight_version, max_steps=g.max_num_steps,
+                          world_size=dist.world_size, async_mode=g.async_grpo.enabled)
+    coordinator = Coordinator(cfg, feeder, val, status, dist.device)
+    log_dir = _under(run_dir, cfg.logger.log_dir)
+    metrics = Metrics(cfg, log_dir)
+    progress = Progress(cfg.logger.progress_bar, g.max_num_steps, state.step)
+    return Rank0(coordinator, metrics, progress, status, log_dir)
+
+
+def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | None = None) -> int:
+    """Train until `grpo.max_num_steps` (or SIGTERM). `sources` replaces the envs registry (tests)."""
+    loss_config(cfg)  # the loss's own cross-field rules, before any model loads
+    env = read_env()
+    device = pick_device(env)
+    dist = Dist(env, device, timeout_s=cfg.grpo.sample_timeout_s + 900)
+    rank0: Rank0 | None = None
+    try:
+        run_dir = Path(cfg.run.dir).resolve()
+        model_path = resolve_model_path(cfg.policy.model_name) if dist.is_main else ""
+        if dist.is_main:
+            write_resolved(cfg, run_dir)
+            src = _sources(cfg, model_path, sources)
+        dist.barrier()  # rank 0 made the tiny model, if it had to
+        model_path = resolve_model_path(cfg.policy.model_name)
+        ckpt = CheckpointManager(cfg, _under(run_dir, cfg.checkpointing.checkpoint_dir), dist,
+                                 cfg.policy.tokenizer.name or model_path)
+        latest = ckpt.latest() if cfg.checkpointing.resume else None
+        if latest is not None:
+            log.info("resuming from %s", latest)
+        policy = build_policy(cfg.policy, str(latest / "model") if latest else model_path, dist)
+        kl = cfg.loss_fn.reference_policy_kl_penalty > 0
+        reference = build_reference(cfg.policy, model_path, dist) if kl else None
+        optimizer, scheduler = make_optimizer(policy, cfg)
+        state = TrainerCheckpoint(step=0, weight_version=0)
+        if latest is not None:
+            state = ckpt.load(latest, policy, optimizer)
+            scheduler.load_state_dict(state.scheduler)
+        else:
+            torch.manual_seed(cfg.grpo.seed + env.rank)
+        runner = StepRunner(cfg, dist, policy, reference, optimizer, scheduler,
+                            pad_multiple=64 if device.type == "cuda" else 1)
+        if dist.is_main:
+            rank0 = _rank0(cfg, dist, state, run_dir, src)
+        loop = TrainLoop(cfg, dist, runner, policy, ckpt if cfg.checkpointing.enabled else None, state, rank0)
+        loop._last_saved = state.step if latest is not None else -1
+        if rank0 is not None:
+            rank0.coordinator.stop_requested = loop.stop_requested
+            rank0.coordinator.start()
+        return loop.run()
+    finally:
+        if rank0 is not None:
+            rank0.progress.close()
+            rank0.metrics.close()
+            rank0.coordinator.close()
+        dist.close()

@@ -1,0 +1,177 @@
+"""Scored groups -> one step's training samples -> this rank's optimizer minibatches of packed micro-batches.
+
+Rank 0 turns the sampled groups into a `StepBatch` (advantages per group via `trainer.grpo.compute_advantages`)
+and broadcasts it; every rank then calls `plan_rank()` on the same batch, which is deterministic, so each rank takes
+its own share without further communication:
+
+* the step's samples split, in order, into minibatches of `policy.train_global_batch_size` (one optimizer update
+  each; old log-probs are computed once, before the first update, as GRPO/PPO prescribes);
+* a minibatch's samples are spread over the data-parallel ranks longest-first in a snake order (equal counts +-1,
+  balanced tokens);
+* a rank's share is cut into the same number of micro-batches on every rank (FSDP2 collectives must pair up;
+  a rank with fewer samples gets an empty micro-batch, run as a zero-weight dummy), similar lengths together.
+
+The loss normalisers are the minibatch's valid tokens/sequences over all ranks (all-reduced in trainer.step), so
+DP x micro-batching computes exactly the loss of one big batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.grpo import compute_advantages
+from trainer.logprobs import PackedInputs, pack
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trajectory:
+    response_ids: list[int]
+    generation_logprobs: list[float]
+    token_versions: list[int]
+    reward: float
+    finish_reason: str = ""
+    resolved: bool = False
+
+
+@dataclass
+class Group:
+    """A scored group, free of protobuf (the buffer client converts at the edge)."""
+
+    group_id: str
+    prompt_ids: list[int]
+    trajectories: list[Trajectory]
+    min_version: int
+    target_step: int = 0
+
+
+@dataclass
+class TrainSample:
+    group_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    generation_logprobs: list[float]
+    advantage: float
+    reward: float
+    version: int  # oldest weight version among the sample's tokens
+    valid: bool = True  # False: a contract violation (logprob count != token count); masked out, counted
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class StepBatch:
+    step: int
+    samples: list[TrainSample]
+    group_ids: list[str]
+    stats: dict[str, float] = field(default_factory=dict)
+    ages: list[int] = field(default_factory=list)  # per group: step - min_version
+
+
+def _clip(group: Group, traj: Trajectory, max_len: int) -> tuple[list[int], list[float], bool]:
+    keep = max(0, max_len - len(group.prompt_ids))
+    valid = len(traj.generation_logprobs) == len(traj.response_ids)
+    if not valid:
+        log.error("group %s: %d generation logprobs for %d response tokens; sample masked out",
+                  group.group_id, len(traj.generation_logprobs), len(traj.response_ids))
+    return traj.response_ids[:keep], list(traj.generation_logprobs[:keep]), valid
+
+
+def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, normalize: bool,
+                     max_len: int) -> StepBatch:
+    """Advantages per group; samples clipped to `policy.max_total_sequence_length` (never expected: workers cap)."""
+    samples: list[TrainSample] = []
+    rewards_all: list[float] = []
+    adv_all: list[float] = []
+    clipped = zero_std = 0
+    for g in groups:
+        rewards = torch.tensor([[t.reward for t in g.trajectories]], dtype=torch.float64)
+        adv = compute_advantages(rewards, leave_one_out=leave_one_out, normalize=normalize)[0].tolist()
+        zero_std += int(bool((rewards == rewards[0, 0]).all()))
+        for t, a in zip(g.trajectories, adv, strict=True):
+            resp, gen_lp, valid = _clip(g, t, max_len)
+            clipped += int(len(resp) < len(t.response_ids))
+            version = min(t.token_versions) if t.token_versions else g.min_version
+            samples.append(TrainSample(g.group_id, list(g.prompt_ids), list(resp), gen_lp, float(a),
+                                       float(t.reward), version, valid))
+            rewards_all.append(float(t.reward))
+            adv_all.append(float(a))
+    r = torch.tensor(rewards_all or [0.0], dtype=torch.float64)
+    a = torch.tensor(adv_all or [0.0], dtype=torch.float64)
+    lengths = torch.tensor([len(s.response_ids) for s in samples] or [0], dtype=torch.float64)
+    stats = {
+        "reward/mean": r.mean().item(), "reward/std": r.std().item() if r.numel() > 1 else 0.0,
+        "reward/max": r.max().item(), "reward/min": r.min().item(),
+        "advantage/mean": a.mean().item(), "advantage/std": a.std().item() if a.numel() > 1 else 0.0,
+        "advantage/abs_max": a.abs().max().item(),
+        "data/groups": float(len(groups)), "data/samples": float(len(samples)),
+        "data/zero_std_groups_frac": zero_std / max(1, len(groups)),
+        "data/response_len_mean": lengths.mean().item(), "data/response_len_max": lengths.max().item(),
+        "data/clipped_samples": float(clipped), "data/invalid_samples": float(sum(not s.valid for s in samples)),
+        "data/truncated_frac": sum(t.finish_reason == "length" for g in groups for t in g.trajectories)
+        / max(1, len(samples)),
+    }
+    ages = [step - g.min_version for g in groups]
+    return StepBatch(step, samples, [g.group_id for g in groups], stats, ages)
+
+
+@dataclass
+class MicroBatch:
+    packed: PackedInputs
+    generation_logprobs: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] float, 1 on trained tokens
+    advantages: torch.Tensor  # [B]
+    tokens: int  # real (prompt + response) tokens, for throughput
+    dummy: bool = False  # an empty share of a rank, run for the collectives only
+    old_logprobs: torch.Tensor | None = None
+    reference_logprobs: torch.Tensor | None = None
+
+
+def _snake(order: list[int], world: int) -> list[list[int]]:
+    shares: list[list[int]] = [[] for _ in range(world)]
+    for k, idx in enumerate(order):
+        lap, pos = divmod(k, world)
+        shares[pos if lap % 2 == 0 else world - 1 - pos].append(idx)
+    return shares
+
+
+def make_micro_batch(samples: list[TrainSample], *, row_tokens: int, packing: bool,
+                     pad_multiple: int = 1) -> MicroBatch:
+    dummy = not samples
+    if dummy:  # one token of prompt, one of response, weight 0: keeps FSDP2's collectives paired across ranks
+        samples = [TrainSample("", [0], [0], [0.0], 0.0, 0.0, 0, valid=False)]
+    packed = pack([s.prompt_ids for s in samples], [s.response_ids for s in samples], row_tokens=row_tokens,
+                  packing=packing, pad_multiple=pad_multiple)
+    b, t = len(samples), packed.max_response
+    gen = torch.zeros(b, t)
+    mask = torch.zeros(b, t)
+    for i, s in enumerate(samples):
+        n = len(s.response_ids)
+        gen[i, :n] = torch.tensor(s.generation_logprobs[:n], dtype=torch.float32)
+        mask[i, :n] = float(s.valid)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return MicroBatch(packed, gen, mask, adv, 0 if dummy else sum(s.length for s in samples), dummy)
+
+
+def plan_rank(batch: StepBatch, *, global_batch: int, micro_batch: int, rank: int, world: int,
+              row_tokens: int, packing: bool, pad_multiple: int = 1) -> list[list[MicroBatch]]:
+    """This rank's micro-batches, grouped by optimizer minibatch (see the module docstring)."""
+    samples = batch.samples
+    plan: list[list[MicroBatch]] = []
+    for start in range(0, len(samples), global_batch):
+        idx = list(range(start, min(start + global_batch, len(samples))))
+        order = sorted(idx, key=lambda i: (-samples[i].length, i))
+        share = _snake(order, world)
+        per_rank = max(len(s) for s in share)
+        n_micro = max(1, -(-per_rank // micro_batch))
+        mine = sorted(share[rank], key=lambda i: (-samples[i].length, i))
+        cuts = [mine[k * micro_batch : (k + 1) * micro_batch] for k in range(n_micro)]
+        plan.append([make_micro_batch([samples[i] for i in c], row_tokens=row_tokens, packing=packing,
+                                      pad_multiple=pad_multiple) for c in cuts])
+    return plan

@@ -1,0 +1,133 @@
+"""The trainer's side of the ReplayBuffer contract. Protobuf stops here: callers get `trainer.batch.Group`s,
+`Starvation` and `WorkerRef`s. Every call has a deadline; UNAVAILABLE / DEADLINE_EXCEEDED are retried with backoff, so
+a buffer restart costs the trainer a pause, not the run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from grpc import aio
+
+from fleet.config import MasterConfig
+from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
+from services.runtime.client import make_channel
+from trainer.batch import Group, Trajectory
+from trainer.data import PromptSpec
+from trainer.weights import WorkerRef
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+@dataclass(frozen=True)
+class Starvation:
+    reason: str = ""
+    prompts_pending: int = 0
+    leases_outstanding: int = 0
+    live_workers: int = 0
+    evicted_now: int = 0
+    waited_s: float = 0.0
+
+    def describe(self) -> str:
+        return (f"{self.reason}: {self.prompts_pending} prompts pending, {self.leases_outstanding} leases out, "
+                f"{self.live_workers} live workers, {self.evicted_now} evicted, waited {self.waited_s:.1f}s")
+
+
+def to_group(g: common_pb2.ScoredGroup) -> Group:
+    trajs = [
+        Trajectory(list(t.response_token_ids), list(t.generation_logprobs), list(t.token_versions), float(t.reward),
+                   t.finish_reason, t.verdict.resolution == common_pb2.RESOLUTION_FULL)
+        for t in g.trajectories
+    ]
+    return Group(g.prompt.group_id, list(g.prompt.prompt_token_ids), trajs, int(g.min_version),
+                 int(g.prompt.target_step))
+
+
+def to_prompt(p: PromptSpec) -> common_pb2.PromptGroup:
+    return common_pb2.PromptGroup(
+        group_id=p.group_id, target_step=p.target_step, env_name=p.env_name, task_id=p.task_id,
+        prompt_token_ids=p.prompt_token_ids, num_generations=p.num_generations, env_payload=p.env_payload,
+        enqueued_at_ms=p.enqueued_at_ms, validation=p.validation)
+
+
+class BufferClient:
+    def __init__(self, cfg: MasterConfig, *, retries: int = 20) -> None:
+        self.timeout = cfg.services.rpc_timeout_s
+        self.retries = retries
+        self.channel: aio.Channel = make_channel(cfg.services.replay_buffer.address, cfg.services)
+        self.stub = replay_buffer_pb2_grpc.ReplayBufferStub(self.channel)
+        self._commit_warned = False
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                return await fn()
+            except aio.AioRpcError as exc:
+                if exc.code() not in _TRANSIENT or attempt == self.retries:
+                    raise
+                log.warning("replay buffer %s: %s; retrying in %.1fs", name, exc.code().name, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    async def enqueue(self, prompts: list[PromptSpec]) -> tuple[int, int]:
+        req = replay_buffer_pb2.EnqueuePromptsRequest(groups=[to_prompt(p) for p in prompts])
+        r = await self._call("EnqueuePrompts", lambda: self.stub.EnqueuePrompts(req, timeout=self.timeout))
+        return int(r.enqueued), int(r.duplicates)
+
+    async def sample(self, step: int, num_groups: int, deadline_s: float, *, min_groups: int = 1,
+                     validation: bool = False) -> tuple[list[Group], Starvation]:
+        req = replay_buffer_pb2.SampleRequest(step=step, num_groups=num_groups, deadline_ms=int(deadline_s * 1000),
+                                              min_groups=min_groups, validation=validation)
+        # The server may hold the call for deadline_s: the RPC deadline must outlast it.
+        r = await self._call("Sample", lambda: self.stub.Sample(req, timeout=deadline_s + self.timeout))
+        s = r.starvation
+        starvation = Starvation(s.reason, s.prompts_pending, s.leases_outstanding, s.live_workers, s.evicted_now,
+                                s.waited_s)
+        return [to_group(g) for g in r.groups], starvation
+
+    async def begin_run(self, resume_step: int, weight_version: int) -> dict[str, int]:
+        req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=weight_version)
+        r = await self._call("BeginRun", lambda: self.stub.BeginRun(req, timeout=self.timeout))
+        return {"epoch": int(r.epoch), "returned_groups": int(r.returned_groups),
+                "retargeted_groups": int(r.retargeted_groups)}
+
+    async def publish_version(self, version: int, epoch: int, step: int) -> None:
+        req = replay_buffer_pb2.PublishVersionRequest(version=version, epoch=epoch, step=step)
+        await self._call("PublishVersion", lambda: self.stub.PublishVersion(req, timeout=self.timeout))
+
+    async def commit_step(self, step: int, epoch: int) -> int | None:
+        """Tell the buffer that steps <= `step` are in a checkpoint (their groups can be forgotten)."""
+        request_type: Any = getattr(replay_buffer_pb2, "CommitStepRequest", None)
+        if request_type is None or not hasattr(self.stub, "CommitStep"):
+            if not self._commit_warned:
+                log.warning("the ReplayBuffer contract has no CommitStep yet: checkpoints are not committed")
+                self._commit_warned = True
+            return None
+        fields = request_type.DESCRIPTOR.fields_by_name
+        req = request_type(step=step, **({"epoch": epoch} if "epoch" in fields else {}))
+        r = await self._call("CommitStep", lambda: self.stub.CommitStep(req, timeout=self.timeout))
+        return int(r.committed_groups)
+
+    async def list_workers(self) -> list[WorkerRef]:
+        req = replay_buffer_pb2.ListWorkersRequest(include_dead=False)
+        r = await self._call("ListWorkers", lambda: self.stub.ListWorkers(req, timeout=self.timeout))
+        return [WorkerRef(w.worker_id, w.address, int(w.weight_version), int(w.weight_epoch),
+                          int(w.last_heartbeat_ms), w.state) for w in r.workers]
+
+    async def stats(self) -> dict[str, Any]:
+        r = await self._call("Stats", lambda: self.stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=self.timeout))
+        out: dict[str, Any] = {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields if f.type != f.TYPE_MESSAGE}
+        out["age_histogram"] = dict(r.age_histogram)
+        out["dead_lettered_by_reason"] = dict(r.dead_lettered_by_reason)
+        return out

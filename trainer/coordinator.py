@@ -1,0 +1,205 @@
+"""Rank 0's dealings with the rest of the fleet: replay buffer, weight pushes, status service, validation.
+
+gRPC is asyncio; training is synchronous torch code. So the coordinator owns a private event loop in a daemon
+thread ("control plane") and the training thread calls into it with `call()` (blocking) or `submit()` (a future):
+a weight push can stream to the workers while the next step trains, and GetStatus answers at any time.
+
+Components don't reference each other: the coordinator wires the buffer client, the weight pusher (with its
+transports) and the status service in `start()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import torch
+
+from fleet.config import MasterConfig
+from services.runtime.server import GrpcService
+from trainer.batch import Group
+from trainer.buffer import BufferClient, Starvation
+from trainer.data import PromptFeeder, TaskSource, validation_groups
+from trainer.status import TrainerState, start_status_service
+from trainer.weights import GrpcTransport, NcclTransport, PushResult, WeightPusher, WeightSnapshot, WeightTransport
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StarvationError(RuntimeError):
+    """No full batch within grpo.sample_timeout_s; the message carries the buffer's last starvation report."""
+
+
+class Coordinator:
+    def __init__(self, cfg: MasterConfig, feeder: PromptFeeder, val_source: TaskSource | None, state: TrainerState,
+                 device: torch.device, stop_requested: Callable[[], bool] = lambda: False) -> None:
+        self.cfg = cfg
+        self.feeder = feeder
+        self.val_source = val_source
+        self.state = state
+        self.device = device
+        self.stop_requested = stop_requested
+        self.epoch = 0
+        self.starvation: Counter[str] = Counter()
+        self._last_report: tuple[str, float] = ("", 0.0)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="control-plane", daemon=True)
+        self._watcher: concurrent.futures.Future[None] | None = None
+        self._status: GrpcService | None = None
+
+    # -- plumbing -------------------------------------------------------------------------------------------------
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def start(self) -> None:
+        self._thread.start()
+        self.call(self._start())
+
+    async def _start(self) -> None:
+        self.buffer = BufferClient(self.cfg)
+        ws = self.cfg.policy.weight_sync
+        late: WeightTransport = GrpcTransport(self.cfg)
+        main: WeightTransport = late
+        if ws.transport == "nccl":
+            if self.device.type != "cuda":
+                raise ValueError("policy.weight_sync.transport=nccl needs a CUDA trainer; use grpc on CPU")
+            main = NcclTransport(self.cfg, self.device)
+        self.pusher = WeightPusher(self.cfg, self.buffer.list_workers, main, late)
+        self._status = await start_status_service(self.cfg, self.state)
+
+    def close(self) -> None:
+        if not self._thread.is_alive():
+            return
+        if self._watcher is not None:
+            self._watcher.cancel()
+        self.call(self._close(), timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _close(self) -> None:
+        if self._status is not None:
+            await self._status.stop(grace=1.0)
+        await self.pusher.transport.close()
+        await self.pusher.late_transport.close()
+        await self.buffer.close()
+
+    # -- run lifecycle ----------------------------------------------------------------------------------------------
+    def begin(self, step: int, version: int, snapshot: WeightSnapshot) -> dict[str, float]:
+        """New run epoch, then weights to every worker BEFORE anything can be leased (the buffer refuses leases to
+        workers without this epoch's weights), then the join watcher for late workers."""
+        info = self.call(self.buffer.begin_run(step, version))
+        self.epoch = self.state.epoch = info["epoch"]
+        snapshot.epoch = self.epoch
+        log.info("run epoch %d at step %d (weights v%d): %s", self.epoch, step, version, info)
+        metrics = self.call(self._publish(snapshot, step))
+        self._watcher = self.submit(self.pusher.watch())
+        return {**{f"resume/{k}": float(v) for k, v in info.items()}, **metrics}
+
+    def publish(self, snapshot: WeightSnapshot, step: int) -> concurrent.futures.Future[dict[str, float]]:
+        snapshot.epoch = self.epoch
+        return self.submit(self._publish(snapshot, step))
+
+    async def _publish(self, snapshot: WeightSnapshot, step: int) -> dict[str, float]:
+        t0 = time.monotonic()
+        results = await self.pusher.publish(snapshot)
+        await self.buffer.publish_version(snapshot.version, self.epoch, step)
+        return push_metrics(results, time.monotonic() - t0)
+
+    def commit(self, step: int) -> None:
+        n = self.call(self.buffer.commit_step(step, self.epoch))
+        log.info("committed steps <= %d to the replay buffer (%s groups)", step, n)
+
+    def buffer_stats(self) -> dict[str, Any]:
+        try:
+            return self.call(self.buffer.stats(), timeout=self.cfg.services.rpc_timeout_s)
+        except Exception as exc:  # stats are for display only
+            log.debug("buffer stats unavailable: %s", exc)
+            return {}
+
+    # -- data -------------------------------------------------------------------------------------------------------
+    def enqueue_through(self, last_step: int) -> tuple[int, int]:
+        """Enqueue every step up to `last_step` not yet enqueued (in step order: leases take the eligible prefix)."""
+        added = dups = 0
+        # Not clamped to grpo.max_num_steps: the last steps too can take groups meant for later ones instead of
+        # waiting for a straggler. Whatever is left at the end stays pending in the buffer (and serves a longer run).
+        for step in self.feeder.pending_steps(last_step):
+            a, d = self.call(self.buffer.enqueue(self.feeder.next_share(step)))
+            added, dups = added + a, dups + d
+        if dups:
+            log.info("%d prompt groups were already in the buffer (enqueued before a restart)", dups)
+        return added, dups
+
+    def collect(self, step: int, num_groups: int, *, validation: bool = False) -> list[Group]:
+        """Whole groups until `num_groups`: each Sample takes whatever is ready (>= 1) within the deadline, so one
+        straggling rollout delays the step only until another group can take its place."""
+        groups: list[Group] = []
+        start = time.monotonic()
+        deadline = self.cfg.grpo.sample_deadline_s
+        while len(groups) < num_groups:
+            if self.stop_requested():
+                raise InterruptedError("stop requested while waiting for data")
+            got, starving = self.call(self.buffer.sample(step, num_groups - len(groups), deadline,
+                                                         min_groups=1, validation=validation))
+            groups.extend(got)
+            if len(groups) < num_groups and starving.reason:
+                self._report(step, starving, len(groups), num_groups)
+                if not validation and starving.prompts_pending == 0 and starving.leases_outstanding == 0:
+                    # Nothing queued or in flight can still arrive (groups were dead-lettered): without more
+                    # prompts this step would starve forever.
+                    missing = num_groups - len(groups)
+                    log.warning("step %d: topping up %d prompt groups (%s)", step, missing, starving.reason)
+                    self.call(self.buffer.enqueue(self.feeder.top_up(step, missing)))
+                if time.monotonic() - start > self.cfg.grpo.sample_timeout_s:
+                    raise StarvationError(f"step {step}: {len(groups)}/{num_groups} groups after "
+                                          f"grpo.sample_timeout_s={self.cfg.grpo.sample_timeout_s}s; "
+                                          f"last report: {starving.describe()}")
+        return groups
+
+    def _report(self, step: int, s: Starvation, have: int, want: int) -> None:
+        self.starvation[s.reason] += 1
+        now = time.monotonic()
+        # Every report is counted (metrics); the log gets one line per reason change or per 10 s.
+        if s.reason != self._last_report[0] or now - self._last_report[1] >= 10.0:
+            log.info("step %d waiting (%d/%d groups): %s", step, have, want, s.describe())
+            self._last_report = (s.reason, now)
+
+    def validate(self, step: int) -> dict[str, float]:
+        if self.val_source is None:
+            return {}
+        t0 = time.monotonic()
+        prompts = validation_groups(self.val_source, step, self.cfg.grpo.max_val_samples)
+        self.call(self.buffer.enqueue(prompts))
+        try:
+            groups = self.collect(step, len(prompts), validation=True)
+        except StarvationError as exc:
+            log.error("validation at step %d incomplete: %s", step, exc)
+            return {"val/incomplete": 1.0}
+        trajs = [t for g in groups for t in g.trajectories]
+        return {
+            "val/accuracy": sum(t.resolved for t in trajs) / max(1, len(trajs)),
+            "val/reward_mean": sum(t.reward for t in trajs) / max(1, len(trajs)),
+            "val/tasks": float(len(groups)),
+            "timing/validation_s": time.monotonic() - t0,
+        }
+
+
+def push_metrics(results: list[PushResult], seconds: float) -> dict[str, float]:
+    ok = [r for r in results if r.ok]
+    return {
+        "weights/push_s": seconds,
+        "weights/workers_ok": float(len(ok)),
+        "weights/workers_failed": float(len(results) - len(ok)),
+        "weights/max_pause_s": max((r.pause_s for r in ok), default=0.0),
+        "weights/max_load_s": max((r.load_s for r in ok), default=0.0),
+        "weights/bytes": float(max((r.bytes for r in ok), default=0)),
+    }

@@ -1,0 +1,176 @@
+"""Per-token log-probabilities of response tokens: sequence packing and a fused, chunked lm_head + log-softmax.
+
+Two costs dominate a naive `model(input_ids).logits.log_softmax(-1).gather(...)` on a 150k-token vocabulary:
+the [T, V] logits (bf16, then an fp32 copy for the softmax: ~2.4 GB for one 4k sequence of Qwen2) and padding. So:
+
+* `pack()` lays a micro-batch's samples into rows of at most `row_tokens` tokens (first-fit decreasing). Each
+  sample's position ids restart at 0, which transformers turns into a block-diagonal causal mask (no cross-sample
+  attention). Padding only fills the tail of the last row segment and *continues* its positions: causal attention
+  never lets a real token see a later pad, and a row holding one sample keeps plain `is_causal` attention (the
+  flash kernel on GPUs).
+* `linear_logprobs()` takes the final hidden states of the response positions only (prompt positions never reach
+  the lm_head), and computes `log softmax(h W^T / temperature)[target]` over chunks of tokens in fp32. The backward
+  pass recomputes each chunk's logits instead of saving them: peak memory is one chunk's [chunk, V], never [T, V].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedInputs:
+    """One micro-batch, packed. Index tensors map between the packed rows and a padded [B, T] response layout."""
+
+    input_ids: torch.Tensor  # [R, L] long
+    position_ids: torch.Tensor  # [R, L] long
+    gather_index: torch.Tensor  # [N] flat index into R*L: the position whose hidden state predicts a response token
+    targets: torch.Tensor  # [N] the response token predicted there
+    dest_index: torch.Tensor  # [N] flat index into B*T of that token's slot in the padded response layout
+    num_samples: int  # B
+    max_response: int  # T
+    padded_tokens: int  # R*L - real tokens (waste, for metrics)
+
+    def to(self, device: torch.device) -> PackedInputs:
+        move = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return PackedInputs(**{**vars(self), **move})
+
+
+def _assign_rows(lengths: Sequence[int], capacity: int, packing: bool) -> list[list[int]]:
+    """Sample indices per row: first-fit decreasing when packing (deterministic: ties keep input order)."""
+    if not packing:
+        return [[i] for i in range(len(lengths))]
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    fill: list[int] = []
+    for i in order:
+        for r, used in enumerate(fill):
+            if used + lengths[i] <= capacity:
+                rows[r].append(i)
+                fill[r] += lengths[i]
+                break
+        else:
+            rows.append([i])
+            fill.append(lengths[i])
+    return rows
+
+
+def pack(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    row_tokens: int,
+    packing: bool = True,
+    pad_id: int = 0,
+    pad_multiple: int = 1,
+) -> PackedInputs:
+    """Pack (prompt, response) samples. Every prompt needs at least one token (it predicts the first response token)."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every sample needs a non-empty prompt")
+    rows = _assign_rows(lengths, max([row_tokens, *lengths]), packing)
+    width = max((sum(lengths[i] for i in row) for row in rows), default=1)
+    width = -(-width // pad_multiple) * pad_multiple
+    max_resp = max((len(r) for r in responses), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    gather: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+    dest: list[torch.Tensor] = []
+    for r, row in enumerate(rows):
+        offset, last_len = 0, 0
+        for i in row:
+            seq = torch.tensor([*prompts[i], *responses[i]], dtype=torch.long)
+            n, p, k = lengths[i], len(prompts[i]), len(responses[i])
+            ids[r, offset : offset + n] = seq
+            pos[r, offset : offset + n] = torch.arange(n)
+            j = torch.arange(k)
+            gather.append(r * width + offset + p - 1 + j)
+            targets.append(seq[p:])
+            dest.append(i * max_resp + j)
+            offset, last_len = offset + n, n
+        # The pad tail continues the last segment's positions (see the module docstring).
+        pos[r, offset:] = torch.arange(last_len, last_len + width - offset)
+    empty = torch.zeros(0, dtype=torch.long)
+    return PackedInputs(
+        input_ids=ids,
+        position_ids=pos,
+        gather_index=torch.cat(gather) if gather else empty,
+        targets=torch.cat(targets) if targets else empty,
+        dest_index=torch.cat(dest) if dest else empty,
+        num_samples=len(prompts),
+        max_response=max_resp,
+        padded_tokens=ids.numel() - sum(lengths),
+    )
+
+
+def unpack(values: torch.Tensor, packed: PackedInputs) -> torch.Tensor:
+    """Per-token values [N] -> padded [B, T] response layout (zeros where there is no token); differentiable."""
+    out = values.new_zeros(packed.num_samples * packed.max_response)
+    out = out.index_copy(0, packed.dest_index.to(values.device), values)
+    return out.view(packed.num_samples, packed.max_response)
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, inv_temp: float) -> torch.Tensor:
+    logits = (h @ weight.t()).float()
+    return logits if inv_temp == 1.0 else logits * inv_temp
+
+
+class _LinearLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        inv_temp: float,
+        chunk: int,
+    ) -> torch.Tensor:
+        n = hidden.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        w = weight.to(hidden.dtype)
+        for s in range(0, n, chunk):
+            logits = _chunk_logits(hidden[s : s + chunk], w, inv_temp)
+            lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
+            out[s : s + chunk] = logits.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.inv_temp, ctx.chunk = inv_temp, chunk  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor):  # type: ignore[override]
+        hidden, weight, targets, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        inv_temp, chunk = ctx.inv_temp, ctx.chunk  # type: ignore[attr-defined]
+        w = weight.to(hidden.dtype)
+        grad_h = torch.empty_like(hidden)
+        # fp32 accumulator: the weight gradient sums over every chunk (bf16 partial sums would lose bits).
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        rows = torch.arange(min(chunk, max(hidden.shape[0], 1)), device=hidden.device)
+        for s in range(0, hidden.shape[0], chunk):
+            h, g_out = hidden[s : s + chunk], grad_out[s : s + chunk].float()
+            # d logp[t] / d logits = onehot(t) - softmax(logits), scaled by the temperature's 1/T.
+            grad_logits = torch.exp(_chunk_logits(h, w, inv_temp) - lse[s : s + chunk, None]).mul_(-g_out[:, None])
+            grad_logits[rows[: h.shape[0]], targets[s : s + chunk]] += g_out
+            if inv_temp != 1.0:
+                grad_logits.mul_(inv_temp)
+            grad_logits = grad_logits.to(hidden.dtype)
+            grad_h[s : s + chunk] = grad_logits @ w
+            grad_w.add_((grad_logits.t() @ h).float())
+        return grad_h, grad_w.to(weight.dtype), None, None, None
+
+
+def linear_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, chunk: int = 1024
+) -> torch.Tensor:
+    """log softmax(hidden @ weight^T / temperature)[targets] for hidden [N, H], weight [V, H] -> [N] fp32."""
+    if chunk < 1:
+        raise ValueError(f"policy.logprob_chunk_tokens must be >= 1, got {chunk}")
+    inv_temp = 1.0 if temperature <= 0 else 1.0 / temperature
+    out: torch.Tensor = _LinearLogprob.apply(hidden, weight, targets, inv_temp, chunk)  # type: ignore[no-untyped-call]
+    return out

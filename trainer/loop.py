@@ -1,0 +1,227 @@
+"""The GRPO loops. Every rank runs `TrainLoop.run()`; rank 0 alone talks to the fleet (through the Coordinator) and
+broadcasts each step's batch, so all ranks take the same decisions in the same order.
+
+Synchronous (`grpo.async_grpo.enabled=false`), step s:
+  enqueue step s's prompts -> wait for all of them, scored (Sample, groups accumulate) -> train -> push version s+1
+  to every worker and wait for the answers -> PublishVersion(s+1). Nothing is generated while training.
+
+Asynchronous, step s:
+  keep steps s .. s+max_age enqueued (workers at version v lease targets <= v + max_age, so they run ahead) ->
+  take whole groups within the age bound, oldest first, as they come (a group, not a step, is the unit of waiting) ->
+  recompute old log-probs, train with IS correction -> start pushing version s+1 in the background and go on to
+  step s+1 at once; the main thread waits for a push only when the next one is ready (one push in flight at most).
+
+Both: validation every `grpo.val_period` steps, a checkpoint every `checkpointing.save_period` steps followed by
+CommitStep, metrics and a progress bar on rank 0, and a clean stop (checkpoint included) on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fleet.config import MasterConfig
+from trainer.batch import StepBatch, build_step_batch
+from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
+from trainer.coordinator import Coordinator
+from trainer.dist import Dist
+from trainer.metrics import Metrics, Progress, age_histogram
+from trainer.model import DTYPES, PolicyModule
+from trainer.status import TrainerState
+from trainer.step import StepRunner
+from trainer.weights import gather_snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepMessage:
+    """What rank 0 broadcasts before each step."""
+
+    batch: StepBatch | None
+    stop: str = ""  # "" = train this batch; otherwise why the run ends ("done", "sigterm", "error: ...")
+    wait_s: float = 0.0
+
+
+@dataclass
+class Rank0:
+    coordinator: Coordinator
+    metrics: Metrics
+    progress: Progress
+    state: TrainerState
+    log_dir: Path
+
+
+@dataclass
+class TrainLoop:
+    cfg: MasterConfig
+    dist: Dist
+    runner: StepRunner
+    policy: PolicyModule
+    ckpt: CheckpointManager | None
+    progress_state: TrainerCheckpoint
+    rank0: Rank0 | None = None
+    _push: concurrent.futures.Future[dict[str, float]] | None = None
+    _stop_signal: str = ""
+    _last_saved: int = -1
+    _pending_metrics: dict[str, float] = field(default_factory=dict)
+
+    # -- entry --------------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        s = self.progress_state
+        self._begin(s)
+        code = 0
+        while s.step < self.cfg.grpo.max_num_steps:
+            msg = self.dist.broadcast_object(self._prepare(s.step) if self.dist.is_main else None)
+            if msg.stop:
+                code = 0 if msg.stop in ("done", "sigterm") else 1
+                log.log(logging.INFO if code == 0 else logging.ERROR, "stopping at step %d: %s", s.step, msg.stop)
+                break
+            self._train(msg)
+        self._finish(s)
+        return code
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        log.warning("signal %d: stopping after the current step (a checkpoint is saved)", signum)
+        self._stop_signal = "sigterm"
+
+    def stop_requested(self) -> bool:
+        return bool(self._stop_signal)
+
+    # -- phases -------------------------------------------------------------------------------------------------------
+    def _snapshot(self, version: int) -> Any:
+        dtype_name = self.cfg.policy.weight_sync.dtype
+        dtype = DTYPES[self.cfg.policy.precision if dtype_name == "auto" else dtype_name]
+        return gather_snapshot(self.policy, dtype, keep=self.dist.is_main, version=version, epoch=0)
+
+    def _begin(self, s: TrainerCheckpoint) -> None:
+        snapshot = self._snapshot(s.weight_version)
+        if self.rank0 is not None:
+            r0 = self.rank0
+            r0.state.set_phase("pushing_weights")
+            metrics = r0.coordinator.begin(s.step, s.weight_version, snapshot)
+            s.epoch = r0.coordinator.epoch
+            r0.metrics.log(s.step, metrics)
+            if self.cfg.grpo.val_at_start:
+                r0.state.set_phase("validating")
+                r0.metrics.log(s.step, r0.coordinator.validate(s.step))
+
+    def _prepare(self, step: int) -> StepMessage:
+        """Rank 0: enqueue ahead, wait for this step's groups, build the batch."""
+        assert self.rank0 is not None
+        r0 = self.rank0
+        if self._stop_signal:
+            return StepMessage(None, self._stop_signal)
+        r0.state.set_phase("waiting_for_data")
+        t0 = time.monotonic()
+        a = self.cfg.grpo.async_grpo
+        try:
+            r0.coordinator.enqueue_through(step + (a.max_trajectory_age_steps if a.enabled else 0))
+            groups = r0.coordinator.collect(step, self.cfg.grpo.num_prompts_per_step)
+        except InterruptedError:
+            return StepMessage(None, self._stop_signal or "sigterm")
+        except Exception as exc:  # every rank must hear about it, or the others wait in the broadcast forever
+            log.exception("step %d: no batch", step)
+            return StepMessage(None, f"error: {exc}")
+        g = self.cfg.grpo
+        batch = build_step_batch(groups, step, leave_one_out=g.use_leave_one_out_baseline,
+                                 normalize=g.normalize_rewards, max_len=self.cfg.policy.max_total_sequence_length)
+        return StepMessage(batch, wait_s=time.monotonic() - t0)
+
+    def _train(self, msg: StepMessage) -> None:
+        assert msg.batch is not None
+        s, t0 = self.progress_state, time.monotonic()
+        if self.rank0 is not None:
+            self.rank0.state.set_phase("training")
+        metrics = self.runner.run(msg.batch)
+        t1 = time.monotonic()
+        s.step += 1
+        s.weight_version += 1
+        push_wait = self._publish(s)
+        metrics.update({"timing/wait_data_s": msg.wait_s, "timing/train_step_s": t1 - t0,
+                        "timing/push_wait_s": push_wait, "timing/step_s": msg.wait_s + time.monotonic() - t0})
+        metrics["perf/tokens_per_s"] = metrics["perf/train_tokens"] / max(metrics["timing/step_s"], 1e-9)
+        if self.rank0 is not None:
+            self._log_step(msg.batch, metrics)
+        if self.cfg.grpo.val_period and s.step % self.cfg.grpo.val_period == 0 and self.rank0 is not None:
+            self.rank0.state.set_phase("validating")
+            self.rank0.metrics.log(msg.batch.step, self.rank0.coordinator.validate(s.step))
+        if self.cfg.checkpointing.enabled and s.step % self.cfg.checkpointing.save_period == 0:
+            self._save(s)
+
+    def _publish(self, s: TrainerCheckpoint) -> float:
+        """Gather version s.step on every rank; rank 0 pushes it (sync: waits; async: in flight). Returns the time
+        the training thread spent blocked on weights."""
+        t0 = time.monotonic()
+        snapshot = self._snapshot(s.weight_version)
+        if self.rank0 is None:
+            return time.monotonic() - t0
+        self.rank0.state.set_phase("pushing_weights")
+        self._wait_push()
+        self._push = self.rank0.coordinator.publish(snapshot, s.step)
+        a = self.cfg.grpo.async_grpo
+        if not a.enabled:
+            self._wait_push()
+        self.rank0.state.weight_version = s.weight_version
+        self.rank0.state.step = s.step
+        return time.monotonic() - t0
+
+    def _wait_push(self) -> None:
+        if self._push is not None:
+            self._pending_metrics.update(self._push.result())
+            self._push = None
+
+    def _log_step(self, batch: StepBatch, metrics: dict[str, float]) -> None:
+        assert self.rank0 is not None
+        r0 = self.rank0
+        coord = r0.coordinator
+        max_age = self.cfg.grpo.async_grpo.max_trajectory_age_steps if self.cfg.grpo.async_grpo.enabled else 0
+        merged = {**batch.stats, **metrics, **age_histogram(batch.ages, max_age), **self._pending_metrics,
+                  **{f"starvation/{k}": float(v) for k, v in coord.starvation.items()}}
+        self._pending_metrics = {}
+        r0.metrics.log(batch.step, merged)
+        r0.metrics.histogram(batch.step, "age/histogram", [float(a) for a in batch.ages])
+        r0.state.metrics = merged
+        with (r0.log_dir / "trained_groups.jsonl").open("a") as fh:
+            fh.write(json.dumps({"step": batch.step, "epoch": coord.epoch, "groups": batch.group_ids}) + "\n")
+        r0.progress.update(merged, coord.buffer_stats() if self.cfg.logger.progress_bar else None)
+
+    def _save(self, s: TrainerCheckpoint) -> None:
+        if self.ckpt is None or s.step == self._last_saved:
+            return
+        if self.rank0 is not None:
+            self.rank0.state.set_phase("checkpointing")
+            feeder = self.rank0.coordinator.feeder
+            feeder.mark_trained(s.step - 1)
+            s.data_position = feeder.state()
+            s.metrics = dict(self.rank0.metrics.latest)
+        s.scheduler = self.runner.scheduler.state_dict()
+        s.world_size = self.dist.world_size
+        self.ckpt.save(self.policy, self.runner.optimizer, s)
+        self._last_saved = s.step
+        if self.rank0 is not None:
+            try:
+                self.rank0.coordinator.commit(s.step - 1)
+            except Exception:  # the checkpoint stands; an uncommitted step is only returned again on a resume
+                log.exception("CommitStep(%d) failed", s.step - 1)
+
+    def _finish(self, s: TrainerCheckpoint) -> None:
+        if self.rank0 is not None:
+            self._wait_push()
+        if self.cfg.checkpointing.enabled:
+            self._save(s)
+        if self.rank0 is not None:
+            if self._pending_metrics:
+                self.rank0.metrics.log(max(0, s.step - 1), self._pending_metrics)
+            self.rank0.state.set_phase("done")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()

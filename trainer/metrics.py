@@ -1,0 +1,149 @@
+"""One metrics interface for the trainer (rank 0): TensorBoard (default), W&B (optional), JSONL; and the progress bar.
+
+Callers hand `log(step, {name: float})` and `histogram(step, name, values)`; backends decide how to store them.
+JSONL is the machine-readable record (tests and `grpo-fleet status` read it): one object per step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+from fleet.config import MasterConfig
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def histogram(self, step: int, name: str, values: list[float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlBackend:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = path.open("a", buffering=1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}  # JSON has no inf/nan
+        self._fh.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+
+    def histogram(self, step: int, name: str, values: list[float]) -> None:
+        self._fh.write(json.dumps({"step": step, "histogram": name, "values": values}) + "\n")
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class TensorBoardBackend:
+    def __init__(self, path: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._w = SummaryWriter(log_dir=str(path))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self._w.add_scalar(k, v, step)
+        self._w.flush()
+
+    def histogram(self, step: int, name: str, values: list[float]) -> None:
+        if values:
+            import numpy as np
+
+            self._w.add_histogram(name, np.asarray(values, dtype=np.float64), step)
+
+    def close(self) -> None:
+        self._w.close()
+
+
+class WandbBackend:
+    def __init__(self, cfg: MasterConfig, path: Path) -> None:
+        import wandb
+
+        self._wandb = wandb
+        self._run = wandb.init(project=cfg.logger.wandb.project, name=cfg.logger.wandb.name or cfg.run.name,
+                               dir=str(path), config=cfg.model_dump(mode="json"), resume="allow")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def histogram(self, step: int, name: str, values: list[float]) -> None:
+        self._run.log({name: self._wandb.Histogram(values)}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class Metrics:
+    """Fan-out to the configured backends; a failing backend is logged and dropped, never fatal to training."""
+
+    def __init__(self, cfg: MasterConfig, log_dir: Path) -> None:
+        self.backends: list[Backend] = []
+        lg = cfg.logger
+        if lg.jsonl_enabled:
+            self.backends.append(JsonlBackend(log_dir / "metrics.jsonl"))
+        if lg.tensorboard_enabled:
+            self.backends.append(TensorBoardBackend(log_dir / "tensorboard"))
+        if lg.wandb_enabled:
+            self.backends.append(WandbBackend(cfg, log_dir))
+        self.latest: dict[str, float] = {}
+
+    def _each(self, method: str, *args: Any) -> None:
+        for b in list(self.backends):
+            try:
+                getattr(b, method)(*args)
+            except Exception:
+                log.exception("metrics backend %s failed; disabled", type(b).__name__)
+                self.backends.remove(b)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        # Merged, not replaced: checkpoint ranking reads the latest val/accuracy even on steps without validation.
+        self.latest.update(metrics)
+        self._each("log", step, metrics)
+
+    def histogram(self, step: int, name: str, values: list[float]) -> None:
+        self._each("histogram", step, name, values)
+
+    def close(self) -> None:
+        self._each("close")
+
+
+def age_histogram(ages: list[int], max_age: int) -> dict[str, float]:
+    """Trajectory ages (step - oldest version) as one scalar per age, plus the mean and max."""
+    out = {f"age/groups_at_{a}": float(sum(1 for x in ages if x == a)) for a in range(max_age + 1)}
+    out["age/mean"] = sum(ages) / len(ages) if ages else 0.0
+    out["age/max"] = float(max(ages, default=0))
+    out["age/min"] = float(min(ages, default=0))
+    return out
+
+
+class Progress:
+    """tqdm on rank 0: step, reward, tokens/s and the buffer's queue state."""
+
+    def __init__(self, enabled: bool, total: int, initial: int) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc="grpo", unit="step", dynamic_ncols=True)
+
+    def update(self, metrics: dict[str, float], buffer: dict[str, Any] | None = None) -> None:
+        if self._bar is None:
+            return
+        post = {"reward": f"{metrics.get('reward/mean', 0.0):.3f}",
+                "tok/s": f"{metrics.get('perf/tokens_per_s', 0.0):.0f}"}
+        if buffer:
+            post["ready"] = str(buffer.get("groups_ready", "?"))
+            post["pending"] = str(buffer.get("prompts_pending", "?"))
+        self._bar.set_postfix(post, refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

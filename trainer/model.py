@@ -1,0 +1,174 @@
+"""The policy (and, when the KL penalty needs it, a frozen reference): HF load, precision, AC, compile, FSDP2.
+
+Wrapping order follows torchtitan: activation checkpointing, then `torch.compile` per decoder layer, then
+`fully_shard` per decoder layer and on the root. Both AC (HF's `gradient_checkpointing_enable`) and compile
+(`nn.Module.compile`, in place) keep parameter names, so the state dict stays in HF checkpoint names: checkpoints
+`save_pretrained` as-is and weight pushes need no renaming.
+
+Precision: with a process group (any GPU run, or several CPU ranks) parameters are fp32 masters sharded by FSDP2 and
+computed in `policy.precision` through `MixedPrecisionPolicy` (gradients reduced in fp32). A single CPU process
+keeps fp32 parameters and uses autocast for a lower `policy.precision`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from trainer.dist import Dist
+from trainer.logprobs import PackedInputs, linear_logprobs, unpack
+
+if TYPE_CHECKING:
+    from fleet.config.policy import PolicyConfig
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Rollout engines record RAW log-probs (log_softmax of the unmodified logits, before temperature: the contract in
+# rollout/engine/base.py). pi_theta and pi_old must be the same quantity or the IS weight pi_old/pi_gen is biased.
+LOGPROB_TEMPERATURE = 1.0
+
+
+class PolicyModule(nn.Module):
+    """An HF causal LM whose forward returns log pi(response token) instead of logits (see trainer.logprobs)."""
+
+    lm: Any  # an HF PreTrainedModel; typed loosely because nn.Module attribute access is untyped
+
+    def __init__(self, lm: nn.Module, *, temperature: float, chunk_tokens: int) -> None:
+        super().__init__()
+        self.lm = lm
+        self.temperature = temperature
+        self.chunk_tokens = chunk_tokens
+        if getattr(self.lm.get_output_embeddings(), "bias", None) is not None:
+            raise ValueError("policy.model_name: an lm_head with a bias is not supported by the fused log-prob path")
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, gather_index: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        out = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state
+        picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, gather_index)
+        weight = self.lm.get_output_embeddings().weight
+        return linear_logprobs(picked, weight, targets, temperature=self.temperature, chunk=self.chunk_tokens)
+
+
+def resolve_model_path(name: str) -> str:
+    """An HF folder for `policy.model_name` (`tiny-qwen2` is made on first use), via the fleet's one resolver."""
+    from fleet.paths import resolve_model
+
+    return resolve_model(name)
+
+
+def _load_hf(path: str, cfg: PolicyConfig, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=cfg.attn_implementation)
+    lm.config.use_cache = False
+    return lm
+
+
+def _layers(lm: Any) -> list[nn.Module]:
+    layers = getattr(getattr(lm, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError("policy.model_name: expected a decoder-only HF model with `model.layers`")
+    return list(layers)
+
+
+def _shard(module: nn.Module, lm: Any, dist: Dist, mp_dtype: torch.dtype | None) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else MixedPrecisionPolicy()
+    layers = _layers(lm)
+    for i, layer in enumerate(layers):
+        # The last layer's parameters are needed again right away by backward: keep them gathered.
+        fully_shard(layer, reshard_after_forward=i < len(layers) - 1 and dist.world_size > 1, mp_policy=mp)
+    # Root: embeddings, final norm and lm_head (tied to the embeddings in small Qwen2 models) share one group.
+    fully_shard(module, reshard_after_forward=False, mp_policy=mp)
+
+
+def build_policy(cfg: PolicyConfig, path: str, dist: Dist) -> PolicyModule:
+    """The trainable policy from an HF folder, on the device, wrapped per the config."""
+    return wrap_policy(_load_hf(path, cfg, torch.float32), cfg, dist, name=path)
+
+
+def wrap_policy(lm: Any, cfg: PolicyConfig, dist: Dist, *, name: str = "policy") -> PolicyModule:
+    """AC, compile, FSDP2 (or device placement) around an HF model holding fp32 parameters."""
+    if cfg.activation_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.compile:
+        for layer in _layers(lm):
+            layer.compile()
+    module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens)
+    compute = DTYPES[cfg.precision]
+    if dist.distributed:
+        _shard(module, lm, dist, compute if compute != torch.float32 else None)
+    else:
+        module.to(dist.device)
+    module.train()
+    log.info("%s: %.1fM parameters, %s compute, fsdp=%s, ac=%s, compile=%s", name,
+             sum(p.numel() for p in lm.parameters()) / 1e6, cfg.precision, dist.distributed,
+             cfg.activation_checkpointing, cfg.compile)
+    return module
+
+
+def packing_supported() -> bool:
+    """Whether transformers turns restarting position ids into a block-diagonal mask (transformers >= 4.54).
+    Without it, packed samples would attend to each other: the caller must not pack."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def build_reference(cfg: PolicyConfig, path: str, dist: Dist) -> PolicyModule:
+    """A frozen copy of the initial policy, kept in the compute dtype (it never trains, so no fp32 masters)."""
+    lm = _load_hf(path, cfg, DTYPES[cfg.precision])
+    lm.requires_grad_(False)
+    module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens)
+    if dist.distributed:
+        _shard(module, lm, dist, None)
+    else:
+        module.to(dist.device)
+    return module.eval()
+
+
+def autocast(cfg: PolicyConfig, dist: Dist) -> contextlib.AbstractContextManager[None]:
+    """Mixed precision of the single-process path (FSDP2 casts by itself)."""
+    dtype = DTYPES[cfg.precision]
+    if dist.distributed or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=dist.device.type, dtype=dtype)
+
+
+def forward_logprobs(module: PolicyModule, packed: PackedInputs, device: torch.device) -> torch.Tensor:
+    """[B, T] log-probabilities of the response tokens of one packed micro-batch."""
+    p = packed.to(device)
+    values = module(p.input_ids, p.position_ids, p.gather_index, p.targets)
+    return unpack(values, p)
+
+
+def iter_full_state(module: PolicyModule) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) pairs of the policy's weights. Under FSDP2 every rank must iterate this in step
+    (each `full_tensor()` is an all-gather); tied duplicates (lm_head = embeddings) are skipped, as save_pretrained
+    does, so the names match an HF checkpoint's."""
+    from torch.distributed.tensor import DTensor
+
+    lm = module.lm
+    tied = _tied_names(lm)
+    for name, value in lm.state_dict().items():
+        if name in tied:
+            continue
+        yield name, value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _tied_names(lm: Any) -> set[str]:
+    if not getattr(lm.config, "tie_word_embeddings", False):
+        return set()
+    out = lm.get_output_embeddings()
+    return {n + ".weight" for n, m in lm.named_modules() if m is out and n}

@@ -1,0 +1,156 @@
+"""One GRPO step on every rank: old log-prob recomputation, then micro-batched forward/backward per minibatch,
+gradient clipping, optimizer and scheduler step.
+
+`trainer.grpo.grpo_loss` returns each micro-batch's exact share of the minibatch loss (normalised by the global
+valid-token count), so the gradient of one big batch is the SUM of the pieces' gradients over micro-batches and
+ranks. FSDP2 averages gradients over ranks, hence the loss is scaled by the world size before backward.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainer.batch import MicroBatch, StepBatch, plan_rank
+from trainer.dist import Dist
+from trainer.grpo import LossConfig, count_valid, grpo_loss
+from trainer.model import PolicyModule, autocast, forward_logprobs, packing_supported
+
+if TYPE_CHECKING:  # the config is only read here: the GPU benchmark runs without pydantic if it must
+    from fleet.config import MasterConfig
+
+log = logging.getLogger(__name__)
+
+# grpo_loss metrics that are additive shares of the minibatch value; the rest reduce by min / max.
+_SUM_METRICS = ("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_truncated_fraction",
+                "token_mult_prob_error", "is_ratio_mean")
+
+
+def loss_config(cfg: MasterConfig) -> LossConfig:
+    """trainer.grpo's LossConfig from `loss_fn.*` (it validates cross-field rules the schema leaves to the math)."""
+    return LossConfig(**cfg.loss_fn.model_dump())
+
+
+def make_optimizer(module: torch.nn.Module, cfg: MasterConfig) -> tuple[torch.optim.Optimizer,
+                                                                         torch.optim.lr_scheduler.LambdaLR]:
+    o = cfg.policy.optimizer
+    params = [p for p in module.parameters() if p.requires_grad]
+    on_cuda = bool(params) and params[0].device.type == "cuda"
+    opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                            fused=True if on_cuda else None)
+    warmup = o.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: min(1.0, (u + 1) / warmup) if warmup else 1.0)
+    return opt, sched
+
+
+@dataclass
+class StepRunner:
+    cfg: MasterConfig
+    dist: Dist
+    policy: PolicyModule
+    reference: PolicyModule | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    pad_multiple: int = 1
+
+    def __post_init__(self) -> None:
+        self.loss_cfg = loss_config(self.cfg)
+        self.packing_ok = packing_supported()
+        if self.cfg.policy.sequence_packing and not self.packing_ok:
+            log.warning("policy.sequence_packing=true but this transformers cannot mask packed samples apart "
+                        "(needs >= 4.54): one sample per row instead")
+
+    def plan(self, batch: StepBatch) -> list[list[MicroBatch]]:
+        p = self.cfg.policy
+        return plan_rank(batch, global_batch=p.train_global_batch_size, micro_batch=p.train_micro_batch_size,
+                         rank=self.dist.rank, world=self.dist.world_size, row_tokens=p.max_total_sequence_length,
+                         packing=p.sequence_packing and self.packing_ok, pad_multiple=self.pad_multiple)
+
+    @torch.no_grad()
+    def recompute(self, plan: list[list[MicroBatch]]) -> None:
+        """pi_old (and pi_ref) of every sample with the weights before this step's first update."""
+        for minibatch in plan:
+            for mb in minibatch:
+                with autocast(self.cfg.policy, self.dist):
+                    mb.old_logprobs = forward_logprobs(self.policy, mb.packed, self.dist.device).float()
+                    if self.reference is not None:
+                        mb.reference_logprobs = forward_logprobs(self.reference, mb.packed, self.dist.device).float()
+
+    def run(self, batch: StepBatch) -> dict[str, float]:
+        t0 = time.perf_counter()
+        plan = self.plan(batch)
+        self.recompute(plan)
+        t1 = time.perf_counter()
+        per_update = [self._update(minibatch) for minibatch in plan]
+        t2 = time.perf_counter()
+        metrics = {k: sum(m[k] for m in per_update) / len(per_update) for k in per_update[0]}
+        for k in ("loss/is_ratio_min", "loss/is_ratio_max"):
+            metrics[k] = (min if k.endswith("min") else max)(m[k] for m in per_update)
+        tokens = torch.tensor([float(sum(mb.tokens for mini in plan for mb in mini))], device=self.dist.device)
+        self.dist.all_reduce(tokens)
+        metrics.update({
+            "timing/logprob_recompute_s": t1 - t0, "timing/train_s": t2 - t1,
+            "perf/train_tokens": tokens.item(), "perf/train_tokens_per_s": tokens.item() / max(t2 - t0, 1e-9),
+            "train/optimizer_updates": float(len(plan)), "train/lr": float(self.scheduler.get_last_lr()[0]),
+        })
+        return metrics
+
+    def _global_counts(self, minibatch: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        local = torch.zeros(2, dtype=torch.float64)
+        for mb in minibatch:
+            tok, seq = count_valid(mb.mask)
+            local += torch.stack([tok, seq]).double()
+        counts = self.dist.all_reduce(local.to(self.dist.device))
+        return counts[0], counts[1]
+
+    def _update(self, minibatch: list[MicroBatch]) -> dict[str, float]:
+        n_tok, n_seq = self._global_counts(minibatch)
+        scale = float(self.dist.world_size) if self.dist.distributed else 1.0
+        sums = torch.zeros(len(_SUM_METRICS), dtype=torch.float64, device=self.dist.device)
+        lo = torch.full((1,), float("inf"), dtype=torch.float64, device=self.dist.device)
+        hi = torch.full((1,), float("-inf"), dtype=torch.float64, device=self.dist.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        dev = self.dist.device
+        for mb in minibatch:
+            assert mb.old_logprobs is not None, "recompute() must run before the update"
+            with autocast(self.cfg.policy, self.dist):
+                lp = forward_logprobs(self.policy, mb.packed, dev)
+            loss, m = grpo_loss(
+                lp, mb.old_logprobs.to(dev), mb.generation_logprobs.to(dev), mb.advantages.to(dev), mb.mask.to(dev),
+                self.loss_cfg, global_valid_tokens=n_tok, global_valid_seqs=n_seq,
+                reference_logprobs=None if mb.reference_logprobs is None else mb.reference_logprobs.to(dev))
+            # A dummy micro-batch contributes nothing but still runs backward, so every rank's FSDP2
+            # reduce-scatters pair up.
+            (loss * (0.0 if mb.dummy else scale)).backward()
+            sums += torch.stack([m[k].double() for k in _SUM_METRICS])
+            if not mb.dummy:
+                lo = torch.minimum(lo, m["is_ratio_min"].double().reshape(1))
+                hi = torch.maximum(hi, m["is_ratio_max"].double().reshape(1))
+        grad_norm = self._clip_and_step()
+        self.dist.all_reduce(sums)
+        self.dist.all_reduce(lo, "min")
+        self.dist.all_reduce(hi, "max")
+        out = {f"loss/{k}": v for k, v in zip(_SUM_METRICS, sums.tolist(), strict=True)}
+        out.update({"loss/is_ratio_min": lo.item(), "loss/is_ratio_max": hi.item(), "train/grad_norm": grad_norm,
+                    "loss/valid_tokens": n_tok.item()})
+        return out
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        max_norm = self.cfg.policy.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        value = float(norm)
+        if not torch.isfinite(torch.tensor(value)):
+            # Every rank sees the same (all-reduced) norm, so every rank skips together.
+            log.error("non-finite gradient norm (%s): update skipped", value)
+            self.optimizer.zero_grad(set_to_none=True)
+            return value
+        self.optimizer.step()
+        self.scheduler.step()
+        return value

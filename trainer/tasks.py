@@ -1,0 +1,58 @@
+"""Task sources for the prompt feeder, from the `envs` registry: a dataset split + its environment's prompt builder.
+
+Prompts are tokenized on first use and cached: the feeder asks for `num_prompts_per_step` tasks per step, and a
+resume asks for the same indices again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import lru_cache
+from typing import Any
+
+from fleet.config import MasterConfig
+from fleet.config.env import DatasetConfig
+from trainer.data import Task
+
+log = logging.getLogger(__name__)
+
+
+class EnvTaskSource:
+    def __init__(self, cfg: MasterConfig, data_cfg: DatasetConfig, tokenizer: Any) -> None:
+        from envs.registry import load_dataset, make_environment
+
+        self.dataset = load_dataset(data_cfg, env_cfg=cfg.env, seed=cfg.grpo.seed)
+        deps = {"repos_root": cfg.sandbox.repos_root} if self.dataset.env_name == "swe" else {}
+        self.env = make_environment(self.dataset.env_name, cfg.env, **deps)
+        self.tokenizer = tokenizer
+        self.data_cfg = data_cfg
+        self.task = lru_cache(maxsize=4096)(self._build)  # type: ignore[method-assign]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _build(self, index: int) -> Task:
+        t = self.dataset[index]
+        prompt = self.env.build_prompt(t, self.tokenizer, self.data_cfg.max_prompt_length, self.data_cfg.context)
+        if getattr(prompt, "dropped_files", None):
+            log.debug("task %s: context files dropped to fit the prompt: %s", t.instance_id, prompt.dropped_files)
+        payload = json.dumps(self.env.task_to_payload(t), sort_keys=True).encode()
+        return Task(t.env_name, t.instance_id, list(prompt.token_ids), payload)
+
+    def task(self, index: int) -> Task:  # replaced per instance by the cached builder
+        return self._build(index)
+
+
+def load_sources(cfg: MasterConfig, tokenizer: Any) -> tuple[EnvTaskSource, EnvTaskSource | None]:
+    """(training source, validation source or None). Validation defaults to the training source's validation split
+    and is only loaded when `grpo.val_period` > 0 or `grpo.val_at_start`."""
+    train = EnvTaskSource(cfg, cfg.data.train, tokenizer)
+    if not (cfg.grpo.val_period or cfg.grpo.val_at_start):
+        return train, None
+    val_cfg = cfg.data.validation or cfg.data.train.model_copy(update={"split": "validation", "max_samples": None})
+    try:
+        return train, EnvTaskSource(cfg, val_cfg, tokenizer)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        log.warning("no validation tasks (%s): validation is skipped", exc)
+        return train, None
