@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,8 @@ from fleet.config.infra import SandboxConfig  # noqa: E402
 from fleet.paths import cache_dir  # noqa: E402
 from sandbox_client import SandboxClient  # noqa: E402
 from services.sandbox.model import TaskSpec  # noqa: E402
+from services.sandbox.process import run_limited  # noqa: E402
+from services.sandbox.sandbox import SandboxPolicy, probe_interpreter  # noqa: E402
 from services.sandbox.server import SandboxServer  # noqa: E402
 
 PACKAGE, VERSION, SUITE = "inflection", "0.5.1", "test_inflection.py"
@@ -111,6 +114,33 @@ async def sandbox_batch(client: SandboxClient, spec: TaskSpec, n: int) -> list[d
     return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
+async def startup_cost(work: Path, runs: int = 20) -> dict[str, float]:
+    """Median wall time of `python -c pass`, bare and through the executor's own sandbox command line."""
+    cfg = SandboxConfig(work_root=str(work / "startup"))
+    tools = {name: shutil.which(name) or name for name in ("prlimit", "bwrap", "setpriv")}
+    policy = SandboxPolicy(cfg, await probe_interpreter(None), work / "startup", 1, tools)
+    tree = work / "startup" / "x" / "tree"
+    tree.mkdir(parents=True)
+    for path in (tree.parent.parent, tree.parent):
+        path.chmod(0o711)
+    uid = policy.uid_for_slot(0)
+    if uid is not None:
+        os.chown(tree, uid, uid)
+    command = [sys.executable, "-c", "pass"]
+    timings: dict[str, list[float]] = {"bare_ms": [], "sandboxed_ms": []}
+    for _ in range(runs):
+        bare = await run_limited(command, env=policy.env({}), cwd=str(tree), limit_s=60, output_cap=1024)
+        pipe = os.pipe()
+        argv = policy.argv(tree, command, slot=0, hide=[], status_fd=pipe[1], cpu_s=60)
+        boxed = await run_limited(argv, env=policy.env({}), cwd=str(tree), limit_s=60, output_cap=1024,
+                                  status_pipe=pipe)
+        if not boxed.started or boxed.exit_code != 0:
+            raise RuntimeError(f"sandboxed python failed: {boxed.stderr.text()[-300:]}")
+        timings["bare_ms"].append(1000 * bare.wall_s)
+        timings["sandboxed_ms"].append(1000 * boxed.wall_s)
+    return {key: round(statistics.median(values), 1) for key, values in timings.items()}
+
+
 def summary(latencies: list[float], wall_s: float) -> dict[str, float]:
     ordered = sorted(latencies)
     return {"tasks": len(ordered), "wall_s": round(wall_s, 3), "throughput_per_s": round(len(ordered) / wall_s, 3),
@@ -170,6 +200,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         ids = collect_ids(repo)
         spec = TaskSpec(repo_url=str(repo), base_commit=commit, patch="", pass_to_pass=ids, timeout=600)
         load_before = os.getloadavg()
+        startup = await startup_cost(work)
+        log.info("python -c pass: %s", startup)
         rows = []
         for pool in args.pools:
             log.info("pool %d: %d tasks x %d rounds", pool, pool * args.tasks_per_slot, args.rounds)
@@ -190,6 +222,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
         "tasks_per_slot": args.tasks_per_slot, "rounds": args.rounds,
         "target": "service overhead <= 15% of the bare test time per task; throughput scales with pool up to cores",
+        "python_startup_median_ms": startup,
         "results": rows,
     }
 

@@ -191,9 +191,9 @@ async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Ru
     validator = RepoValidator(
         repo=repo, recipe=r, pytest_args=recipe.pytest_args, clean_commit=clean, baseline=baseline, run=run,
         modules=modules, max_fail_fraction=recipe.max_fail_fraction, validation_fraction=recipe.validation_fraction,
-        # Bugs can loop forever. A candidate runs a subset of the suite, so 4x the whole clean suite's time is a wide
-        # margin, and the 15 s floor covers a loaded machine: a slow host must not reject good bugs as timeouts.
-        timeout=min(90.0, max(15.0, 4 * baseline.seconds)),
+        # Bugs can loop forever. A candidate runs at most a few files of the suite, so 3x the whole clean suite's time
+        # is a wide margin, and the 15 s floor covers a loaded machine: a slow host must not reject good bugs.
+        timeout=min(60.0, max(15.0, 3 * baseline.seconds)),
         extra_metadata={"recipe_version": recipe.recipe_version},
     )
     log.info("%s: %d tests (%d passing) on the clean tree in %.1fs; %d candidates", r.name, report.tests,
@@ -212,6 +212,10 @@ async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Ru
     report.validated, report.accepted = len(outcomes), len(tasks)
     report.sandbox_runs = 1 + sum(o.runs for o in outcomes)
     report.rejected = Counter(o.reason for o in outcomes if o.task is None)
+    if report.rejected["infra_error"] > max(2, report.validated // 10):
+        # An executor that keeps failing says nothing about the bugs: stop instead of shipping a thinned-out set.
+        errors = sorted({str(o.details.get("error", ""))[:200] for o in outcomes if o.reason == "infra_error"})
+        raise BuildError(f"{r.name}: {report.rejected['infra_error']} sandbox infrastructure errors: {errors[:3]}")
     keep = {TASK_REF + t.instance_id for t in tasks}
     for ref in await asyncio.to_thread(repo.refs, TASK_REF):
         if ref not in keep:

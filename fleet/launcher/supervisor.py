@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -55,9 +56,17 @@ class Supervisor:
             stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_launcher,
         )
         self.procs[spec.name] = proc
+        self._write_pids()
         self._pumps.append(asyncio.create_task(self._pump(spec.name, proc)))
         log.info("started %s (pid %d), log: %s", spec.name, proc.pid, self.log_path(spec.name))
         return proc
+
+    def _write_pids(self) -> None:
+        """RUN/logs/processes/pids.json: name -> pid of every process, for operators (and tests that kill one)."""
+        pids = {name: p.pid for name, p in self.procs.items() if p.returncode is None}
+        tmp = self.log_dir / ".pids.json.tmp"
+        tmp.write_text(json.dumps(pids, indent=1))
+        tmp.replace(self.log_dir / "pids.json")
 
     async def _pump(self, name: str, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None

@@ -72,13 +72,15 @@ class Executor:
                 raise
 
     async def _setup(self) -> SandboxPolicy:
-        tools = ["git", "prlimit"] + (["bwrap", "setpriv"] if self.cfg.use_bwrap else [])
-        missing = [t for t in tools if shutil.which(t) is None]
+        names = ["git", "prlimit"] + (["bwrap", "setpriv"] if self.cfg.use_bwrap else [])
+        tools = {name: shutil.which(name) for name in names}
+        missing = [name for name, path in tools.items() if path is None]
         if missing:
             raise RuntimeError(f"missing tools: {', '.join(missing)} (packages: git, util-linux, bubblewrap)")
         interpreter = await probe_interpreter(self.cfg.python)
         self._work_root = work_root = self._make_work_root()
-        policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size)
+        found = {name: path for name, path in tools.items() if path is not None}
+        policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size, found)
         await asyncio.to_thread(grading.load_grader)
         await self._preflight(policy)
         if not policy.as_root and self.cfg.use_bwrap:

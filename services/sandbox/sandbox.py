@@ -62,9 +62,12 @@ def _under(path: str, parent: str) -> bool:
 class SandboxPolicy:
     """Builds the argv and environment of a sandboxed run from `SandboxConfig`."""
 
-    def __init__(self, cfg: SandboxConfig, interpreter: Interpreter, work_root: Path, pool_size: int) -> None:
+    def __init__(self, cfg: SandboxConfig, interpreter: Interpreter, work_root: Path, pool_size: int,
+                 tools: dict[str, str] | None = None) -> None:
         self.cfg = cfg
         self.interpreter = interpreter
+        # Absolute paths found on the executor's PATH: the sandbox's own PATH is a clean, fixed one.
+        self.tools = {name: (tools or {}).get(name, name) for name in ("prlimit", "bwrap", "setpriv")}
         self.work_root = work_root.resolve()
         self.pool_size = pool_size
         self.as_root = os.geteuid() == 0
@@ -79,7 +82,7 @@ class SandboxPolicy:
         if not (self.as_root and cfg.use_bwrap):
             # Without a uid of its own, RLIMIT_NPROC counts every process of the executor's user.
             nproc = cfg.max_processes * self.pool_size + 256
-        return ["prlimit", f"--as={cfg.memory_mb << 20}", f"--cpu={cpu_s}:{cpu_s + 5}", f"--nproc={nproc}",
+        return [self.tools["prlimit"], f"--as={cfg.memory_mb << 20}", f"--cpu={cpu_s}:{cpu_s + 5}", f"--nproc={nproc}",
                 f"--fsize={cfg.max_file_mb << 20}", "--core=0", "--"]
 
     def _hidden(self, extra: list[Path]) -> list[str]:
@@ -126,12 +129,12 @@ class SandboxPolicy:
         if not self.cfg.use_bwrap:
             return [*self._prlimit(cpu_s), *command]
         uid = self.uid_for_slot(slot)
-        args = ["bwrap", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+        args = [self.tools["bwrap"], "--die-with-parent", "--new-session", "--hostname", "sandbox",
                 "--json-status-fd", str(status_fd)]
         if uid is not None:
             args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                      "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-            inner = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            inner = [self.tools["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                      "--no-new-privs", "--", *command]
         else:
             args += ["--unshare-all", "--unshare-user", "--disable-userns"]

@@ -50,7 +50,10 @@ async def engine(request: pytest.FixtureRequest, tiny_model: Path) -> AsyncItera
         pytest.importorskip("vllm")
         from rollout.engine.vllm_engine import VllmEngine
 
-        eng: GenerationEngine = VllmEngine(tiny_model, max_model_len=512, max_num_seqs=16, cpu_kvcache_space_gb=0.25)
+        # stage_min_bytes=0: pushes take the tmpfs-file path that real models use (the tiny one would go inline).
+        eng: GenerationEngine = VllmEngine(
+            tiny_model, max_model_len=512, max_num_seqs=16, cpu_kvcache_space_gb=0.25, stage_min_bytes=0
+        )
     else:
         from rollout.engine.hf_engine import HfEngine
 
@@ -259,6 +262,8 @@ async def test_mismatched_push_is_rejected_and_engine_untouched(
 async def test_tied_head_alias_is_accepted(engine: GenerationEngine, served: Served, tiny_model: Path) -> None:
     """A trainer's state_dict() names the tied head too; it is accepted and follows the embedding."""
     w = forcing_weights(served.weights, FORCED)
+    if hasattr(engine, "_stage_min_bytes"):
+        engine._stage_min_bytes = 1 << 62  # this push travels inline, pickled in the RPC (small-model path)
     await push(engine, served, {**w, "lm_head.weight": w["model.embed_tokens.weight"]})
     g = await engine.generate("alias", PROMPT, greedy(5))
     assert g.token_ids == [FORCED] * 5 and set(g.token_versions) == {served.version}

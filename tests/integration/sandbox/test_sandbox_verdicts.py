@@ -100,7 +100,8 @@ async def test_test_patch_wins_over_the_agents_version_of_its_files(executor: Ex
 
 
 async def test_test_command_reports_the_status_map(executor: Executor, calc_repo: CalcRepo) -> None:
-    cmd = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONPATH=. python -m pytest -p no:cacheprovider -q -o addopts= tests/test_core.py"
+    cmd = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONPATH=. python -m pytest -p no:cacheprovider -q -o addopts= "
+           "tests/test_core.py")
     v = await executor.run(calc_repo.spec("", test_command=cmd, fail_to_pass=[], pass_to_pass=[], test_patch=""))
     assert v.status == "completed" and v.resolution == "NO" and v.exit_code == 1
     assert v.test_status == {"tests/test_core.py::test_add": "FAILED", "tests/test_core.py::test_neg[1]": "PASSED",

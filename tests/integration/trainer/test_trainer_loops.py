@@ -23,7 +23,8 @@ def _accounting(stats: dict) -> None:  # type: ignore[type-arg]
 
 def test_sync_loop_trains_each_step_on_fresh_weights(tmp_path: Path, tiny_model_path: str, replay_buffer,
                                                      fake_rollout) -> None:  # type: ignore[no-untyped-def]
-    config = write_config(tmp_path, tiny_model_path, async_on=False, steps=3)
+    config = write_config(tmp_path, tiny_model_path, async_on=False, steps=3, grpo__val_period=2,
+                          grpo__max_val_samples=3)
     address = replay_buffer(config)
     worker = fake_rollout(address, tiny_model_path)
     trainer = start_trainer(config)
@@ -35,15 +36,39 @@ def test_sync_loop_trains_each_step_on_fresh_weights(tmp_path: Path, tiny_model_
     epoch = worker.pushes[0][0]
     assert worker.pushes == [(epoch, v) for v in range(4)]  # v0 at start, then v1..v3 after each step
     # Sync: nothing leased for step s+1 before version s+1 was served.
-    assert all(version == int(gid.split(":")[1]) // 2 for gid, _, version in worker.leased)
+    assert all(version == int(gid.split(":")[1]) // 2 for gid, _, version in worker.leased if gid[0] != "v")
+    assert {gid for gid, _, version in worker.leased if gid[0] == "v"} == {"val:2:0", "val:2:1", "val:2:2"}
     trained = [g for r in read_jsonl(run / "logs" / "trained_groups.jsonl") for g in r["groups"]]
     assert sorted(trained) == sorted(f"0:{i}" for i in range(6))
     stats = worker.stats()
-    assert (stats["enqueued"], stats["sampled"], stats["dead_lettered"], stats["uncommitted_groups"]) == (6, 6, 0, 0)
+    # 6 training groups and 3 validation groups, every one sampled exactly once.
+    assert (stats["enqueued"], stats["sampled"], stats["dead_lettered"], stats["uncommitted_groups"]) == (9, 9, 0, 0)
     _accounting(stats)
     final = json.loads((run / "checkpoints" / "step_00000003" / "trainer.json").read_text())
     assert (final["step"], final["weight_version"]) == (3, 3)
     assert (run / "logs" / "tensorboard").is_dir()
+    [val] = [r for r in read_jsonl(run / "logs" / "metrics.jsonl") if "val/accuracy" in r]
+    assert val["step"] == 1 and val["val/tasks"] == 3  # after step index 1, i.e. 2 steps trained and 0.0 <= val["val/accuracy"] <= 1.0
+    assert stats["validation_ready"] == 0
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint(tmp_path: Path, tiny_model_path: str, replay_buffer,
+                                                        fake_rollout) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import time
+
+    config = write_config(tmp_path, tiny_model_path, async_on=True, steps=100)
+    fake_rollout(replay_buffer(config), tiny_model_path)
+    trainer = start_trainer(config)
+    run = tmp_path / "run"
+    while not _step_records(run):
+        assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()[-3000:]
+        time.sleep(0.05)
+    trainer.send_signal(signal.SIGTERM)
+    assert trainer.wait(120) == 0
+    done = len(_step_records(run))
+    saved = json.loads((run / "checkpoints" / f"step_{done:08d}" / "trainer.json").read_text())
+    assert (saved["step"], saved["weight_version"]) == (done, done) and done < 100
 
 
 def test_async_loop_runs_ahead_within_the_age_bound_and_skips_stragglers(

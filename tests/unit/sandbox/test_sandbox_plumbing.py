@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet.config.infra import SandboxConfig
-from services.sandbox.process import TailBuffer
+from services.sandbox.process import TailBuffer, run_limited
 from services.sandbox.sandbox import Interpreter, SandboxPolicy
 from services.sandbox.workspace import parse_numstat, read_regular, rename_sources, unquote_git_path
 
@@ -99,3 +99,29 @@ def test_environment_is_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_without_bwrap_only_limits_apply(tmp_path: Path) -> None:
     argv = _policy(tmp_path, use_bwrap=False).argv(tmp_path, ["true"], slot=0, hide=[], status_fd=-1, cpu_s=5)
     assert argv[0] == "prlimit" and "bwrap" not in argv and argv[-1] == "true"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_run_limited_caps_output_and_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
+    script = "head -c 3000000 /dev/zero; sleep 30 & echo BG $! >&2; wait; echo never"
+    result = await run_limited(["sh", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), limit_s=1.5,
+                               output_cap=1000)
+    assert result.timed_out and result.wall_s < 1.5 + 3
+    assert result.stdout.total == 3_000_000 and len(result.stdout.text()) == 1000
+    # The background sleep was in the command's process group: it died with it.
+    background = int(result.stderr.text().split("BG ")[1].split()[0])
+    assert not _alive(background)
+
+
+async def test_run_limited_reports_the_exit_code(tmp_path: Path) -> None:
+    result = await run_limited(["sh", "-c", "echo out; echo err >&2; exit 3"], env={"PATH": "/usr/bin:/bin"},
+                               cwd=str(tmp_path), limit_s=30, output_cap=100)
+    assert (result.exit_code, result.timed_out) == (3, False)
+    assert (result.stdout.text(), result.stderr.text()) == ("out\n", "err\n")
