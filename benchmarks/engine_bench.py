@@ -92,7 +92,7 @@ async def update_latency(engine: GenerationEngine, weights: dict[str, torch.Tens
     idle = []
     for _ in range(repeats):
         s = await engine.update_weights(engine.served_version + 1, weights, in_flight=True, reset_cache=False)
-        idle.append((s.pause_s, s.load_s))
+        idle.append((s.pause_s, s.load_s, s.stage_s))
     # The same push while 4 requests generate: the pause also waits for the step in progress.
     spec = SamplingSpec(max_new_tokens=10**4, temperature=1.0, ignore_eos=True)
     tasks = [asyncio.create_task(engine.generate(f"lat/{i}", PROMPT, spec)) for i in range(4)]
@@ -112,9 +112,11 @@ async def update_latency(engine: GenerationEngine, weights: dict[str, torch.Tens
         "idle_pause_s_median": statistics.median(x[0] for x in idle),
         "idle_load_s_median": load,
         "idle_load_s_all": [round(x[1], 4) for x in idle],
+        "idle_stage_s_median": statistics.median(x[2] for x in idle),
         "load_GBps": nbytes / load / 1e9,
         "busy_pause_s": busy.pause_s,
         "busy_load_s": busy.load_s,
+        "load_over_memcpy": None,
         "busy_requests_in_flight": busy.requests_in_flight,
         "busy_kv_recomputed": busy.kv_recomputed,
     }
@@ -142,6 +144,8 @@ async def bench_size(size: str, backend: str, args: argparse.Namespace) -> dict[
     }  # fmt: skip
     try:
         row["update"] = await update_latency(engine, weights, repeats=3)
+        # How far the engine's load is from a plain in-memory copy of the same bytes (1.0 = memcpy speed).
+        row["update"]["load_over_memcpy"] = row["memcpy_GBps"] / row["update"]["load_GBps"]
         big = size == "0.5b"  # a CPU makes ~0.5B tokens slowly: shorter answers, same shape of experiment
         kw = dict(concurrency=8, max_new=64 if big else 256)
         row["gen_no_push"] = await throughput(engine, weights, duration=args.duration, push_every=None, **kw)

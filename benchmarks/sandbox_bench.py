@@ -39,7 +39,7 @@ from fleet.paths import cache_dir  # noqa: E402
 from sandbox_client import SandboxClient  # noqa: E402
 from services.sandbox.model import TaskSpec  # noqa: E402
 from services.sandbox.process import run_limited  # noqa: E402
-from services.sandbox.sandbox import SandboxPolicy, probe_interpreter  # noqa: E402
+from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter  # noqa: E402
 from services.sandbox.server import SandboxServer  # noqa: E402
 
 PACKAGE, VERSION, SUITE = "inflection", "0.5.1", "test_inflection.py"
@@ -118,7 +118,8 @@ async def startup_cost(work: Path, runs: int = 20) -> dict[str, float]:
     """Median wall time of `python -c pass`, bare and through the executor's own sandbox command line."""
     cfg = SandboxConfig(work_root=str(work / "startup"))
     tools = {name: shutil.which(name) or name for name in ("prlimit", "bwrap", "setpriv")}
-    policy = SandboxPolicy(cfg, await probe_interpreter(None), work / "startup", 1, tools)
+    uids = UidRange(cfg.uid_base, 1)
+    policy = SandboxPolicy(cfg, await probe_interpreter(None), work / "startup", 1, tools, uids.base)
     tree = work / "startup" / "x" / "tree"
     tree.mkdir(parents=True)
     for path in (tree.parent.parent, tree.parent):
@@ -138,6 +139,7 @@ async def startup_cost(work: Path, runs: int = 20) -> dict[str, float]:
             raise RuntimeError(f"sandboxed python failed: {boxed.stderr.text()[-300:]}")
         timings["bare_ms"].append(1000 * bare.wall_s)
         timings["sandboxed_ms"].append(1000 * boxed.wall_s)
+    uids.release()
     return {key: round(statistics.median(values), 1) for key, values in timings.items()}
 
 

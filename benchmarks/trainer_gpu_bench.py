@@ -8,11 +8,11 @@ embeddings), random weights, sequences of --seq-len tokens.
 
 * naive: bf16 parameters, sdpa, `model(ids, labels=ids).loss.backward()`, fused AdamW; no compile, no FSDP. Each
   rank runs it alone (no gradient sync): it is the per-GPU baseline.
-* trainer: the real code path of trainer.step.StepRunner (FSDP2 over all ranks, fp32 masters with bf16
-  MixedPrecisionPolicy, per-layer torch.compile, fused chunked lm_head + log-softmax, packing, GRPO loss with IS
-  correction, clipping, fused AdamW). Each sample is a 1-token prompt + (seq_len - 1) response tokens, so both loops
-  put every position through the lm_head. Old log-probs are recomputed once, outside the timed region (the naive
-  loop has no such pass); `recompute_s` reports that forward pass separately.
+* trainer: the real code path of trainer.step.StepRunner. One GPU: fp32 masters under bf16 autocast; several:
+  FSDP2 over all ranks with a bf16 MixedPrecisionPolicy. Per-layer torch.compile, the fused chunked lm_head +
+  log-softmax, packing, the GRPO loss with IS correction, clipping, fused AdamW. Each sample is a 1-token prompt +
+  (seq_len - 1) response tokens, so both loops put every position through the lm_head. Old log-probs are recomputed
+  once, outside the timed region (the naive loop has no such pass); `recompute_s` reports that forward pass.
 
 MFU = model FLOPs / time / peak: per token 6 * N (N = all parameters, the tied embedding counted once: it is the lm_head
 matmul) + 12 * layers * hidden * seq_len for attention (no causal discount; the convention behind the issue's
@@ -56,8 +56,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"], help="fewer layers for a smoke test")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--keep-gathered", action="store_true",
+                   help="policy.fsdp_reshard_after_forward=false (several GPUs: no re-gather in the backward)")
     p.add_argument("--chunk", type=int, default=4096, help="policy.logprob_chunk_tokens")
     p.add_argument("--skip-naive", action="store_true")
+    p.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one trainer step")
     p.add_argument("--out", default=None)
     return p.parse_args()
 
@@ -104,7 +107,6 @@ def bench_naive(args: argparse.Namespace, batch: int, device: torch.device) -> d
     dt = _sync_time(step, args.steps)
     fpt = flops_per_token(model, args.seq_len)
     out = _figures(batch * args.seq_len, dt, fpt)
-    del model, opt
     return out
 
 
@@ -115,18 +117,46 @@ def _figures(tokens: int, dt: float, fpt: float) -> dict[str, float]:
 
 
 def trainer_config(args: argparse.Namespace, batch: int, world: int) -> Any:
-    from fleet.config import parse_config
+    """The trainer config of the measurement: MasterConfig where pydantic is installed; otherwise (the lent GPU
+    machines have torch and transformers only) a stand-in carrying the same values for the keys the step reads."""
+    values = {
+        "policy.precision": "bfloat16", "policy.compile": not args.no_compile,
+        "policy.activation_checkpointing": args.activation_checkpointing,
+        "policy.logprob_chunk_tokens": args.chunk, "policy.fsdp_reshard_after_forward": not args.keep_gathered,
+        "policy.max_total_sequence_length": args.seq_len,
+        "policy.generation.max_new_tokens": 16, "policy.train_global_batch_size": batch * world,
+        "policy.train_micro_batch_size": batch, "grpo.num_prompts_per_step": batch * world,
+        "grpo.num_generations_per_prompt": 1, "policy.optimizer.lr": 1e-6,
+        "loss_fn.reference_policy_kl_penalty": 0.0, "loss_fn.use_importance_sampling_correction": True,
+        "loss_fn.truncated_importance_sampling_type": "tis", "loss_fn.truncated_importance_sampling_ratio": 2.0,
+    }
+    try:
+        from fleet.config import parse_config
+    except ImportError:
+        return _standin(values)
+    return parse_config({}, [f"{k}={json.dumps(v)}" for k, v in values.items()])
 
-    return parse_config({}, [
-        "policy.precision=bfloat16", f"policy.compile={not args.no_compile}",
-        f"policy.activation_checkpointing={args.activation_checkpointing}",
-        f"policy.logprob_chunk_tokens={args.chunk}", f"policy.max_total_sequence_length={args.seq_len}",
-        "policy.generation.max_new_tokens=16", f"policy.train_global_batch_size={batch * world}",
-        f"policy.train_micro_batch_size={batch}", f"grpo.num_prompts_per_step={batch * world}",
-        "grpo.num_generations_per_prompt=1", "policy.optimizer.lr=1e-6", "loss_fn.reference_policy_kl_penalty=0",
-        "loss_fn.use_importance_sampling_correction=true", "loss_fn.truncated_importance_sampling_type=tis",
-        "loss_fn.truncated_importance_sampling_ratio=2.0",
-    ])
+
+def _standin(values: dict[str, Any]) -> Any:
+    from types import SimpleNamespace
+
+    loss = {"reference_policy_kl_penalty": 0.0, "reference_policy_kl_type": "k3", "ratio_clip_min": 0.2,
+            "ratio_clip_max": 0.2, "ratio_clip_c": None, "use_importance_sampling_correction": False,
+            "truncated_importance_sampling_type": None, "truncated_importance_sampling_ratio": None,
+            "truncated_importance_sampling_ratio_min": None, "sequence_level_importance_ratios": False,
+            "token_level_loss": True}
+    loss.update({k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("loss_fn.")})
+    optimizer = SimpleNamespace(lr=values["policy.optimizer.lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                                warmup_steps=0)
+    policy = SimpleNamespace(
+        precision=values["policy.precision"], compile=values["policy.compile"],
+        activation_checkpointing=values["policy.activation_checkpointing"],
+        logprob_chunk_tokens=values["policy.logprob_chunk_tokens"], attn_implementation="sdpa",
+        fsdp_reshard_after_forward=values["policy.fsdp_reshard_after_forward"],
+        max_total_sequence_length=values["policy.max_total_sequence_length"], sequence_packing=True,
+        train_global_batch_size=values["policy.train_global_batch_size"],
+        train_micro_batch_size=values["policy.train_micro_batch_size"], max_grad_norm=1.0, optimizer=optimizer)
+    return SimpleNamespace(policy=policy, loss_fn=SimpleNamespace(model_dump=lambda: dict(loss)))
 
 
 def grpo_batch(n: int, seq_len: int) -> Any:
@@ -160,11 +190,21 @@ def bench_trainer(args: argparse.Namespace, batch: int, dist: Dist) -> dict[str,
     torch.cuda.reset_peak_memory_stats()
     recompute_s = _sync_time(lambda: runner.recompute(plan), 1)
     dt = _sync_time(lambda: runner._update(plan[0]), args.steps)
+    if args.profile and dist.is_main:
+        _profile(lambda: runner._update(plan[0]))
     out = _figures(batch * args.seq_len, dt, fpt)  # per GPU
     out.update(recompute_s=recompute_s, first_recompute_s=first_recompute_s,
                padded_tokens=float(sum(mb.packed.padded_tokens for mb in plan[0])))
-    del policy, opt, runner, plan, lm
     return out
+
+
+def _profile(fn: Any) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60), flush=True)
 
 
 def main() -> int:
@@ -194,6 +234,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name(device), "gpus": dist.world_size, "torch": torch.__version__,
         "seq_len": args.seq_len, "layers": args.layers, "compile": not args.no_compile,
         "activation_checkpointing": args.activation_checkpointing, "logprob_chunk_tokens": args.chunk,
+        "fsdp_reshard_after_forward": not args.keep_gathered,
         "peak_flops": PEAK_FLOPS, "tokens_per_s_is": "per GPU", "results": results,
     }
     if dist.is_main:

@@ -110,7 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         from envs.cli import data_main
 
         return data_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may come before or after --config; argparse leaves the later ones over.
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-") and not a.startswith("~")]
+    if unknown or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return int(args.fn(args))
     except ConfigError as exc:

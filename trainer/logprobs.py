@@ -116,9 +116,45 @@ def unpack(values: torch.Tensor, packed: PackedInputs) -> torch.Tensor:
     return out.view(packed.num_samples, packed.max_response)
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, inv_temp: float) -> torch.Tensor:
-    logits = (h @ weight.t()).float()
-    return logits if inv_temp == 1.0 else logits * inv_temp
+def _fwd_chunk(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p[target], logsumexp) of one chunk of (low-precision) logits, computed in fp32."""
+    x = logits.float() * inv_temp
+    lse = torch.logsumexp(x, dim=-1)
+    return x.gather(1, targets[:, None]).squeeze(1) - lse, lse
+
+
+def _bwd_chunk(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
+               inv_temp: float) -> torch.Tensor:
+    """d(sum_t grad_t log p_t)/d logits = grad * (onehot(target) - softmax) / T, in the logits' dtype. Written as
+    pure pointwise ops over an iota comparison so that torch.compile fuses it into one pass over the chunk."""
+    x = logits.float() * inv_temp
+    onehot = torch.arange(x.shape[-1], device=x.device)[None, :] == targets[:, None]
+    out = (onehot.float() - torch.exp(x - lse[:, None])) * (grad[:, None] * inv_temp)
+    return out.to(logits.dtype)
+
+
+# torch.compile'd versions of the chunk kernels (CUDA only): one fused pass over each [chunk, vocab] block instead of
+# five eager ones (cast, scale, logsumexp, exp, scatter). Made on first use; dynamic, so the last short chunk does
+# not recompile.
+_COMPILED: dict[str, object] = {}
+
+
+def _kernels(compiled: bool) -> tuple[object, object]:
+    if not compiled:
+        return _fwd_chunk, _bwd_chunk
+    if not _COMPILED:
+        _COMPILED["fwd"] = torch.compile(_fwd_chunk, dynamic=True)
+        _COMPILED["bwd"] = torch.compile(_bwd_chunk, dynamic=True)
+    return _COMPILED["fwd"], _COMPILED["bwd"]
+
+
+def _matmul_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The lm_head matmul's dtype: autocast's when it is on (the residual stream may be fp32 next to fp32 masters),
+    else the hidden states' own."""
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return hidden.dtype
 
 
 class _LinearLogprob(torch.autograd.Function):
@@ -130,47 +166,50 @@ class _LinearLogprob(torch.autograd.Function):
         targets: torch.Tensor,
         inv_temp: float,
         chunk: int,
+        compiled: bool,
     ) -> torch.Tensor:
         n = hidden.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        w = weight.to(hidden.dtype)
+        dtype = _matmul_dtype(hidden)
+        h_all, w = hidden.to(dtype), weight.to(dtype)
+        fwd, _ = _kernels(compiled)
         for s in range(0, n, chunk):
-            logits = _chunk_logits(hidden[s : s + chunk], w, inv_temp)
-            lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
-            out[s : s + chunk] = logits.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
+            out[s : s + chunk], lse[s : s + chunk] = fwd(h_all[s : s + chunk] @ w.t(),  # type: ignore[operator]
+                                                         targets[s : s + chunk], inv_temp)
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.inv_temp, ctx.chunk = inv_temp, chunk  # type: ignore[attr-defined]
+        ctx.inv_temp, ctx.chunk, ctx.compiled, ctx.dtype = inv_temp, chunk, compiled, dtype  # type: ignore
         return out
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor):  # type: ignore[override]
         hidden, weight, targets, lse = ctx.saved_tensors  # type: ignore[attr-defined]
         inv_temp, chunk = ctx.inv_temp, ctx.chunk  # type: ignore[attr-defined]
-        w = weight.to(hidden.dtype)
+        _, bwd = _kernels(ctx.compiled)  # type: ignore[attr-defined]
+        # Backward runs outside autocast: use the dtype the forward's matmuls had, explicitly.
+        h_all, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)  # type: ignore[attr-defined]
         grad_h = torch.empty_like(hidden)
         # fp32 accumulator: the weight gradient sums over every chunk (bf16 partial sums would lose bits).
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        rows = torch.arange(min(chunk, max(hidden.shape[0], 1)), device=hidden.device)
+        grad_out = grad_out.float()
         for s in range(0, hidden.shape[0], chunk):
-            h, g_out = hidden[s : s + chunk], grad_out[s : s + chunk].float()
-            # d logp[t] / d logits = onehot(t) - softmax(logits), scaled by the temperature's 1/T.
-            grad_logits = torch.exp(_chunk_logits(h, w, inv_temp) - lse[s : s + chunk, None]).mul_(-g_out[:, None])
-            grad_logits[rows[: h.shape[0]], targets[s : s + chunk]] += g_out
-            if inv_temp != 1.0:
-                grad_logits.mul_(inv_temp)
-            grad_logits = grad_logits.to(hidden.dtype)
-            grad_h[s : s + chunk] = grad_logits @ w
-            grad_w.add_((grad_logits.t() @ h).float())
-        return grad_h, grad_w.to(weight.dtype), None, None, None
+            h = h_all[s : s + chunk]
+            # The chunk's logits are recomputed rather than saved: saving them is the [T, vocab] memory we avoid.
+            g = bwd(h @ w.t(), targets[s : s + chunk], lse[s : s + chunk], grad_out[s : s + chunk],  # type: ignore
+                    inv_temp)
+            grad_h[s : s + chunk] = g @ w
+            grad_w.add_(g.t() @ h)
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None
 
 
 def linear_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, chunk: int = 1024
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, chunk: int = 1024,
+    compiled: bool = False,
 ) -> torch.Tensor:
-    """log softmax(hidden @ weight^T / temperature)[targets] for hidden [N, H], weight [V, H] -> [N] fp32."""
+    """log softmax(hidden @ weight^T / temperature)[targets] for hidden [N, H], weight [V, H] -> [N] fp32.
+    `compiled` fuses the per-chunk softmax arithmetic with torch.compile (meant for CUDA)."""
     if chunk < 1:
         raise ValueError(f"policy.logprob_chunk_tokens must be >= 1, got {chunk}")
     inv_temp = 1.0 if temperature <= 0 else 1.0 / temperature
-    out: torch.Tensor = _LinearLogprob.apply(hidden, weight, targets, inv_temp, chunk)  # type: ignore[no-untyped-call]
+    out: torch.Tensor = _LinearLogprob.apply(hidden, weight, targets, inv_temp, chunk, compiled)  # type: ignore
     return out

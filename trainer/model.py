@@ -5,9 +5,9 @@ Wrapping order follows torchtitan: activation checkpointing, then `torch.compile
 (`nn.Module.compile`, in place) keep parameter names, so the state dict stays in HF checkpoint names: checkpoints
 `save_pretrained` as-is and weight pushes need no renaming.
 
-Precision: with a process group (any GPU run, or several CPU ranks) parameters are fp32 masters sharded by FSDP2 and
-computed in `policy.precision` through `MixedPrecisionPolicy` (gradients reduced in fp32). A single CPU process
-keeps fp32 parameters and uses autocast for a lower `policy.precision`.
+Precision: parameters are fp32 masters. With several ranks they are sharded by FSDP2 and computed in
+`policy.precision` through `MixedPrecisionPolicy` (gradients reduced in fp32); a single process (CPU or one GPU)
+keeps them whole and computes under autocast.
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ class PolicyModule(nn.Module):
 
     lm: Any  # an HF PreTrainedModel; typed loosely because nn.Module attribute access is untyped
 
-    def __init__(self, lm: nn.Module, *, temperature: float, chunk_tokens: int) -> None:
+    def __init__(self, lm: nn.Module, *, temperature: float, chunk_tokens: int, compiled: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
         self.chunk_tokens = chunk_tokens
+        self.compiled = compiled
         if getattr(self.lm.get_output_embeddings(), "bias", None) is not None:
             raise ValueError("policy.model_name: an lm_head with a bias is not supported by the fused log-prob path")
 
@@ -54,7 +55,8 @@ class PolicyModule(nn.Module):
         hidden = out.last_hidden_state
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, gather_index)
         weight = self.lm.get_output_embeddings().weight
-        return linear_logprobs(picked, weight, targets, temperature=self.temperature, chunk=self.chunk_tokens)
+        return linear_logprobs(picked, weight, targets, temperature=self.temperature, chunk=self.chunk_tokens,
+                               compiled=self.compiled and picked.is_cuda)
 
 
 def resolve_model_path(name: str) -> str:
@@ -79,14 +81,14 @@ def _layers(lm: Any) -> list[nn.Module]:
     return list(layers)
 
 
-def _shard(module: nn.Module, lm: Any, dist: Dist, mp_dtype: torch.dtype | None) -> None:
+def _shard(module: nn.Module, lm: Any, dist: Dist, mp_dtype: torch.dtype | None, reshard: bool = True) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else MixedPrecisionPolicy()
     layers = _layers(lm)
     for i, layer in enumerate(layers):
         # The last layer's parameters are needed again right away by backward: keep them gathered.
-        fully_shard(layer, reshard_after_forward=i < len(layers) - 1 and dist.world_size > 1, mp_policy=mp)
+        fully_shard(layer, reshard_after_forward=reshard and i < len(layers) - 1, mp_policy=mp)
     # Root: embeddings, final norm and lm_head (tied to the embeddings in small Qwen2 models) share one group.
     fully_shard(module, reshard_after_forward=False, mp_policy=mp)
 
@@ -103,10 +105,11 @@ def wrap_policy(lm: Any, cfg: PolicyConfig, dist: Dist, *, name: str = "policy")
     if cfg.compile:
         for layer in _layers(lm):
             layer.compile()
-    module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens)
+    module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens,
+                          compiled=cfg.compile)
     compute = DTYPES[cfg.precision]
     if dist.distributed:
-        _shard(module, lm, dist, compute if compute != torch.float32 else None)
+        _shard(module, lm, dist, compute if compute != torch.float32 else None, cfg.fsdp_reshard_after_forward)
     else:
         module.to(dist.device)
     module.train()
@@ -130,7 +133,8 @@ def build_reference(cfg: PolicyConfig, path: str, dist: Dist) -> PolicyModule:
     """A frozen copy of the initial policy, kept in the compute dtype (it never trains, so no fp32 masters)."""
     lm = _load_hf(path, cfg, DTYPES[cfg.precision])
     lm.requires_grad_(False)
-    module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens)
+    module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens,
+                          compiled=cfg.compile)
     if dist.distributed:
         _shard(module, lm, dist, None)
     else:

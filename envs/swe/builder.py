@@ -7,17 +7,21 @@ tree (the baseline), plan candidates (envs.swe.candidates), validate them throug
 Determinism: candidates are decided strictly in plan order (`select_in_order`), whatever order their sandbox runs
 finish in, so the same recipe, seed and test outcomes give the same tasks for any `--workers`.
 The set is written to a staging folder and moved into place at the end: a failed build never clobbers a good one.
+One build at a time per output folder (an exclusive lock on `OUT/.build.lock`): `grpo-fleet up` building the default
+set on first run and a `grpo-fleet data build` into the same folder would otherwise delete each other's repositories.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,8 @@ class BuildOptions:
     kinds: tuple[str, ...] = BUG_KINDS
     sandbox: SandboxConfig | None = None
     """Executor settings (bwrap, limits); `repos_root` and `pool_size` are set by the build."""
+    if_missing: bool = False
+    """Wait for another build of `out` instead of failing, and build only if no task set is there afterwards."""
 
 
 @dataclass
@@ -85,6 +91,29 @@ class BuildReport:
     tasks: list[Task]
     repos: dict[str, RepoReport]
     seconds: float
+    reused: bool = False
+    """True when `if_missing` found a finished task set and nothing was built."""
+
+
+@contextlib.contextmanager
+def build_lock(out: Path, *, wait: bool) -> Iterator[None]:
+    """Exclusive lock on `out/.build.lock` (released by the kernel if the process dies)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".build.lock").open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            f.seek(0)
+            raise BuildError(f"another build is writing {out} (pid {f.read().strip() or '?'}); wait for it or "
+                             "choose another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextlib.asynccontextmanager
@@ -230,19 +259,31 @@ async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Ru
 
 
 async def build_taskset(opts: BuildOptions, make_runner: RunnerFactory = executor_runner) -> BuildReport:
+    out = Path(opts.out)
+    lock = build_lock(out, wait=opts.if_missing)
+    await asyncio.to_thread(lock.__enter__)
+    try:
+        if opts.if_missing and (out / "train.jsonl").is_file():
+            return BuildReport(out, [], {}, 0.0, reused=True)
+        return await _build_locked(opts, make_runner, out)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+async def _build_locked(opts: BuildOptions, make_runner: RunnerFactory, out: Path) -> BuildReport:
     t0 = time.monotonic()
     recipe = load_recipe(opts.recipe_path)
     chosen = [recipe.repo(n) for n in opts.repos] if opts.repos else list(recipe.repos)
-    out = Path(opts.out)
     staging = out / ".staging"
     work, repos_root = staging / "work", repos_dir(staging)
     await asyncio.to_thread(_fresh_staging, staging, work, repos_root)
     # pip is slow and CPU-hungry when several downloads prepare metadata at once: one download at a time (in recipe
     # order; asyncio.Lock is FIFO), while the repositories already fetched are being validated.
     download = asyncio.Lock()
-    async with make_runner(repos_root.resolve(), opts) as run:
-        results = await asyncio.gather(*(_build_repo(r, recipe, opts, run, work, repos_root, download)
-                                         for r in chosen))
+    async with make_runner(repos_root.resolve(), opts) as run, asyncio.TaskGroup() as group:
+        # A TaskGroup: one repository failing cancels the others instead of leaving them running unobserved.
+        jobs = [group.create_task(_build_repo(r, recipe, opts, run, work, repos_root, download)) for r in chosen]
+    results = [job.result() for job in jobs]
     shutil.rmtree(work)
     tasks = sorted((t for ts, _ in results for t in ts), key=lambda t: (t.repo, t.instance_id))
     reports = {rep.name: rep for _, rep in results}

@@ -78,11 +78,15 @@ def prepare_embedded_dataset(cfg: MasterConfig, ds: DatasetConfig, *, max_per_re
     from envs.swe.builder import BuildOptions, build_taskset
 
     workers = cfg.sandbox.pool_size or os.cpu_count() or 2
-    print(f"grpo-fleet: building the embedded SWE task set in {folder} (first run only; about 15 min on 2 cores; "
-          "progress in the log) ...", flush=True)
+    print(f"grpo-fleet: building the embedded SWE task set in {folder} (first run only; progress in the log; "
+          f"or build it beforehand: grpo-fleet data build --out {folder}) ...", flush=True)
+    # if_missing: a build already running into the same folder is waited for, not raced.
     report = asyncio.run(build_taskset(BuildOptions(out=folder, max_per_repo=max_per_repo, seed=0, workers=workers,
-                                                    sandbox=cfg.sandbox)))
-    print(f"grpo-fleet: built {len(report.tasks)} tasks in {report.seconds:.0f} s", flush=True)
+                                                    sandbox=cfg.sandbox, if_missing=True)))
+    if report.reused:
+        print(f"grpo-fleet: SWE task set ready at {folder} (built by another process)", flush=True)
+    else:
+        print(f"grpo-fleet: built {len(report.tasks)} tasks in {report.seconds:.0f} s", flush=True)
 
 
 def summarize(folder: str | Path) -> dict[str, Any]:

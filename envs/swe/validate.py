@@ -152,6 +152,7 @@ class RepoValidator:
             repo_url=self.repo_url, base_commit=bug_commit, patch=gold, test_patch="", fail_to_pass=tuple(f2p),
             pass_to_pass=tuple(p2p), version=self.recipe.version, test_command=command, split=split,
             metadata={"bug_kind": c.kind, "function": c.qualname, "file": c.file, "test_files": list(c.test_files),
-                      "package": self.recipe.package, **self.extra_metadata},
+                      "package": self.recipe.package, "hints_text": "", "created_at": "2000-01-01T00:00:00Z",
+                      "environment_setup_commit": bug_commit, **self.extra_metadata},
         )
         return Outcome(c, "accepted", task=task, runs=2)

@@ -101,8 +101,9 @@ class SandboxConfig(Section):
     tmpfs_mb: int = Field(512, ge=16)
     """Size of the sandbox's private, memory-backed /tmp."""
     uid_base: int = Field(61000, ge=1000, le=2**31 - 1)
-    """When the executor runs as root, pool slot i runs its tests as uid/gid `uid_base + i`: the kernel does not
-    enforce RLIMIT_NPROC for root, and distinct uids keep concurrent tasks out of each other's files."""
+    """When the executor runs as root, pool slot i runs its tests as uid/gid `base + i`: the kernel does not enforce
+    RLIMIT_NPROC for root, and distinct uids keep concurrent tasks out of each other's files. `base` is the first
+    range from `uid_base` on (steps of 1000) that no other executor of this host holds (flocks in /tmp)."""
     hidden_paths: list[str] = Field(default_factory=lambda: ["/root", "/home", "/run"])
     """Host folders replaced by an empty tmpfs inside the sandbox (the test interpreter's own folders are bound back)."""
     python: str | None = None

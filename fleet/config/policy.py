@@ -112,6 +112,9 @@ class PolicyConfig(Section):
     """Recompute activations in the backward pass to save memory."""
     compile: bool = False
     """torch.compile the model's layers (GPU)."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2 (several ranks): free each layer's gathered parameters after its forward and gather them again for the
+    backward (less memory); false keeps them until the backward (fewer collectives and less CPU work per step)."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
     """Attention kernel of the trainer's model (packed rows use a block-diagonal causal mask)."""
     sequence_packing: bool = True

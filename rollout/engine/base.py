@@ -18,7 +18,7 @@ import asyncio
 import json
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -142,7 +142,7 @@ def checkpoint_weight_spec(model_path: str | Path, dtype: str) -> tuple[dict[str
 def validate_weights(
     spec: Mapping[str, TensorSpec],
     tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-    aliases: set[str] = frozenset(),  # type: ignore[assignment]
+    aliases: Collection[str] = (),
 ) -> list[tuple[str, torch.Tensor]]:
     """The pushed set as a list, or WeightMismatchError naming the first bad tensor. The set must be complete: a
     partial push would leave the engine half old, half new while claiming the new version."""

@@ -48,9 +48,10 @@ GiB = 1 << 30
 
 
 def _reload_inline(items: list[tuple[str, torch.Tensor]]) -> Callable[[Any], None]:
-    """The callable shipped to each vLLM worker, carrying the tensors. A closure, so that cloudpickle sends it by
-    value (the worker process need not import this module). The tensors are pickled twice (client -> engine core ->
-    worker): measured ~85 MB/s here, fine for small models only."""
+    """The callable shipped to each vLLM worker, carrying the tensors (cloudpickle sends a closure by value; the
+    module-level helpers it calls are imported in the worker, which inherits our sys.path). Arguments passed through
+    `collective_rpc(args=...)` would be msgpack-encoded instead, and tensors arrive there as plain lists. The tensors
+    are pickled twice (client -> engine core -> worker): measured ~85 MB/s here, fine for small models only."""
 
     def reload(worker: Any) -> None:
         # `model.load_weights` alone fails on the CPU backend (its linear layers hold packed/reordered weights);

@@ -69,7 +69,7 @@ local function eligible(f) return math.max(tonumber(f.target), base) <= bound en
 for _, p in ipairs(redis.call('XPENDING', K_PROMPTS, group, '-', '+', tonumber(ARGV[7]), pool)) do
   if #out >= n then break end
   local f = entry(K_PROMPTS, p[1])
-  if eligible(f) then
+  if f and eligible(f) then
     redis.call('XCLAIM', K_PROMPTS, group, consumer, 0, p[1])  -- counts one more delivery
     redis.call('HSET', K_STATUS, f.gid, 'leased')
     out[#out + 1] = {p[1], f.gid, f.kind, f.data, p[4] + 1}
@@ -112,21 +112,26 @@ return {reason, out}
 RECLAIM = """
 local group, pool, idle, maxd = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local reclaimed, dead, start = 0, 0, '-'
+local function reclaim(p)
+  local f = entry(K_PROMPTS, p[1])
+  if not f then
+    redis.call('XACK', K_PROMPTS, group, p[1])  -- a pending id whose entry is gone: nothing left to lease
+  elseif #redis.call('XCLAIM', K_PROMPTS, group, pool, idle, p[1], 'JUSTID') > 0 then
+    if p[4] >= maxd then
+      dead_letter(f.gid, 'max_deliveries', 'prompt', f.data, 'leased ' .. p[4] .. ' times, never submitted', ARGV[5])
+      redis.call('XACK', K_PROMPTS, group, p[1])
+      redis.call('XDEL', K_PROMPTS, p[1])
+      dead = dead + 1
+    else
+      redis.call('HSET', K_STATUS, f.gid, 'enqueued')
+      reclaimed = reclaimed + 1
+    end
+  end
+end
 while true do
   local page = redis.call('XPENDING', K_PROMPTS, group, 'IDLE', idle, start, '+', tonumber(ARGV[6]))
   for _, p in ipairs(page) do
-    if p[2] ~= pool and #redis.call('XCLAIM', K_PROMPTS, group, pool, idle, p[1], 'JUSTID') > 0 then
-      local f = entry(K_PROMPTS, p[1])
-      if p[4] >= maxd then
-        dead_letter(f.gid, 'max_deliveries', 'prompt', f.data, 'leased ' .. p[4] .. ' times, never submitted', ARGV[5])
-        redis.call('XACK', K_PROMPTS, group, p[1])
-        redis.call('XDEL', K_PROMPTS, p[1])
-        dead = dead + 1
-      else
-        redis.call('HSET', K_STATUS, f.gid, 'enqueued')
-        reclaimed = reclaimed + 1
-      end
-    end
+    if p[2] ~= pool then reclaim(p) end  -- pool entries were reclaimed already and wait for a worker
   end
   if #page < tonumber(ARGV[6]) then break end
   start = '(' .. page[#page][1]
@@ -138,8 +143,8 @@ return {reclaimed, dead}
 # ARGV: group, pool consumer, entry_id, dead_letter 0|1, detail, now_ms, max_deliveries.
 RELEASE = """
 local p = redis.call('XPENDING', K_PROMPTS, ARGV[1], ARGV[3], ARGV[3], 1)[1]
-if not p or p[2] == ARGV[2] then return 'not_found' end
 local f = entry(K_PROMPTS, ARGV[3])
+if not p or not f or p[2] == ARGV[2] then return 'not_found' end
 local reason = nil
 if ARGV[4] == '1' then reason = 'released' elseif p[4] >= tonumber(ARGV[7]) then reason = 'max_deliveries' end
 if reason then
@@ -191,11 +196,26 @@ incr('submitted', 1)
 return {'ok', tid}
 """
 
-# ARGV: step, max_groups, max_age, take_at_least, validation 0|1, now_ms, max_bytes.
+# ARGV: step, max_groups, max_age, take_at_least, validation 0|1, now_ms, max_bytes, request_id.
 # Returns {evicted, available, payload...}: nothing is taken unless `take_at_least` groups are ready.
 SAMPLE = """
 local step, n, max_age, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local val = ARGV[5] == '1'
+local val, rid = ARGV[5] == '1', ARGV[8]
+-- A retry of a call whose answer was lost in transit gets the same groups again, not more (exactly-once training).
+if rid ~= '' and not val then
+  local again = {0, 0}
+  for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
+    local t = fields(e[2])
+    if t.rid == rid and tonumber(t.step) == step then
+      local f = entry(K_TRAJ, t.tid)
+      if f then again[#again + 1] = f.data end
+    end
+  end
+  if #again > 2 then
+    again[2] = #again - 2
+    return again
+  end
+end
 local zkey = K_READY
 local evicted = 0
 if val then
@@ -204,21 +224,19 @@ else
   if step > run_int('step') then redis.call('HSET', K_RUN, 'step', step) end
   for _, tid in ipairs(redis.call('ZRANGEBYSCORE', K_READY, '-inf', '(' .. (step - max_age))) do
     local f = entry(K_TRAJ, tid)
-    dead_letter(f.gid, 'too_old', 'scored', f.data, 'step ' .. step .. ', min_version ' .. f.minv, ARGV[6])
     redis.call('ZREM', K_READY, tid)
-    redis.call('XDEL', K_TRAJ, tid)
-    evicted = evicted + 1
+    if f then
+      dead_letter(f.gid, 'too_old', 'scored', f.data, 'step ' .. step .. ', min_version ' .. f.minv, ARGV[6])
+      redis.call('XDEL', K_TRAJ, tid)
+      evicted = evicted + 1
+    end
   end
 end
 local available = redis.call('ZCARD', zkey)
 local out = {evicted, available}
 if available == 0 or available < need then return out end
 local bytes, limit = 0, tonumber(ARGV[7])
--- Lowest min_version first (oldest weights first); ties in stream-id order, i.e. submission order.
-for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, n - 1)) do
-  local f = entry(K_TRAJ, tid)
-  if #out > 2 and bytes + #f.data > limit then break end
-  bytes = bytes + #f.data
+local function take(tid, f)
   redis.call('ZREM', zkey, tid)
   redis.call('HSET', K_STATUS, f.gid, 'sampled:' .. step)
   if val then
@@ -226,11 +244,23 @@ for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, n - 1)) do
     incr('validated', 1)
   else
     -- Kept (by reference) until the trainer's checkpoint commits the step: a resumed trainer gets it back.
-    redis.call('XADD', K_TRAINED, '*', 'gid', f.gid, 'step', step, 'tid', tid)
+    redis.call('XADD', K_TRAINED, '*', 'gid', f.gid, 'step', step, 'tid', tid, 'rid', rid)
     redis.call('HINCRBY', K_AGE, step - tonumber(f.minv), 1)
   end
   incr('sampled', 1)
   out[#out + 1] = f.data
+end
+-- Lowest min_version first (oldest weights first); ties in stream-id order, i.e. submission order.
+for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, n - 1)) do
+  local f = entry(K_TRAJ, tid)
+  if not f then
+    redis.call('ZREM', zkey, tid)  -- a dangling index entry: never serve it (the accounting check reports it)
+  elseif #out > 2 and bytes + #f.data > limit then
+    break
+  else
+    bytes = bytes + #f.data
+    take(tid, f)
+  end
 end
 return out
 """
@@ -250,9 +280,12 @@ for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
     redis.call('XDEL', K_TRAJ, f.tid)
     committed = committed + 1
   else
-    redis.call('ZADD', K_READY, entry(K_TRAJ, f.tid).minv, f.tid)
-    redis.call('HSET', K_STATUS, f.gid, 'scored')
-    returned = returned + 1
+    local t = entry(K_TRAJ, f.tid)
+    if t then
+      redis.call('ZADD', K_READY, t.minv, f.tid)
+      redis.call('HSET', K_STATUS, f.gid, 'scored')
+      returned = returned + 1
+    end
   end
 end
 -- Scored groups with tokens newer than the resumed weights came from a timeline that no longer exists: their
@@ -260,7 +293,7 @@ end
 for _, zkey in ipairs({K_READY, K_READY_VAL}) do
   for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, -1)) do
     local f = entry(K_TRAJ, tid)
-    if tonumber(f.maxv) > w then
+    if f and tonumber(f.maxv) > w then
       redis.call('XADD', K_PROMPTS, '*', 'gid', f.gid, 'target', f.target, 'val', f.val, 'kind', 'scored',
                  'data', f.data)
       redis.call('ZREM', zkey, tid)

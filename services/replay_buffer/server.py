@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -46,14 +48,18 @@ async def _connect(url: str) -> Redis:
             await asyncio.sleep(0.2)
 
 
-def _reclaimer(store: ReplayStore, interval_s: float):  # type: ignore[no-untyped-def]
+def _reclaimer(store: ReplayStore, interval_s: float) -> Callable[[], Coroutine[Any, Any, None]]:
     async def reclaim_expired_leases() -> None:
-        while True:
+        task = asyncio.current_task()
+        # Checking `cancelling()` too: a cancellation that lands inside redis-py's read path can be swallowed there
+        # (seen on Python 3.11), and a loop that relied on it alone would keep the service from stopping.
+        while task is None or not task.cancelling():
             await asyncio.sleep(interval_s)
             try:
                 await store.reclaim_expired()
             except _REDIS_DOWN as exc:  # Redis away for a moment (restarting, loading its AOF): try next round
                 log.warning("lease reclaim skipped: redis unavailable: %s", exc)
+        raise asyncio.CancelledError
 
     return reclaim_expired_leases
 

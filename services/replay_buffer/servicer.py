@@ -76,8 +76,9 @@ def _check_whole_group(g: common_pb2.ScoredGroup) -> None:
 def _worker_record(w: pb.WorkerInfo) -> WorkerRecord:
     _check_worker_id(w.worker_id, "worker.worker_id")
     _check_id(w.address, "worker.address")
-    _check_non_negative(w.weight_version, "worker.weight_version")
-    _check_non_negative(w.weight_epoch, "worker.weight_epoch")
+    # -1 = the worker holds no weights of any run yet (it has just started: join handshake pending).
+    _require(w.weight_version >= -1, f"worker.weight_version must be >= -1, got {w.weight_version}")
+    _require(w.weight_epoch >= -1, f"worker.weight_epoch must be >= -1, got {w.weight_epoch}")
     return WorkerRecord(
         w.worker_id, w.address, w.weight_version, w.weight_epoch, 0, w.state or "starting", w.groups_in_flight
     )
@@ -156,9 +157,9 @@ class ReplayBufferServicer:
         remaining = context.time_remaining() if context is not None else None
         if remaining is not None:  # answer before the caller gives up, or the groups taken would be lost in transit
             deadline_s = max(0.0, min(deadline_s, remaining - 0.5))
-        res = await self.store.sample(
-            request.step, request.num_groups, deadline_s, request.min_groups, request.validation
-        )
+        _require(len(request.request_id) <= _MAX_ID_LEN, f"request_id is longer than {_MAX_ID_LEN} characters")
+        r = request
+        res = await self.store.sample(r.step, r.num_groups, deadline_s, r.min_groups, r.validation, r.request_id)
         starvation = None
         if res.starvation is not None:
             s = res.starvation

@@ -65,7 +65,9 @@ class ReplayStore:
         self.keys = Keys(settings.prefix)
         self.workers = WorkerRegistry(redis, self.keys.workers, settings.worker_timeout_ms)
         self._scripts = {n: redis.register_script(scripts.PRELUDE + getattr(scripts, n.upper())) for n in _SCRIPTS}
-        self._arrivals = asyncio.Event()
+        # Groups stored by this process (submits, and groups a resume returned), and an event set on each.
+        self._arrivals = 0
+        self._arrived = asyncio.Event()
 
     async def init(self) -> None:
         """Create the prompt stream's consumer group (idempotent). Everything else is created on first write."""
@@ -87,10 +89,11 @@ class ReplayStore:
             await self.init()
             return await self._scripts[name](keys=self.keys.all, args=list(args))
 
-    def _notify(self) -> None:
+    def _notify(self, groups: int = 1) -> None:
         """Wake Sample calls waiting for groups."""
-        self._arrivals.set()
-        self._arrivals = asyncio.Event()
+        self._arrivals += groups
+        self._arrived.set()
+        self._arrived = asyncio.Event()
 
     # -- prompt queue --------------------------------------------------------------------------------------------
 
@@ -182,29 +185,33 @@ class ReplayStore:
     # -- trajectory store ----------------------------------------------------------------------------------------
 
     async def sample(
-        self, step: int, num_groups: int, deadline_s: float, min_groups: int = 0, validation: bool = False
+        self,
+        step: int,
+        num_groups: int,
+        deadline_s: float,
+        min_groups: int = 0,
+        validation: bool = False,
+        request_id: str = "",
     ) -> SampleResult:
         """Up to `num_groups` whole groups for `step`, oldest weights first. Waits until `num_groups` are ready or the
-        deadline passes, then takes what is there if that is at least max(min_groups, 1)."""
+        deadline passes, then takes what is there if that is at least max(min_groups, 1). A `request_id` seen before
+        (for this step, not yet committed) returns the groups that call took."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         evicted, available, payloads = 0, 0, []
         while True:
-            arrivals = self._arrivals  # captured before looking, so a submit landing meanwhile still wakes us
+            seen = self._arrivals  # read before looking, so a submit landing meanwhile is counted
             left = start + deadline_s - loop.time()
             need = num_groups if left > 0 else max(min_groups, 1)
             out = await self._run(
                 "sample", step, num_groups, self.settings.max_age, need, int(validation), now_ms(),
-                self.settings.max_response_bytes,
+                self.settings.max_response_bytes, request_id,
             )  # fmt: skip
             evicted += int(out[0])
-            available, payloads = int(out[1]), [bytes(p) for p in out[2:]]
+            available, payloads = int(out[1]), out[2:]
             if payloads or left <= 0:
                 break
-            try:
-                await asyncio.wait_for(arrivals.wait(), timeout=min(left, _SAMPLE_POLL_S))
-            except TimeoutError:
-                pass
+            await self._wait_for_arrivals(seen + num_groups - available, start + deadline_s)
         if evicted:
             log.info("step %d: dead-lettered %d groups older than %d steps", step, evicted, self.settings.max_age)
         if len(payloads) >= num_groups:
@@ -213,6 +220,17 @@ class ReplayStore:
         if payloads and available >= num_groups:  # enough were ready; the answer hit the message size limit
             starving = dataclasses.replace(starving, reason="max_message_size")
         return SampleResult(payloads, starving)
+
+    async def _wait_for_arrivals(self, target: int, deadline: float) -> None:
+        """Sleep until this process has stored `target` groups in all (so that enough could be ready: looking earlier
+        would cost a Redis round trip per submit), the deadline, or the poll interval for changes made elsewhere."""
+        loop = asyncio.get_running_loop()
+        until = min(deadline, loop.time() + _SAMPLE_POLL_S)
+        while self._arrivals < target and (left := until - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=left)
+            except TimeoutError:
+                return
 
     async def _starvation(self, evicted: int, waited_s: float) -> Starvation:
         pending = await self.redis.xlen(self.keys.prompts)
@@ -237,7 +255,7 @@ class ReplayStore:
             "%d re-targeted",
             info.epoch, resume_step, weight_version, returned, committed, requeued, retargeted,
         )  # fmt: skip
-        self._notify()
+        self._notify(max(1, info.returned_groups))
         return info
 
     async def commit_step(self, step: int, epoch: int) -> int:

@@ -29,7 +29,7 @@ from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
 from services.sandbox.model import TaskSpec, TaskStatus, Verdict, check_spec
 from services.sandbox.process import RunResult, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
-from services.sandbox.sandbox import SandboxPolicy, probe_interpreter
+from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.workspace import InfraError, PatchError, Workspace, read_regular
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class Executor:
         self._policy: SandboxPolicy | None = None
         self._work_root: Path | None = None
         self._own_work_root = False
+        self._uids: UidRange | None = None
         self.start_error: str | None = None
         self.running = self.queued = self.completed = self.infra_errors = 0
 
@@ -80,13 +81,17 @@ class Executor:
         interpreter = await probe_interpreter(self.cfg.python)
         self._work_root = work_root = self._make_work_root()
         found = {name: path for name, path in tools.items() if path is not None}
-        policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size, found)
+        if os.geteuid() == 0 and self.cfg.use_bwrap and self._uids is None:
+            self._uids = UidRange(self.cfg.uid_base, self.pool_size)
+        uid_base = self._uids.base if self._uids else None
+        policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size, found, uid_base)
         await asyncio.to_thread(grading.load_grader)
         await self._preflight(policy)
         if not policy.as_root and self.cfg.use_bwrap:
             log.warning("executor is not root: tasks share its uid, so RLIMIT_NPROC is per user, not per task")
-        log.info("executor ready: pool %d, sandbox %s, python %s, work root %s", self.pool_size,
-                 "bwrap" if self.cfg.use_bwrap else "NONE (trusted debugging)", interpreter.python, work_root)
+        log.info("executor ready: pool %d, sandbox %s, slot uids from %s, python %s, work root %s", self.pool_size,
+                 "bwrap" if self.cfg.use_bwrap else "NONE (trusted debugging)", uid_base, interpreter.python,
+                 work_root)
         return policy
 
     def _make_work_root(self) -> Path:
@@ -118,6 +123,9 @@ class Executor:
     async def close(self) -> None:
         if self._own_work_root and self._work_root is not None:
             await asyncio.to_thread(shutil.rmtree, self._work_root, True)
+        if self._uids is not None:
+            self._uids.release()
+            self._uids = None
         self._policy = None
 
     def health(self) -> dict[str, object]:
@@ -131,7 +139,8 @@ class Executor:
             "completed": self.completed,
             "infra_errors": self.infra_errors,
             "sandbox": "bwrap" if self.cfg.use_bwrap else "none",
-            "uid_per_slot": bool(policy and policy.uid_for_slot(0) is not None),
+            "slot_uids": [policy.uid_for_slot(0), policy.uid_for_slot(self.pool_size - 1)]
+            if policy and policy.uid_for_slot(0) is not None else None,
         }
 
     async def run(self, spec: TaskSpec, *, on_start: Callable[[], None] | None = None) -> Verdict:

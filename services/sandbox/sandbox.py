@@ -16,6 +16,7 @@ Layers, outermost first:
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from fleet.config.infra import SandboxConfig
 
 SANDBOX_HOME = "/tmp/home"
+_UID_STEP = 1000
 _HIDDEN_TMPFS_BYTES = 1 << 20
 
 
@@ -55,6 +57,40 @@ def _interpreter(exe: str, folders: list[str]) -> Interpreter:
     return Interpreter(python=exe, bin_dir=os.path.dirname(os.path.abspath(exe)), prefixes=prefixes)
 
 
+class UidRange:
+    """An exclusive claim on the uids `base .. base+size-1` among the executors of this host (one flock per uid on
+    a file in /tmp): two executors sharing a slot uid would share its RLIMIT_NPROC, so one task's fork bomb could
+    fail another's tests. The first free range from `sandbox.uid_base` on, in steps of `_UID_STEP`, is taken."""
+
+    def __init__(self, first: int, size: int, lock_dir: str = "/tmp") -> None:
+        if size > _UID_STEP:
+            raise ValueError(f"sandbox.pool_size must be at most {_UID_STEP} (one uid per slot)")
+        self.base = -1
+        self._fds: list[int] = []
+        for candidate in range(first, first + 64 * _UID_STEP, _UID_STEP):
+            if self._claim(candidate, size, lock_dir):
+                self.base = candidate
+                return
+        raise RuntimeError(f"no free sandbox uid range from sandbox.uid_base={first} (64 executors on this host?)")
+
+    def _claim(self, base: int, size: int, lock_dir: str) -> bool:
+        for uid in range(base, base + size):
+            fd = os.open(os.path.join(lock_dir, f".grpo-sandbox-uid-{uid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self.release()
+                return False
+            self._fds.append(fd)
+        return True
+
+    def release(self) -> None:
+        for fd in self._fds:
+            os.close(fd)  # closing drops the flock
+        self._fds = []
+
+
 def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
@@ -63,8 +99,9 @@ class SandboxPolicy:
     """Builds the argv and environment of a sandboxed run from `SandboxConfig`."""
 
     def __init__(self, cfg: SandboxConfig, interpreter: Interpreter, work_root: Path, pool_size: int,
-                 tools: dict[str, str] | None = None) -> None:
+                 tools: dict[str, str] | None = None, uid_base: int | None = None) -> None:
         self.cfg = cfg
+        self.uid_base = cfg.uid_base if uid_base is None else uid_base
         self.interpreter = interpreter
         # Absolute paths found on the executor's PATH: the sandbox's own PATH is a clean, fixed one.
         self.tools = {name: (tools or {}).get(name, name) for name in ("prlimit", "bwrap", "setpriv")}
@@ -74,7 +111,7 @@ class SandboxPolicy:
 
     def uid_for_slot(self, slot: int) -> int | None:
         """The uid a pool slot's tests run as (None: the executor's own, when it is not root)."""
-        return self.cfg.uid_base + slot if self.as_root and self.cfg.use_bwrap else None
+        return self.uid_base + slot if self.as_root and self.cfg.use_bwrap else None
 
     def _prlimit(self, cpu_s: int) -> list[str]:
         cfg = self.cfg
@@ -94,8 +131,8 @@ class SandboxPolicy:
             path = os.path.realpath(raw)
             if path != "/" and not _under(path, "/tmp") and os.path.isdir(path):
                 keep.append(path)
-        # Parents before children, so that a nested mount is not covered by its parent's tmpfs.
-        return sorted(set(keep), key=lambda p: (p.count("/"), p))
+        # A folder inside another hidden one is hidden already.
+        return sorted(p for p in set(keep) if not any(_under(p, q) and p != q for q in keep))
 
     @staticmethod
     def _parents(path: str, covered: tuple[str, ...]) -> list[str]:
@@ -114,8 +151,10 @@ class SandboxPolicy:
         covered = (*hidden, "/tmp")
         for path in hidden:
             args += ["--size", str(_HIDDEN_TMPFS_BYTES), "--tmpfs", path]
-        for prefix in self.interpreter.prefixes:
-            if any(_under(prefix, c) for c in covered):
+        prefixes = self.interpreter.prefixes
+        for prefix in prefixes:
+            inside_another = any(_under(prefix, p) and prefix != p for p in prefixes)
+            if not inside_another and any(_under(prefix, c) for c in covered):
                 args += [*self._parents(prefix, covered), "--ro-bind", prefix, prefix]
         args += [*self._parents(str(tree), covered), "--perms", "0777", "--dir", SANDBOX_HOME,
                  "--bind", str(tree), str(tree)]

@@ -83,17 +83,11 @@ class SandboxServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = self._bound_port(site)
+        self.port = int(self._runner.addresses[0][1])  # the real port when 0 was asked for
         self._janitor = asyncio.create_task(self._expire_loop(), name="sandbox-result-janitor")
         self._janitor.add_done_callback(self._supervise)
         log.info("listening on %s:%d", self.host, self.port)
         return self.port
-
-    @staticmethod
-    def _bound_port(site: web.TCPSite) -> int:
-        server = site._server  # aiohttp exposes the bound sockets only there
-        sockets = getattr(server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1])
 
     def _supervise(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self.failed is None or self.failed.done():

@@ -48,7 +48,8 @@ def test_sync_loop_trains_each_step_on_fresh_weights(tmp_path: Path, tiny_model_
     assert (final["step"], final["weight_version"]) == (3, 3)
     assert (run / "logs" / "tensorboard").is_dir()
     [val] = [r for r in read_jsonl(run / "logs" / "metrics.jsonl") if "val/accuracy" in r]
-    assert val["step"] == 1 and val["val/tasks"] == 3  # after step index 1, i.e. 2 steps trained and 0.0 <= val["val/accuracy"] <= 1.0
+    # Logged after step index 1 (2 steps trained): val_period=2.
+    assert val["step"] == 1 and val["val/tasks"] == 3 and 0.0 <= val["val/accuracy"] <= 1.0
     assert stats["validation_ready"] == 0
 
 

@@ -372,3 +372,32 @@ async def test_accounting_detects_a_transition_that_updated_one_place_only(make_
     assert not acc.ok
     assert any("ready sets" in v for v in acc.violations)
     assert dataclasses.replace(acc, violations=[]).ok
+
+
+async def test_a_dangling_index_entry_is_skipped_not_served(make_store) -> None:
+    store = await make_store()
+    await store.enqueue(prompts(("a", 0), ("b", 0)))
+    epoch = await start_run(store, "w")
+    for lease in (await store.lease("w", 0, epoch, 2)).leases:
+        await store.submit(lease.lease_id, scored(lease.group_id, 0))
+    first = (await store.redis.xrange(store.keys.traj))[0][0]
+    await store.redis.xdel(store.keys.traj, first)  # data lost behind the buffer's back
+    assert (await store.sample(0, 2, 0)).payloads == [b"scored:b"]
+    acc = await store.accounting()
+    assert not acc.ok and any("state scored" in v for v in acc.violations)
+
+
+async def test_a_retried_sample_gets_the_same_groups_not_more(make_store) -> None:
+    store = await make_store()
+    await store.enqueue(prompts(("a", 0), ("b", 0), ("c", 0)))
+    epoch = await start_run(store, "w")
+    for lease in (await store.lease("w", 0, epoch, 3)).leases:
+        await store.submit(lease.lease_id, scored(lease.group_id, 0))
+    first = await store.sample(0, 2, 0, request_id="1:0:0")  # ... and the answer is lost in transit
+    again = await store.sample(0, 2, 0, request_id="1:0:0")
+    assert first.payloads == again.payloads == [b"scored:a", b"scored:b"]
+    assert (await store.sample(0, 2, 0, request_id="1:0:1")).payloads == [b"scored:c"]
+    assert (await store.stats()).counters["sampled"] == 3
+    await store.commit_step(0, epoch)
+    assert (await store.sample(0, 2, 0, request_id="1:0:0")).payloads == []  # committed: nothing to replay
+    await assert_accounting(store)

@@ -10,7 +10,7 @@ import pytest
 
 from fleet.config.infra import SandboxConfig
 from services.sandbox.process import TailBuffer, run_limited
-from services.sandbox.sandbox import Interpreter, SandboxPolicy
+from services.sandbox.sandbox import Interpreter, SandboxPolicy, UidRange
 from services.sandbox.workspace import parse_numstat, read_regular, rename_sources, unquote_git_path
 
 
@@ -125,3 +125,14 @@ async def test_run_limited_reports_the_exit_code(tmp_path: Path) -> None:
                                cwd=str(tmp_path), limit_s=30, output_cap=100)
     assert (result.exit_code, result.timed_out) == (3, False)
     assert (result.stdout.text(), result.stderr.text()) == ("out\n", "err\n")
+
+
+def test_executors_on_one_host_never_share_slot_uids(tmp_path: Path) -> None:
+    a = UidRange(70000, 4, lock_dir=str(tmp_path))
+    b = UidRange(70000, 4, lock_dir=str(tmp_path))
+    c = UidRange(70002, 4, lock_dir=str(tmp_path))  # overlaps a, then b
+    assert (a.base, b.base, c.base) == (70000, 71000, 72002)
+    a.release()
+    assert UidRange(70000, 4, lock_dir=str(tmp_path)).base == 70000
+    with pytest.raises(ValueError, match="pool_size"):
+        UidRange(70000, 5000, lock_dir=str(tmp_path))

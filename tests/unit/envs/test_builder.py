@@ -63,3 +63,19 @@ def test_split_is_by_function_and_independent_of_seed_and_kind():
     assert function_split("toolz", "toolz/a.py::f1", 0.2) == function_split("toolz", "toolz/a.py::f1", 0.2)
     share = sum(function_split("r", f"f{i}", 0.2) == "validation" for i in range(2000)) / 2000
     assert 0.15 < share < 0.25
+
+
+def test_a_second_build_into_the_same_folder_fails_fast_instead_of_racing(tmp_path):
+    import pytest
+
+    from envs.swe.builder import BuildError, BuildOptions, build_lock, build_taskset
+
+    def no_runner(*_):
+        raise AssertionError("a refused build must not start the sandbox")
+
+    with build_lock(tmp_path, wait=False):
+        with pytest.raises(BuildError, match="another build is writing"):
+            asyncio.run(build_taskset(BuildOptions(out=tmp_path), make_runner=no_runner))
+    (tmp_path / "train.jsonl").write_text("")
+    report = asyncio.run(build_taskset(BuildOptions(out=tmp_path, if_missing=True), make_runner=no_runner))
+    assert report.reused and report.tasks == []
