@@ -77,7 +77,14 @@ class RolloutWorker:
                  reply.epoch, reply.current_version)
         while True:
             await asyncio.sleep(interval)
-            await self.buffer.heartbeat(self.info())
+            try:
+                await self.buffer.heartbeat(self.info())
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                # The registry lost us (worker timed out, or Redis lost state): register again.
+                log.warning("the replay buffer no longer knows this worker; registering again")
+                await self.buffer.register(self.info())
 
     # ---- weights (called by the servicer) --------------------------------------------------------------------
     async def apply_weights(self, ws: WeightSet) -> tuple[float, float]:

@@ -65,7 +65,9 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
     loss_config(cfg)  # the loss's own cross-field rules, before any model loads
     env = read_env()
     device = pick_device(env)
-    dist = Dist(env, device, timeout_s=cfg.grpo.sample_timeout_s + 900)
+    # Ranks > 0 wait in a broadcast while rank 0 waits for a step's data and, at most once per step, a validation
+    # round: each may take up to grpo.sample_timeout_s.
+    dist = Dist(env, device, timeout_s=2 * cfg.grpo.sample_timeout_s + 900)
     rank0: Rank0 | None = None
     try:
         run_dir = Path(cfg.run.dir).resolve()

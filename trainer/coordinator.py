@@ -87,11 +87,14 @@ class Coordinator:
         self._thread.join(timeout=10)
 
     async def _close(self) -> None:
+        # Whatever _start() got to make (it may have failed half-way, e.g. on a port in use).
         if self._status is not None:
             await self._status.stop(grace=1.0)
-        await self.pusher.transport.close()
-        await self.pusher.late_transport.close()
-        await self.buffer.close()
+        if hasattr(self, "pusher"):
+            await self.pusher.transport.close()
+            await self.pusher.late_transport.close()
+        if hasattr(self, "buffer"):
+            await self.buffer.close()
 
     # -- run lifecycle ----------------------------------------------------------------------------------------------
     def begin(self, step: int, version: int, snapshot: WeightSnapshot) -> dict[str, float]:

@@ -153,6 +153,7 @@ class TrainLoop:
         if self.rank0 is not None:
             self._log_step(msg.batch, metrics)
         if self.cfg.grpo.val_period and s.step % self.cfg.grpo.val_period == 0 and self.rank0 is not None:
+            self._wait_push()  # validate the weights just trained, not the previous version
             self.rank0.state.set_phase("validating")
             self.rank0.metrics.log(msg.batch.step, self.rank0.coordinator.validate(s.step))
         if self.cfg.checkpointing.enabled and s.step % self.cfg.checkpointing.save_period == 0:

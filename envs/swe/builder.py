@@ -76,6 +76,8 @@ class RepoReport:
     sandbox_runs: int = 0
     accepted: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    rejections: list[dict[str, str]] = field(default_factory=list)
+    """Every rejected candidate (function, kind, site, reason): what to look at when a repository yields little."""
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -220,9 +222,9 @@ async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Ru
     validator = RepoValidator(
         repo=repo, recipe=r, pytest_args=recipe.pytest_args, clean_commit=clean, baseline=baseline, run=run,
         modules=modules, max_fail_fraction=recipe.max_fail_fraction, validation_fraction=recipe.validation_fraction,
-        # Bugs can loop forever. A candidate runs at most a few files of the suite, so 3x the whole clean suite's time
-        # is a wide margin, and the 15 s floor covers a loaded machine: a slow host must not reject good bugs.
-        timeout=min(60.0, max(15.0, 3 * baseline.seconds)),
+        # Bugs can still hang (recursion through generators, loops in callees). A candidate runs at most a few files
+        # of the suite, so twice the whole clean suite's time is a wide margin; the 10 s floor covers a loaded host.
+        timeout=min(60.0, max(10.0, 2 * baseline.seconds)),
         extra_metadata={"recipe_version": recipe.recipe_version},
     )
     log.info("%s: %d tests (%d passing) on the clean tree in %.1fs; %d candidates", r.name, report.tests,
@@ -241,6 +243,8 @@ async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Ru
     report.validated, report.accepted = len(outcomes), len(tasks)
     report.sandbox_runs = 1 + sum(o.runs for o in outcomes)
     report.rejected = Counter(o.reason for o in outcomes if o.task is None)
+    report.rejections = [{"function": o.candidate.function_id, "kind": o.candidate.kind,
+                          "site": str(o.candidate.index), "reason": o.reason} for o in outcomes if o.task is None]
     if report.rejected["infra_error"] > max(2, report.validated // 10):
         # An executor that keeps failing says nothing about the bugs: stop instead of shipping a thinned-out set.
         errors = sorted({str(o.details.get("error", ""))[:200] for o in outcomes if o.reason == "infra_error"})

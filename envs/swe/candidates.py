@@ -70,11 +70,14 @@ def _module_keys(file: str) -> list[str]:
 
 
 def _tests_for(fn: FunctionSites, test_words: dict[str, Counter[str]], max_files: int) -> tuple[str, ...]:
+    module = _module_keys(fn.file)
+
     def files_naming(names: list[str]) -> tuple[str, ...]:
         # The files naming it most often, as SWE-bench runs only a task's own test files: more files would mostly
-        # add PASS_TO_PASS tests of other functions and slow every sandbox run.
-        hits = [(-sum(words[n] for n in names), f) for f, words in test_words.items()]
-        return tuple(sorted(f for _, f in sorted(h for h in hits if h[0] < 0)[:max_files]))
+        # add PASS_TO_PASS tests of other functions and slow every sandbox run. Files that also name the module
+        # come first: a generic name (`get`, `main`) in another module's tests is usually another function.
+        hits = [(-any(words[m] for m in module), -sum(words[n] for n in names), f) for f, words in test_words.items()]
+        return tuple(sorted(f for *_, f in sorted(h for h in hits if h[1] < 0)[:max_files]))
 
     dunder = fn.name.startswith("__") and fn.name.endswith("__")
     private = fn.name.startswith("_") and not dunder
@@ -82,7 +85,7 @@ def _tests_for(fn: FunctionSites, test_words: dict[str, Counter[str]], max_files
     if direct or not (dunder or private):
         return direct
     # Private helpers and dunders are reached through their class or module: the tests naming those.
-    return files_naming([fn.class_name] if fn.class_name else _module_keys(fn.file))
+    return files_naming([fn.class_name] if fn.class_name else module)
 
 
 def _function_candidates(fn: FunctionSites, rng: random.Random, limit: int) -> list[tuple[str, int]]:

@@ -6,7 +6,8 @@ Here a candidate bug is `(file, qualname, kind, index)`: the `index`-th site of 
 That makes every candidate enumerable, its id stable, and its gold patch minimal. Kind names follow swesmith's.
 
 Sites are counted only in the function's own body: decorators, defaults and annotations are never touched, and a
-nested function's body belongs to the nested function.
+nested function's body belongs to the nested function. Nothing inside a `while` loop is a site (a whole loop may
+still be removed): rewrites there mostly make the loop endless, which only teaches the sandbox's timeout.
 """
 
 from __future__ import annotations
@@ -60,8 +61,13 @@ class _SiteTransformer(cst.CSTTransformer):
         self.kind, self.index = kind, index
         self.counts: dict[str, int] = dict.fromkeys(BUG_KINDS, 0)
         self.applied = False
+        self.in_while = 0
 
     def _site(self, kind: str) -> bool:
+        if self.in_while:
+            # Inside a `while` (test or body) most rewrites stop the loop from ending: the tests hang until the
+            # sandbox kills them, which costs a whole timeout per candidate and gives the agent no traceback.
+            return False
         n = self.counts[kind]
         self.counts[kind] = n + 1
         hit = kind == self.kind and n == self.index
@@ -74,6 +80,14 @@ class _SiteTransformer(cst.CSTTransformer):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return False
+
+    def visit_While(self, node: cst.While) -> bool:
+        self.in_while += 1
+        return True
+
+    def leave_While(self, original: cst.While, updated: cst.While) -> cst.While:
+        self.in_while -= 1
+        return updated
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation, updated: cst.BinaryOperation) -> cst.BaseExpression:
         op = type(updated.operator)

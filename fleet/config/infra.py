@@ -107,7 +107,8 @@ class SandboxConfig(Section):
     hidden_paths: list[str] = Field(default_factory=lambda: ["/root", "/home", "/run"])
     """Host folders replaced by an empty tmpfs inside the sandbox (the test interpreter's own folders are bound back)."""
     python: str | None = None
-    """Interpreter of the tests: `python` on the sandbox PATH and the default pytest command (None: the executor's)."""
+    """Interpreter of the tests: `python` on the sandbox PATH and the default pytest command (None: the
+    executor's)."""
     disable_plugin_autoload: bool = True
     """Default pytest command only: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, so plugins installed next to the interpreter
     cannot change how the task's tests run or report."""

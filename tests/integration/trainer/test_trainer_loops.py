@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import grpc
+import pytest
 from trainer_harness import load, read_jsonl, start_trainer, write_config
 
 from grpofleet.v1 import trainer_pb2, trainer_pb2_grpc
+from trainer.status import PHASES
 
 
 def _step_records(run: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -53,6 +55,7 @@ def test_sync_loop_trains_each_step_on_fresh_weights(tmp_path: Path, tiny_model_
     assert stats["validation_ready"] == 0
 
 
+@pytest.mark.slow
 def test_sigterm_stops_after_the_step_with_a_checkpoint(tmp_path: Path, tiny_model_path: str, replay_buffer,
                                                         fake_rollout) -> None:  # type: ignore[no-untyped-def]
     import signal
@@ -95,7 +98,7 @@ def test_async_loop_runs_ahead_within_the_age_bound_and_skips_stragglers(
     stats = worker.stats()
     _accounting(stats)
     assert stats["sampled"] == 8 and stats["uncommitted_groups"] == 0
-    assert "training" in status or "waiting_for_data" in status or "pushing_weights" in status
+    assert status and status <= set(PHASES)  # GetStatus answered while the trainer ran
 
 
 def _poll_status(port: int, trainer) -> set[str]:  # type: ignore[no-untyped-def]

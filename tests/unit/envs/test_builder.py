@@ -1,8 +1,10 @@
 import asyncio
 import random
 
+import pytest
+
 from envs.registry import Task
-from envs.swe.builder import select_in_order
+from envs.swe.builder import BuildError, BuildOptions, build_lock, build_taskset, select_in_order
 from envs.swe.candidates import Candidate
 from envs.swe.validate import Outcome, function_split
 
@@ -66,10 +68,6 @@ def test_split_is_by_function_and_independent_of_seed_and_kind():
 
 
 def test_a_second_build_into_the_same_folder_fails_fast_instead_of_racing(tmp_path):
-    import pytest
-
-    from envs.swe.builder import BuildError, BuildOptions, build_lock, build_taskset
-
     def no_runner(*_):
         raise AssertionError("a refused build must not start the sandbox")
 

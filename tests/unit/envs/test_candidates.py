@@ -83,3 +83,12 @@ def test_test_files_are_capped_to_those_naming_the_function_most(tmp_path):
     (root / "tests" / "test_more.py").write_text("from pkg.core import add\n\n" + "def test_x():\n    add(1, 1)\n" * 3)
     cands, _ = plan_candidates(root, recipe, seed=0, per_function=1, max_test_files=1)
     assert {c.test_files for c in cands if c.qualname == "add"} == {("tests/test_more.py",)}
+
+
+def test_files_naming_the_module_are_preferred_for_generic_names(tmp_path):
+    root, recipe = make_repo(tmp_path)
+    # `push` is named more often here, but this file tests another module.
+    (root / "tests" / "test_other.py").write_text("def test_q():\n    q.push(1)\n    q.push(2)\n    q.push(3)\n")
+    (root / "tests" / "test_stack.py").write_text(TESTS["tests/test_stack.py"] + "import pkg.core\n")
+    cands, _ = plan_candidates(root, recipe, seed=0, per_function=1, max_test_files=1)
+    assert {c.test_files for c in cands if c.qualname == "Stack.push"} == {("tests/test_stack.py",)}

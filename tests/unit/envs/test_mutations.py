@@ -61,9 +61,15 @@ def test_sites_cover_the_body_only_not_decorators_defaults_or_docstrings():
     s = sites("compute")
     # `1 + 2` in the decorator and `b=3` are not sites; the docstring's digits are text.
     assert s["op_change"] == 4  # a - b, total * 2, total + x, "p" + str(total)
-    assert s["const_change"] == 6  # 1, 2, 100, 10, 0, 0
+    assert s["const_change"] == 4  # 1, 2, 0, 0: not 100 and 10, which are inside the `while`
+    assert (s["cmp_flip"], s["cmp_boundary"]) == (3, 1)  # `total > 100` is the while's test
     # Single-statement blocks are never emptied: only `total = a - b` and `name = ...` can go.
     assert s["remove_assign"] == 2
+
+
+def test_while_loops_can_be_removed_but_nothing_inside_them_changes():
+    new = mutate(MODULE, "compute", "remove_loop", 1)
+    assert new is not None and changed_lines(MODULE, new) == ["-    while total > 100:", "-        total -= 10"]
 
 
 def test_nested_function_sites_belong_to_the_nested_function():

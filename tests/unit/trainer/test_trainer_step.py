@@ -145,6 +145,7 @@ def _rank_main(rank: int, world: int, port: int, cfg_json: str, out: str) -> Non
         dist.close()
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_give_the_same_update_as_one(make_cfg, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import torch.multiprocessing as mp
 
