@@ -105,7 +105,8 @@ class SandboxConfig(Section):
     RLIMIT_NPROC for root, and distinct uids keep concurrent tasks out of each other's files. `base` is the first
     range from `uid_base` on (steps of 1000) that no other executor of this host holds (flocks in /tmp)."""
     hidden_paths: list[str] = Field(default_factory=lambda: ["/root", "/home", "/run"])
-    """Host folders replaced by an empty tmpfs inside the sandbox (the test interpreter's own folders are bound back)."""
+    """Host folders replaced by an empty tmpfs inside the sandbox (the test interpreter's own folders are bound
+    back)."""
     python: str | None = None
     """Interpreter of the tests: `python` on the sandbox PATH and the default pytest command (None: the
     executor's)."""
