@@ -141,6 +141,7 @@ async def bench_size(size: str, backend: str, args: argparse.Namespace) -> dict[
         "size": size, "backend": backend, "params": sum(t.numel() for t in weights.values()),
         "model_build_or_cache_s": build_s, "engine_start_s": time.perf_counter() - t0,
         "memcpy_GBps": memcpy_gbps(weights),
+        "loadavg_1m_at_start": os.getloadavg()[0],  # a shared 2-core box: other jobs skew every number here
     }  # fmt: skip
     try:
         row["update"] = await update_latency(engine, weights, repeats=3)
@@ -153,6 +154,7 @@ async def bench_size(size: str, backend: str, args: argparse.Namespace) -> dict[
         row["gen_push_slowdown"] = 1 - row["gen_push"]["tokens_per_s"] / row["gen_no_push"]["tokens_per_s"]
     finally:
         await engine.stop()
+    row["loadavg_1m_at_end"] = os.getloadavg()[0]
     log.info("%s", json.dumps(row, indent=1))
     return row
 
