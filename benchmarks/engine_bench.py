@@ -159,18 +159,27 @@ async def bench_size(size: str, backend: str, args: argparse.Namespace) -> dict[
     return row
 
 
-async def main(args: argparse.Namespace) -> None:
-    rows = []
-    for backend in args.backend.split(","):
-        for size in args.sizes.split(","):
-            rows.append(await bench_size(size, backend, args))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+def write_results(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Merge rows into the results file by (size, backend), so runs of a few sizes update it, and a run cut short
+    keeps what it measured."""
+    previous = json.loads(RESULTS.read_text())["results"] if RESULTS.is_file() else []
+    fresh = {(r["size"], r["backend"]) for r in rows}
+    merged = [r for r in previous if (r["size"], r["backend"]) not in fresh] + rows
     env = {
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "dtype": "float32", "device": "cpu",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "duration_s": args.duration, "push_every_s": args.push_every,
     }  # fmt: skip
-    RESULTS.write_text(json.dumps({"env": env, "results": rows}, indent=2) + "\n")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"env": env, "results": merged}, indent=2) + "\n")
+
+
+async def main(args: argparse.Namespace) -> None:
+    rows: list[dict[str, Any]] = []
+    for backend in args.backend.split(","):
+        for size in args.sizes.split(","):
+            rows.append(await bench_size(size, backend, args))
+            write_results(rows, args)
     print(f"wrote {RESULTS}")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -87,8 +88,11 @@ class BufferClient:
 
     async def sample(self, step: int, num_groups: int, deadline_s: float, *, min_groups: int = 1,
                      validation: bool = False) -> tuple[list[Group], Starvation]:
+        # One id per logical call, reused by its retries: a retried Sample gets back the groups the lost answer
+        # carried instead of taking new ones (which would leave those groups sampled but never trained).
         req = replay_buffer_pb2.SampleRequest(step=step, num_groups=num_groups, deadline_ms=int(deadline_s * 1000),
-                                              min_groups=min_groups, validation=validation)
+                                              min_groups=min_groups, validation=validation,
+                                              request_id=uuid.uuid4().hex)
         # The server may hold the call for deadline_s: the RPC deadline must outlast it.
         r = await self._call("Sample", lambda: self.stub.Sample(req, timeout=deadline_s + self.timeout))
         s = r.starvation

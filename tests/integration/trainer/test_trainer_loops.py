@@ -111,7 +111,7 @@ def _poll_status(port: int, trainer) -> set[str]:  # type: ignore[no-untyped-def
     deadline = time.monotonic() + 120
     while trainer.poll() is None and time.monotonic() < deadline and len(seen) < 3:
         try:
-            r = stub.GetStatus(trainer_pb2.TrainerStatusRequest(), timeout=2)
+            r = stub.GetStatus(trainer_pb2.TrainerStatusRequest(), timeout=10)
             seen.add(r.phase)
             assert r.async_mode and r.max_steps == 4
         except grpc.RpcError:
