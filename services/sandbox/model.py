@@ -13,8 +13,11 @@ from typing import Any, Literal
 
 # completed: tests ran (see resolution). not_applied: the agent patch did not apply. refused: integrity check.
 # timeout: the tests ran past their limit. infra_error: the executor could not do its job (repo missing, disk full,
-# sandbox failed to start) -- never a statement about the patch.
-TaskStatus = Literal["pending", "running", "completed", "not_applied", "refused", "timeout", "infra_error"]
+# sandbox failed to start) -- never a statement about the patch. format_error: set by the SWE environment when the
+# answer held no usable patch; never produced by the executor.
+TaskStatus = Literal[
+    "pending", "running", "completed", "not_applied", "refused", "timeout", "infra_error", "format_error"
+]
 ResolutionName = Literal["FULL", "PARTIAL", "NO"]
 TOKEN_ENV = "GRPO_FLEET_SANDBOX_TOKEN"
 """Environment variable holding the bearer token, read by the executor and the client when the config has none."""
