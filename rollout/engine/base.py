@@ -173,8 +173,10 @@ def validate_weights(
 class GenerationEngine(ABC):
     """One model served for generation with hot-swappable weights. `start()` before use, `stop()` at the end.
 
-    Implementations provide `_start`, `_stop`, `generate`, and `_apply_update`; this class owns the checks and the
-    version bookkeeping so that both engines refuse the same pushes with the same errors.
+    Implementations provide `start`, `stop`, `generate` and `_apply_update`; this class owns the checks and the
+    version bookkeeping, so that both engines refuse the same pushes with the same errors. The errors subclass
+    `services.runtime.errors` (WeightMismatchError -> INVALID_ARGUMENT, StaleVersionError -> FAILED_PRECONDITION,
+    EngineUnavailableError -> UNAVAILABLE), so the error interceptor maps them without a wrapper.
     """
 
     name: str = "engine"
