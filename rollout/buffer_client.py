@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
 from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
-from services.runtime.client import make_channel
+from services.runtime.client import make_channel, retry_transient
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
-_TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class BufferClient:
@@ -32,17 +27,7 @@ class BufferClient:
         await self.channel.close()
 
     async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        delay = 0.2
-        for attempt in range(self.retries + 1):
-            try:
-                return await fn()
-            except aio.AioRpcError as exc:
-                if exc.code() not in _TRANSIENT or attempt == self.retries:
-                    raise
-                log.warning("replay buffer %s: %s; retrying in %.1fs", name, exc.code().name, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+        return await retry_transient(f"replay buffer {name}", fn, retries=self.retries)
 
     async def register(self, info: replay_buffer_pb2.WorkerInfo) -> replay_buffer_pb2.RegisterWorkerResponse:
         req = replay_buffer_pb2.RegisterWorkerRequest(worker=info)
@@ -53,8 +38,9 @@ class BufferClient:
         return await self._call("Heartbeat", lambda: self.stub.Heartbeat(req, timeout=self.timeout))
 
     async def lease(self, worker_id: str, version: int, epoch: int, n: int) -> replay_buffer_pb2.LeasePromptsResponse:
-        req = replay_buffer_pb2.LeasePromptsRequest(worker_id=worker_id, weight_version=version, weight_epoch=epoch,
-                                                    max_groups=n)
+        req = replay_buffer_pb2.LeasePromptsRequest(
+            worker_id=worker_id, weight_version=version, weight_epoch=epoch, max_groups=n
+        )
         return await self._call("LeasePrompts", lambda: self.stub.LeasePrompts(req, timeout=self.timeout))
 
     async def submit(self, worker_id: str, lease_id: str, group: common_pb2.ScoredGroup) -> Any:
@@ -62,6 +48,7 @@ class BufferClient:
         return await self._call("SubmitGroup", lambda: self.stub.SubmitGroup(req, timeout=self.timeout))
 
     async def release(self, worker_id: str, lease_id: str, reason: str, dead_letter: bool = False) -> None:
-        req = replay_buffer_pb2.ReleaseLeaseRequest(worker_id=worker_id, lease_id=lease_id, reason=reason,
-                                                    dead_letter=dead_letter)
+        req = replay_buffer_pb2.ReleaseLeaseRequest(
+            worker_id=worker_id, lease_id=lease_id, reason=reason, dead_letter=dead_letter
+        )
         await self._call("ReleaseLease", lambda: self.stub.ReleaseLease(req, timeout=self.timeout))

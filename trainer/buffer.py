@@ -4,26 +4,23 @@ a buffer restart costs the trainer a pause, not the run."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
 from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
-from services.runtime.client import make_channel
+from services.runtime.client import make_channel, retry_transient
 from trainer.batch import Group, Trajectory
 from trainer.data import PromptSpec
 from trainer.weights import WorkerRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 @dataclass(frozen=True)
@@ -36,25 +33,41 @@ class Starvation:
     waited_s: float = 0.0
 
     def describe(self) -> str:
-        return (f"{self.reason}: {self.prompts_pending} prompts pending, {self.leases_outstanding} leases out, "
-                f"{self.live_workers} live workers, {self.evicted_now} evicted, waited {self.waited_s:.1f}s")
+        return (
+            f"{self.reason}: {self.prompts_pending} prompts pending, {self.leases_outstanding} leases out, "
+            f"{self.live_workers} live workers, {self.evicted_now} evicted, waited {self.waited_s:.1f}s"
+        )
 
 
 def to_group(g: common_pb2.ScoredGroup) -> Group:
     trajs = [
-        Trajectory(list(t.response_token_ids), list(t.generation_logprobs), list(t.token_versions), float(t.reward),
-                   t.finish_reason, t.verdict.resolution == common_pb2.RESOLUTION_FULL)
+        Trajectory(
+            list(t.response_token_ids),
+            list(t.generation_logprobs),
+            list(t.token_versions),
+            float(t.reward),
+            t.finish_reason,
+            t.verdict.resolution == common_pb2.RESOLUTION_FULL,
+        )
         for t in g.trajectories
     ]
-    return Group(g.prompt.group_id, list(g.prompt.prompt_token_ids), trajs, int(g.min_version),
-                 int(g.prompt.target_step))
+    return Group(
+        g.prompt.group_id, list(g.prompt.prompt_token_ids), trajs, int(g.min_version), int(g.prompt.target_step)
+    )
 
 
 def to_prompt(p: PromptSpec) -> common_pb2.PromptGroup:
     return common_pb2.PromptGroup(
-        group_id=p.group_id, target_step=p.target_step, env_name=p.env_name, task_id=p.task_id,
-        prompt_token_ids=p.prompt_token_ids, num_generations=p.num_generations, env_payload=p.env_payload,
-        enqueued_at_ms=p.enqueued_at_ms, validation=p.validation)
+        group_id=p.group_id,
+        target_step=p.target_step,
+        env_name=p.env_name,
+        task_id=p.task_id,
+        prompt_token_ids=p.prompt_token_ids,
+        num_generations=p.num_generations,
+        env_payload=p.env_payload,
+        enqueued_at_ms=p.enqueued_at_ms,
+        validation=p.validation,
+    )
 
 
 class BufferClient:
@@ -69,42 +82,42 @@ class BufferClient:
         await self.channel.close()
 
     async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        delay = 0.2
-        for attempt in range(self.retries + 1):
-            try:
-                return await fn()
-            except aio.AioRpcError as exc:
-                if exc.code() not in _TRANSIENT or attempt == self.retries:
-                    raise
-                log.warning("replay buffer %s: %s; retrying in %.1fs", name, exc.code().name, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+        return await retry_transient(f"replay buffer {name}", fn, retries=self.retries)
 
     async def enqueue(self, prompts: list[PromptSpec]) -> tuple[int, int]:
         req = replay_buffer_pb2.EnqueuePromptsRequest(groups=[to_prompt(p) for p in prompts])
         r = await self._call("EnqueuePrompts", lambda: self.stub.EnqueuePrompts(req, timeout=self.timeout))
         return int(r.enqueued), int(r.duplicates)
 
-    async def sample(self, step: int, num_groups: int, deadline_s: float, *, min_groups: int = 1,
-                     validation: bool = False) -> tuple[list[Group], Starvation]:
+    async def sample(
+        self, step: int, num_groups: int, deadline_s: float, *, min_groups: int = 1, validation: bool = False
+    ) -> tuple[list[Group], Starvation]:
         # One id per logical call, reused by its retries: a retried Sample gets back the groups the lost answer
         # carried instead of taking new ones (which would leave those groups sampled but never trained).
-        req = replay_buffer_pb2.SampleRequest(step=step, num_groups=num_groups, deadline_ms=int(deadline_s * 1000),
-                                              min_groups=min_groups, validation=validation,
-                                              request_id=uuid.uuid4().hex)
+        req = replay_buffer_pb2.SampleRequest(
+            step=step,
+            num_groups=num_groups,
+            deadline_ms=int(deadline_s * 1000),
+            min_groups=min_groups,
+            validation=validation,
+            request_id=uuid.uuid4().hex,
+        )
         # The server may hold the call for deadline_s: the RPC deadline must outlast it.
         r = await self._call("Sample", lambda: self.stub.Sample(req, timeout=deadline_s + self.timeout))
         s = r.starvation
-        starvation = Starvation(s.reason, s.prompts_pending, s.leases_outstanding, s.live_workers, s.evicted_now,
-                                s.waited_s)
+        starvation = Starvation(
+            s.reason, s.prompts_pending, s.leases_outstanding, s.live_workers, s.evicted_now, s.waited_s
+        )
         return [to_group(g) for g in r.groups], starvation
 
     async def begin_run(self, resume_step: int, weight_version: int) -> dict[str, int]:
         req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=weight_version)
         r = await self._call("BeginRun", lambda: self.stub.BeginRun(req, timeout=self.timeout))
-        return {"epoch": int(r.epoch), "returned_groups": int(r.returned_groups),
-                "retargeted_groups": int(r.retargeted_groups)}
+        return {
+            "epoch": int(r.epoch),
+            "returned_groups": int(r.returned_groups),
+            "retargeted_groups": int(r.retargeted_groups),
+        }
 
     async def publish_version(self, version: int, epoch: int, step: int) -> None:
         req = replay_buffer_pb2.PublishVersionRequest(version=version, epoch=epoch, step=step)
@@ -126,8 +139,12 @@ class BufferClient:
     async def list_workers(self) -> list[WorkerRef]:
         req = replay_buffer_pb2.ListWorkersRequest(include_dead=False)
         r = await self._call("ListWorkers", lambda: self.stub.ListWorkers(req, timeout=self.timeout))
-        return [WorkerRef(w.worker_id, w.address, int(w.weight_version), int(w.weight_epoch),
-                          int(w.last_heartbeat_ms), w.state) for w in r.workers]
+        return [
+            WorkerRef(
+                w.worker_id, w.address, int(w.weight_version), int(w.weight_epoch), int(w.last_heartbeat_ms), w.state
+            )
+            for w in r.workers
+        ]
 
     async def stats(self) -> dict[str, Any]:
         r = await self._call("Stats", lambda: self.stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=self.timeout))

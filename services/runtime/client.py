@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
 from grpc import aio
 
 from fleet.config.infra import ServicesConfig
 from services.runtime.server import auth_token, channel_options
+
+log = logging.getLogger(__name__)
 
 
 class _BearerAuth(aio.UnaryUnaryClientInterceptor, aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
@@ -29,3 +37,23 @@ def make_channel(address: str, services: ServicesConfig, token: str | None = Non
     token = token if token is not None else auth_token(services)
     interceptors = [_BearerAuth(token)] if token else None
     return aio.insecure_channel(address, options=channel_options(services), interceptors=interceptors)
+
+
+_TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+T = TypeVar("T")
+
+
+async def retry_transient(name: str, fn: Callable[[], Awaitable[T]], *, retries: int) -> T:
+    """Run one client call, retrying UNAVAILABLE / DEADLINE_EXCEEDED with exponential backoff (0.2 s doubling to
+    5 s), so that a service restart costs the caller a pause, not its work. Other errors propagate at once."""
+    delay = 0.2
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except aio.AioRpcError as exc:
+            if exc.code() not in _TRANSIENT or attempt == retries:
+                raise
+            log.warning("%s: %s; retrying in %.1fs", name, exc.code().name, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")
