@@ -10,7 +10,10 @@ the [T, V] logits (bf16, then an fp32 copy for the softmax: ~2.4 GB for one 4k s
   flash kernel on GPUs).
 * `linear_logprobs()` takes the final hidden states of the response positions only (prompt positions never reach
   the lm_head), and computes `log softmax(h W^T / temperature)[target]` over chunks of tokens in fp32. The backward
-  pass recomputes each chunk's logits instead of saving them: peak memory is one chunk's [chunk, V], never [T, V].
+  pass needs d log p / d logits = (onehot(target) - softmax) / temperature for every chunk. Up to `save_bytes` of
+  it is computed in the forward pass (in place over the chunk's logits, one fused pass) and kept, so the backward is
+  two matmuls over it; beyond that budget the backward recomputes each chunk's logits instead (peak memory one
+  chunk's [chunk, V]). Saving skips one [T, H] x [H, V] matmul and one pass over [T, V] per backward.
 """
 
 from __future__ import annotations
@@ -133,19 +136,31 @@ def _bwd_chunk(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g
     return out.to(logits.dtype)
 
 
+def _fwd_chunk_save(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fwd_chunk`, and overwrite `logits` IN PLACE with d log p[target] / d logits = (onehot - softmax) / T (the
+    backward's `_bwd_chunk` before the per-token gradient scale), in the logits' dtype."""
+    x = logits.float() * inv_temp
+    lse = torch.logsumexp(x, dim=-1)
+    picked = x.gather(1, targets[:, None]).squeeze(1) - lse
+    onehot = torch.arange(x.shape[-1], device=x.device)[None, :] == targets[:, None]
+    logits.copy_((onehot.float() - torch.exp(x - lse[:, None])) * inv_temp)
+    return picked, lse
+
+
 # torch.compile'd versions of the chunk kernels (CUDA only): one fused pass over each [chunk, vocab] block instead of
 # five eager ones (cast, scale, logsumexp, exp, scatter). Made on first use; dynamic, so the last short chunk does
 # not recompile.
 _COMPILED: dict[str, object] = {}
 
 
-def _kernels(compiled: bool) -> tuple[object, object]:
+def _kernels(compiled: bool) -> tuple[object, object, object]:
     if not compiled:
-        return _fwd_chunk, _bwd_chunk
+        return _fwd_chunk, _bwd_chunk, _fwd_chunk_save
     if not _COMPILED:
         _COMPILED["fwd"] = torch.compile(_fwd_chunk, dynamic=True)
         _COMPILED["bwd"] = torch.compile(_bwd_chunk, dynamic=True)
-    return _COMPILED["fwd"], _COMPILED["bwd"]
+        _COMPILED["fwd_save"] = torch.compile(_fwd_chunk_save, dynamic=True)
+    return _COMPILED["fwd"], _COMPILED["bwd"], _COMPILED["fwd_save"]
 
 
 def _matmul_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -167,49 +182,70 @@ class _LinearLogprob(torch.autograd.Function):
         inv_temp: float,
         chunk: int,
         compiled: bool,
+        save_rows: int,
     ) -> torch.Tensor:
         n = hidden.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         dtype = _matmul_dtype(hidden)
         h_all, w = hidden.to(dtype), weight.to(dtype)
-        fwd, _ = _kernels(compiled)
+        fwd, _, fwd_save = _kernels(compiled)
+        # Rows [0, save_rows) keep their logit gradient (one [save_rows, V] buffer); the rest are recomputed.
+        saved = torch.empty((save_rows, w.shape[0]), dtype=dtype, device=hidden.device)
         for s in range(0, n, chunk):
-            out[s : s + chunk], lse[s : s + chunk] = fwd(h_all[s : s + chunk] @ w.t(),  # type: ignore[operator]
-                                                         targets[s : s + chunk], inv_temp)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+            e = min(s + chunk, n)
+            if e <= save_rows:
+                logits = torch.mm(h_all[s:e], w.t(), out=saved[s:e])
+                out[s:e], lse[s:e] = fwd_save(logits, targets[s:e], inv_temp)  # type: ignore[operator]
+            else:
+                out[s:e], lse[s:e] = fwd(h_all[s:e] @ w.t(), targets[s:e], inv_temp)  # type: ignore[operator]
+        ctx.save_for_backward(hidden, weight, targets, lse, saved)
         ctx.inv_temp, ctx.chunk, ctx.compiled, ctx.dtype = inv_temp, chunk, compiled, dtype  # type: ignore
         return out
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor):  # type: ignore[override]
-        hidden, weight, targets, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        hidden, weight, targets, lse, saved = ctx.saved_tensors  # type: ignore[attr-defined]
         inv_temp, chunk = ctx.inv_temp, ctx.chunk  # type: ignore[attr-defined]
-        _, bwd = _kernels(ctx.compiled)  # type: ignore[attr-defined]
+        _, bwd, _ = _kernels(ctx.compiled)  # type: ignore[attr-defined]
         # Backward runs outside autocast: use the dtype the forward's matmuls had, explicitly.
         h_all, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)  # type: ignore[attr-defined]
-        grad_h = torch.empty_like(hidden)
-        # fp32 accumulator: the weight gradient sums over every chunk (bf16 partial sums would lose bits).
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         grad_out = grad_out.float()
-        for s in range(0, hidden.shape[0], chunk):
+        grad_h = torch.empty_like(hidden)
+        k = saved.shape[0]
+        if k:
+            # saved = d log p / d logits per row; the per-token gradient scales rows, so it moves onto the small
+            # operands: grad_h = g * (saved @ W), grad_W = saved^T @ (g * h) — one matmul each over all saved rows.
+            g = grad_out[:k, None]
+            grad_h[:k] = (saved @ w).float() * g
+            grad_w = (saved.t() @ (h_all[:k].float() * g).to(saved.dtype)).float()
+        else:
+            # fp32 accumulator: the weight gradient sums over every chunk (bf16 partial sums would lose bits).
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for s in range(k, hidden.shape[0], chunk):
             h = h_all[s : s + chunk]
             # The chunk's logits are recomputed rather than saved: saving them is the [T, vocab] memory we avoid.
             g = bwd(h @ w.t(), targets[s : s + chunk], lse[s : s + chunk], grad_out[s : s + chunk],  # type: ignore
                     inv_temp)
             grad_h[s : s + chunk] = g @ w
             grad_w.add_(g.t() @ h)
-        return grad_h, grad_w.to(weight.dtype), None, None, None, None
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None, None
 
 
 def linear_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, chunk: int = 1024,
-    compiled: bool = False,
+    compiled: bool = False, save_bytes: int = 0,
 ) -> torch.Tensor:
     """log softmax(hidden @ weight^T / temperature)[targets] for hidden [N, H], weight [V, H] -> [N] fp32.
-    `compiled` fuses the per-chunk softmax arithmetic with torch.compile (meant for CUDA)."""
+    `compiled` fuses the per-chunk softmax arithmetic with torch.compile (meant for CUDA). When a gradient will be
+    needed, up to `save_bytes` of logit gradients (whole chunks) are kept from the forward pass for the backward."""
     if chunk < 1:
         raise ValueError(f"policy.logprob_chunk_tokens must be >= 1, got {chunk}")
     inv_temp = 1.0 if temperature <= 0 else 1.0 / temperature
-    out: torch.Tensor = _LinearLogprob.apply(hidden, weight, targets, inv_temp, chunk, compiled)  # type: ignore
+    save_rows = 0
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        row_bytes = weight.shape[0] * torch.empty((), dtype=_matmul_dtype(hidden)).element_size()
+        save_rows = min(hidden.shape[0], save_bytes // row_bytes // chunk * chunk)
+    out: torch.Tensor = _LinearLogprob.apply(hidden, weight, targets, inv_temp, chunk, compiled,  # type: ignore
+                                             save_rows)
     return out

@@ -39,12 +39,14 @@ class PolicyModule(nn.Module):
 
     lm: Any  # an HF PreTrainedModel; typed loosely because nn.Module attribute access is untyped
 
-    def __init__(self, lm: nn.Module, *, temperature: float, chunk_tokens: int, compiled: bool = False) -> None:
+    def __init__(self, lm: nn.Module, *, temperature: float, chunk_tokens: int, compiled: bool = False,
+                 saved_grad_bytes: int = 0) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
         self.chunk_tokens = chunk_tokens
         self.compiled = compiled
+        self.saved_grad_bytes = saved_grad_bytes
         if getattr(self.lm.get_output_embeddings(), "bias", None) is not None:
             raise ValueError("policy.model_name: an lm_head with a bias is not supported by the fused log-prob path")
 
@@ -56,7 +58,7 @@ class PolicyModule(nn.Module):
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, gather_index)
         weight = self.lm.get_output_embeddings().weight
         return linear_logprobs(picked, weight, targets, temperature=self.temperature, chunk=self.chunk_tokens,
-                               compiled=self.compiled and picked.is_cuda)
+                               compiled=self.compiled and picked.is_cuda, save_bytes=self.saved_grad_bytes)
 
 
 def resolve_model_path(name: str) -> str:
@@ -106,7 +108,7 @@ def wrap_policy(lm: Any, cfg: PolicyConfig, dist: Dist, *, name: str = "policy")
         for layer in _layers(lm):
             layer.compile()
     module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens,
-                          compiled=cfg.compile)
+                          compiled=cfg.compile, saved_grad_bytes=int(cfg.logprob_saved_grad_gb * 2**30))
     compute = DTYPES[cfg.precision]
     if dist.distributed:
         _shard(module, lm, dist, compute if compute != torch.float32 else None, cfg.fsdp_reshard_after_forward)

@@ -123,6 +123,9 @@ class PolicyConfig(Section):
     logprob_chunk_tokens: int = Field(1024, ge=1)
     """Tokens per chunk of the fused lm_head + log-softmax: peak memory is chunk x vocab fp32 logits, never
     sequence x vocab."""
+    logprob_saved_grad_gb: float = Field(8.0, ge=0)
+    """GiB (per micro-batch) of lm_head logit gradients the forward pass keeps for the backward (whole chunks) instead
+    of recomputing those logits there: saves a tokens x hidden x vocab matmul per backward; 0 = always recompute."""
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     """How the trainer pushes weights to rollout workers."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)

@@ -65,7 +65,8 @@ def test_packing_restarts_positions_and_continues_them_through_padding() -> None
 
 @pytest.mark.parametrize("chunk", [1, 4, 1000])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_fused_logprobs_match_float64_log_softmax(chunk: int, temperature: float) -> None:
+@pytest.mark.parametrize("save_bytes", [0, 8 * 50 * 4, 1 << 30], ids=["recompute", "part-saved", "saved"])
+def test_fused_logprobs_match_float64_log_softmax(chunk: int, temperature: float, save_bytes: int) -> None:
     torch.manual_seed(0)
     h = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
@@ -75,10 +76,40 @@ def test_fused_logprobs_match_float64_log_softmax(chunk: int, temperature: float
     torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
     hf, wf = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     g = torch.randn(23, dtype=torch.float64)
-    gh, gw = torch.autograd.grad(linear_logprobs(hf, wf, t, temperature=temperature, chunk=chunk), (hf, wf), g.float())
+    out = linear_logprobs(hf, wf, t, temperature=temperature, chunk=chunk, save_bytes=save_bytes)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    gh, gw = torch.autograd.grad(out, (hf, wf), g.float())
     rh, rw = torch.autograd.grad(ref, (h, w), g)
     torch.testing.assert_close(gh.double(), rh, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gw.double(), rw, atol=1e-5, rtol=1e-5)
+
+
+def test_saved_and_recomputed_logit_gradients_agree_under_bf16_autocast() -> None:
+    """The GPU path: fp32 masters, bf16 matmuls under autocast. Saving the logit gradient in the forward pass must
+    give the recomputing backward's gradients up to bf16 rounding."""
+    torch.manual_seed(1)
+    h = torch.randn(40, 32)
+    w = torch.randn(300, 32) * 0.1
+    t = torch.randint(0, 300, (40,))
+    g = torch.randn(40)
+    grads = []
+    for save_bytes in (0, 16 * 300 * 2, 1 << 30):
+        hf, wf = h.clone().requires_grad_(), w.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = linear_logprobs(hf, wf, t, chunk=16, save_bytes=save_bytes)
+        grads.append(torch.autograd.grad(out, (hf, wf), g))
+    for gh, gw in grads[1:]:
+        assert gh.dtype == torch.float32 and gw.dtype == torch.float32
+        torch.testing.assert_close(gh, grads[0][0], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(gw, grads[0][1], atol=2e-2, rtol=2e-2)
+
+
+def test_no_logit_gradient_is_saved_without_grad() -> None:
+    h = torch.randn(8, 4, requires_grad=True)
+    w = torch.randn(10, 4, requires_grad=True)
+    with torch.no_grad():
+        out = linear_logprobs(h, w, torch.zeros(8, dtype=torch.long), save_bytes=1 << 30)
+    assert out.grad_fn is None
 
 
 def test_unpack_places_values_in_the_padded_response_layout() -> None:
