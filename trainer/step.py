@@ -9,7 +9,9 @@ ranks. FSDP2 averages gradients over ranks, hence the loss is scaled by the worl
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,12 +20,15 @@ import torch
 from trainer.batch import MicroBatch, StepBatch, plan_rank
 from trainer.dist import Dist
 from trainer.grpo import LossConfig, count_valid, grpo_loss
+from trainer.logprobs import PackedInputs
 from trainer.model import PolicyModule, autocast, forward_logprobs, packing_supported
 
 if TYPE_CHECKING:  # the config is only read here: the GPU benchmark runs without pydantic if it must
     from fleet.config import MasterConfig
 
 log = logging.getLogger(__name__)
+
+_LossInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # grpo_loss metrics that are additive shares of the minibatch value; the rest reduce by min / max.
 _SUM_METRICS = ("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_truncated_fraction",
@@ -115,14 +120,14 @@ class StepRunner:
         hi = torch.full((1,), float("-inf"), dtype=torch.float64, device=self.dist.device)
         self.optimizer.zero_grad(set_to_none=True)
         dev = self.dist.device
-        for mb in minibatch:
-            assert mb.old_logprobs is not None, "recompute() must run before the update"
+        # Every host-to-device copy first, while nothing is queued: a copy from pageable memory waits for the
+        # kernels queued before it, so one made between micro-batches would idle the GPU while the host launches.
+        staged = [self._stage(mb) for mb in minibatch]
+        for mb, (packed, inputs, ref_lp) in zip(minibatch, staged, strict=True):
             with autocast(self.cfg.policy, self.dist):
-                lp = forward_logprobs(self.policy, mb.packed, dev)
-            loss, m = grpo_loss(
-                lp, mb.old_logprobs.to(dev), mb.generation_logprobs.to(dev), mb.advantages.to(dev), mb.mask.to(dev),
-                self.loss_cfg, global_valid_tokens=n_tok, global_valid_seqs=n_seq,
-                reference_logprobs=None if mb.reference_logprobs is None else mb.reference_logprobs.to(dev))
+                lp = forward_logprobs(self.policy, packed, dev)
+            loss, m = grpo_loss(lp, *inputs, self.loss_cfg, global_valid_tokens=n_tok, global_valid_seqs=n_seq,
+                                reference_logprobs=ref_lp)
             # A dummy micro-batch contributes nothing but still runs backward, so every rank's FSDP2
             # reduce-scatters pair up.
             (loss * (0.0 if mb.dummy else scale)).backward()
@@ -135,22 +140,62 @@ class StepRunner:
         self.dist.all_reduce(lo, "min")
         self.dist.all_reduce(hi, "max")
         out = {f"loss/{k}": v for k, v in zip(_SUM_METRICS, sums.tolist(), strict=True)}
-        out.update({"loss/is_ratio_min": lo.item(), "loss/is_ratio_max": hi.item(), "train/grad_norm": grad_norm,
-                    "loss/valid_tokens": n_tok.item()})
+        out.update({"loss/is_ratio_min": lo.item(), "loss/is_ratio_max": hi.item(),
+                    "train/grad_norm": float(grad_norm), "loss/valid_tokens": n_tok.item()})
+        if isinstance(grad_norm, torch.Tensor):  # the device-side path: the skip decision is known only now
+            self._after_step(out["train/grad_norm"])
         return out
 
-    def _clip_and_step(self) -> float:
+    def _stage(self, mb: MicroBatch) -> tuple[PackedInputs, _LossInputs, torch.Tensor | None]:
+        """A micro-batch's inputs on the device: packed tokens, (old, generation log-probs, advantages, mask), ref."""
+        assert mb.old_logprobs is not None, "recompute() must run before the update"
+        dev = self.dist.device
+        inputs = (mb.old_logprobs.to(dev), mb.generation_logprobs.to(dev), mb.advantages.to(dev), mb.mask.to(dev))
+        ref = None if mb.reference_logprobs is None else mb.reference_logprobs.to(dev)
+        return mb.packed.to(dev), inputs, ref
+
+    def _clip_and_step(self) -> float | torch.Tensor:
+        """Clip by global norm and step; a non-finite norm skips the update on every rank (the norm is all-reduced).
+
+        A single process with a fused optimizer never waits for the device here: the clip factor goes to the fused
+        AdamW kernel as its gradient divisor and the non-finite check as its skip flag (the mechanism GradScaler
+        uses), so the next step's kernels queue behind this one. The norm is returned as a tensor; the scheduler
+        steps once the caller has read it (`_after_step`)."""
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.policy.max_grad_norm
+        if not self.dist.distributed and self.optimizer.defaults.get("fused") and params:
+            return fused_clip_step(self.optimizer, params, max_norm)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         value = float(norm)
-        if not torch.isfinite(torch.tensor(value)):
-            # Every rank sees the same (all-reduced) norm, so every rank skips together.
-            log.error("non-finite gradient norm (%s): update skipped", value)
-            self.optimizer.zero_grad(set_to_none=True)
-            return value
-        self.optimizer.step()
-        self.scheduler.step()
+        if math.isfinite(value):
+            self.optimizer.step()
+        self._after_step(value)
         return value
+
+    def _after_step(self, grad_norm: float) -> None:
+        if not math.isfinite(grad_norm):
+            log.error("non-finite gradient norm (%s): update skipped", grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        self.scheduler.step()
+
+
+def fused_clip_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                    max_norm: float | None) -> torch.Tensor:
+    """`clip_grad_norm_(params, max_norm)` + `optimizer.step()` (skipped when the norm is not finite) for a fused
+    Adam/AdamW, with no host synchronisation: the fused kernel divides the gradients by `grad_scale` (1 / the clip
+    coefficient) and does nothing, step count included, where `found_inf` is 1. Returns the norm (a device tensor)."""
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if max_norm is None:
+        scale = torch.ones((), dtype=torch.float32, device=norm.device)
+    else:  # clip_grad_norm_'s coefficient, clamped to 1
+        scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
+    found_inf = (~torch.isfinite(norm)).float()
+    optimizer.grad_scale, optimizer.found_inf = scale, found_inf  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
+    return norm

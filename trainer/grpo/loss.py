@@ -288,7 +288,7 @@ def _is_ratio_stats(raw: torch.Tensor, m: torch.Tensor, n_tok: torch.Tensor, n_s
         values, valid, norm = raw[:, :1].sum(dim=-1), m.sum(dim=-1) > 0, n_seq
     else:
         values, valid, norm = raw, m > 0, n_tok
-    inf = torch.tensor(float("inf"), dtype=raw.dtype, device=raw.device)
+    inf = raw.new_full((), float("inf"))  # a fill kernel: torch.tensor(..., device=cuda) would wait for the device
     return {
         "is_ratio_mean": (values * valid.to(raw.dtype)).sum() / norm,
         "is_ratio_min": torch.where(valid, values, inf).amin() if values.numel() else inf,

@@ -158,3 +158,52 @@ def test_two_gloo_processes_give_the_same_update_as_one(make_cfg, tmp_path: Path
     for k in ("loss/loss", "loss/pg_loss", "loss/token_mult_prob_error", "loss/is_ratio_mean", "train/grad_norm"):
         assert got["metrics"][k] == pytest.approx(ref_m[k], rel=1e-5, abs=1e-7), k
     assert got["metrics"]["perf/train_tokens"] == ref_m["perf/train_tokens"]
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 1e6, None])
+def test_fused_clip_step_equals_clip_then_step(max_norm: float | None) -> None:
+    """The device-side clip + skip of a fused AdamW (one GPU) is clip_grad_norm_ followed by step()."""
+    from trainer.step import fused_clip_step
+
+    torch.manual_seed(0)
+    ref = [torch.randn(7, 5, requires_grad=True), torch.randn(3, requires_grad=True)]
+    got = [p.detach().clone().requires_grad_() for p in ref]
+    opt_ref = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1)
+    opt_got = torch.optim.AdamW(got, lr=1e-2, weight_decay=0.1, fused=True)
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in ref]
+        for p, q, g in zip(ref, got, grads, strict=True):
+            p.grad, q.grad = g.clone(), g.clone()
+        n_ref = torch.nn.utils.clip_grad_norm_(ref, max_norm if max_norm is not None else float("inf"))
+        opt_ref.step()
+        n_got = fused_clip_step(opt_got, got, max_norm)
+        assert float(n_got) == pytest.approx(float(n_ref), rel=1e-6)
+        for p, q in zip(ref, got, strict=True):
+            torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-6)
+    assert not hasattr(opt_got, "grad_scale") and not hasattr(opt_got, "found_inf")
+    # A non-finite gradient norm changes nothing, not even the step count.
+    before = [q.detach().clone() for q in got]
+    steps = [opt_got.state[q]["step"].item() for q in got]
+    got[0].grad = torch.full_like(got[0], float("nan"))
+    got[1].grad = torch.ones_like(got[1])
+    assert not torch.isfinite(fused_clip_step(opt_got, got, max_norm))
+    assert all(torch.equal(q, b) for q, b in zip(got, before, strict=True))
+    assert [opt_got.state[q]["step"].item() for q in got] == steps
+
+
+def test_step_with_a_fused_optimizer_equals_the_plain_one(make_cfg) -> None:  # type: ignore[no-untyped-def]
+    """StepRunner's one-process fused path (no host sync before the update; CUDA uses it) vs the plain path."""
+    cfg = make_cfg("policy.train_micro_batch_size=4", "policy.max_grad_norm=0.01", *IS)
+    batch = make_batch(cfg)
+    ref, ref_m = train_once(cfg, single(), batch)
+    dist = single()
+    policy = build_policy(cfg.policy, cfg.policy.model_name, dist)
+    plain, plain_sched = make_optimizer(policy, cfg)
+    d = plain.defaults
+    opt = torch.optim.AdamW(policy.parameters(), lr=d["lr"], betas=d["betas"], eps=d["eps"],
+                            weight_decay=d["weight_decay"], fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, plain_sched.lr_lambdas[0])
+    m = StepRunner(cfg, dist, policy, None, opt, sched).run(batch)
+    assert_same_update(ref, {n: t.detach().clone() for n, t in iter_full_state(policy)})
+    assert m["train/grad_norm"] == pytest.approx(ref_m["train/grad_norm"], rel=1e-5)
+    assert m["loss/loss"] == pytest.approx(ref_m["loss/loss"], rel=1e-5, abs=1e-7)
