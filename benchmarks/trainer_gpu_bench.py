@@ -10,7 +10,8 @@ embeddings), random weights, sequences of --seq-len tokens.
   rank runs it alone (no gradient sync): it is the per-GPU baseline.
 * trainer: the real code path of trainer.step.StepRunner. One GPU: fp32 masters under bf16 autocast; several:
   FSDP2 over all ranks with a bf16 MixedPrecisionPolicy. Per-layer torch.compile, the fused chunked lm_head +
-  log-softmax, packing, the GRPO loss with IS correction, clipping, fused AdamW. Each sample is a 1-token prompt +
+  log-softmax (logit gradients saved in the forward up to --saved-grad-gb), packing, the GRPO loss with IS
+  correction, clipping (one GPU: inside the fused AdamW, no host sync), fused AdamW. Each sample is a 1-token prompt +
   (seq_len - 1) response tokens, so both loops put every position through the lm_head. Old log-probs are recomputed
   once, outside the timed region (the naive loop has no such pass); `recompute_s` reports that forward pass.
 
@@ -59,6 +60,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--keep-gathered", action="store_true",
                    help="policy.fsdp_reshard_after_forward=false (several GPUs: no re-gather in the backward)")
     p.add_argument("--chunk", type=int, default=4096, help="policy.logprob_chunk_tokens")
+    p.add_argument("--saved-grad-gb", type=float, default=8.0,
+                   help="policy.logprob_saved_grad_gb (0: the backward recomputes the lm_head logits)")
+    p.add_argument("--sync-clip", action="store_true",
+                   help="ablation: clip with clip_grad_norm_ and a host sync before the optimizer step (the path "
+                        "several ranks take) instead of inside the fused AdamW")
     p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one trainer step")
     p.add_argument("--out", default=None)
@@ -123,6 +129,7 @@ def trainer_config(args: argparse.Namespace, batch: int, world: int) -> Any:
         "policy.precision": "bfloat16", "policy.compile": not args.no_compile,
         "policy.activation_checkpointing": args.activation_checkpointing,
         "policy.logprob_chunk_tokens": args.chunk, "policy.fsdp_reshard_after_forward": not args.keep_gathered,
+        "policy.logprob_saved_grad_gb": args.saved_grad_gb,
         "policy.max_total_sequence_length": args.seq_len,
         "policy.generation.max_new_tokens": 16, "policy.train_global_batch_size": batch * world,
         "policy.train_micro_batch_size": batch, "grpo.num_prompts_per_step": batch * world,
@@ -152,6 +159,7 @@ def _standin(values: dict[str, Any]) -> Any:
         precision=values["policy.precision"], compile=values["policy.compile"],
         activation_checkpointing=values["policy.activation_checkpointing"],
         logprob_chunk_tokens=values["policy.logprob_chunk_tokens"], attn_implementation="sdpa",
+        logprob_saved_grad_gb=values["policy.logprob_saved_grad_gb"],
         fsdp_reshard_after_forward=values["policy.fsdp_reshard_after_forward"],
         max_total_sequence_length=values["policy.max_total_sequence_length"], sequence_packing=True,
         train_global_batch_size=values["policy.train_global_batch_size"],
@@ -179,6 +187,8 @@ def bench_trainer(args: argparse.Namespace, batch: int, dist: Dist) -> dict[str,
     fpt = flops_per_token(lm, args.seq_len)
     policy = wrap_policy(lm, cfg.policy, dist, name="bench")
     opt, sched = make_optimizer(policy, cfg)
+    if args.sync_clip:
+        opt.defaults["fused"] = False  # StepRunner then clips the old way; the optimizer itself stays fused
     runner = StepRunner(cfg, dist, policy, None, opt, sched, pad_multiple=64)
     plan = runner.plan(grpo_batch(batch * dist.world_size, args.seq_len))
     t0 = time.perf_counter()
@@ -196,6 +206,26 @@ def bench_trainer(args: argparse.Namespace, batch: int, dist: Dist) -> dict[str,
     out.update(recompute_s=recompute_s, first_recompute_s=first_recompute_s,
                padded_tokens=float(sum(mb.packed.padded_tokens for mb in plan[0])))
     return out
+
+
+def check_logprob_grads(device: torch.device) -> dict[str, float]:
+    """The compiled lm_head + log-softmax on this device, logit gradients saved vs recomputed (bf16 autocast over
+    fp32 inputs, as in the step): the largest difference relative to the largest entry, per output."""
+    from trainer.logprobs import linear_logprobs
+
+    g = torch.Generator(device=device).manual_seed(0)
+    h = torch.randn(5000, 896, device=device, generator=g)
+    w = torch.randn(32000, 896, device=device, generator=g) * 0.05
+    t = torch.randint(0, 32000, (5000,), device=device, generator=g)
+    go = torch.randn(5000, device=device, generator=g)
+    res = []
+    for save in (0, 1 << 30):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = linear_logprobs(hh, ww, t, chunk=1024, compiled=True, save_bytes=save)
+        res.append((out.detach(), *torch.autograd.grad(out, (hh, ww), go)))
+    names = ("logprob", "grad_hidden", "grad_weight")
+    return {n: float((a - b).abs().max() / b.abs().max()) for n, a, b in zip(names, res[1], res[0], strict=True)}
 
 
 def _profile(fn: Any) -> None:
@@ -216,6 +246,9 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     dist = Dist(env, device, timeout_s=1800)
     results = []
+    check = check_logprob_grads(device)
+    if dist.is_main:
+        print(json.dumps({"saved_vs_recomputed_logit_grads": check}), flush=True)
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         row: dict[str, Any] = {"batch_per_gpu": batch}
         if not args.skip_naive:
@@ -234,7 +267,8 @@ def main() -> int:
         "device": torch.cuda.get_device_name(device), "gpus": dist.world_size, "torch": torch.__version__,
         "seq_len": args.seq_len, "layers": args.layers, "compile": not args.no_compile,
         "activation_checkpointing": args.activation_checkpointing, "logprob_chunk_tokens": args.chunk,
-        "fsdp_reshard_after_forward": not args.keep_gathered,
+        "fsdp_reshard_after_forward": not args.keep_gathered, "logprob_saved_grad_gb": args.saved_grad_gb,
+        "sync_clip": args.sync_clip, "saved_vs_recomputed_logit_grads": check,
         "peak_flops": PEAK_FLOPS, "tokens_per_s_is": "per GPU", "results": results,
     }
     if dist.is_main:
