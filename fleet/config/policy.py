@@ -120,9 +120,9 @@ class PolicyConfig(Section):
     sequence_packing: bool = True
     """Pack a micro-batch's samples into rows of `policy.max_total_sequence_length` tokens instead of padding each
     sample to the longest one."""
-    logprob_chunk_tokens: int = Field(1024, ge=1)
+    logprob_chunk_tokens: int = Field(4096, ge=1)
     """Tokens per chunk of the fused lm_head + log-softmax: peak memory is chunk x vocab fp32 logits, never
-    sequence x vocab."""
+    sequence x vocab (smaller chunks cost speed: 1024 gave 15% fewer tokens/s than 4096 on an H200, Qwen2 0.5B)."""
     logprob_saved_grad_gb: float = Field(8.0, ge=0)
     """GiB (per micro-batch) of lm_head logit gradients the forward pass keeps for the backward (whole chunks) instead
     of recomputing those logits there: saves a tokens x hidden x vocab matmul per backward; 0 = always recompute."""
