@@ -303,10 +303,22 @@ class HfEngine(GenerationEngine):
         )
 
     def _copy_in(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy the pushed tensors into the live parameters (no forward pass runs meanwhile: the caller holds the
+        step lock). On CPU the copy runs on this one thread: a copy is memory-bound, and splitting it over the
+        intra-op pool only adds synchronisation, which on a loaded machine made it 3-10x slower (measured on the
+        shared 2-core box: 14.7 MB in 0.17 s median with 2 threads, 0.016 s with 1)."""
         import torch
 
-        with torch.no_grad():
-            for name, t in items:
-                self._params[name].copy_(t, non_blocking=True)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+        cpu = self.device.type == "cpu"
+        threads = torch.get_num_threads()
+        if cpu:
+            torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                for name, t in items:
+                    self._params[name].copy_(t, non_blocking=True)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+        finally:
+            if cpu:
+                torch.set_num_threads(threads)
