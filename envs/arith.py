@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from fleet.config.env import DatasetConfig, EnvConfig
 
 OPS = ("+", "-")
+_NUMBER = re.compile(r"[+-]?\d+")
 _ANSWER = re.compile(r"<\s*answer\s*>\s*([+-]?\s*\d+)\s*<\s*/\s*answer\s*>", re.I)
 _OPEN = re.compile(r"<\s*answer\s*>", re.I)
 
@@ -51,7 +52,13 @@ def load_arith_dataset(cfg: DatasetConfig, *, env_cfg: EnvConfig | None = None, 
     n = arith.num_tasks if split == "train" else max(1, min(200, arith.num_tasks // 10))
     if cfg.max_samples is not None:
         n = min(n, cfg.max_samples)
-    return TaskDataset("arith", "arith", make_arith_tasks(seed, split, n, arith.max_operand))
+    return TaskDataset("arith", "arith", make_arith_tasks(seed, split, n, arith.max_operand, tuple(arith.ops)))
+
+
+def parse_number(text: str) -> tuple[int | None, str | None]:
+    """`answer_format=number`: the first integer of the completion, or (None, "missing")."""
+    m = _NUMBER.search(text)
+    return (int(m.group()), None) if m else (None, "missing")
 
 
 def parse_answer(text: str) -> tuple[int | None, str | None]:
@@ -68,6 +75,9 @@ def parse_answer(text: str) -> tuple[int | None, str | None]:
 
 class ArithEnvironment:
     name = "arith"
+
+    def __init__(self, answer_format: str = "tag") -> None:
+        self.answer_format = answer_format
 
     def task_to_payload(self, task: Task) -> dict[str, Any]:
         return {"instance_id": task.instance_id, "answer": int(task.metadata["answer"])}
@@ -86,20 +96,24 @@ class ArithEnvironment:
 
     async def score(self, payload: dict[str, Any], completion_text: str, **_: Any) -> ScoreResult:
         """Per-call context (`cfg=`, `truncated=`, a scorer) is accepted and not needed: no sandbox here."""
-        return score_answer(int(payload["answer"]), completion_text)
+        return score_answer(int(payload["answer"]), completion_text, self.answer_format)
 
 
-def score_answer(expected: int, completion_text: str) -> ScoreResult:
-    """Always a `completed` verdict (nothing can fail to run here); a missing tag is also flagged as a format error."""
-    got, error = parse_answer(completion_text)
+def score_answer(expected: int, completion_text: str, answer_format: str = "tag") -> ScoreResult:
+    """Always a `completed` verdict (nothing can fail to run here) with two tests, `format` and `answer`, so that
+    `pass_rate` rewards can credit a well-formed answer; a missing answer is also flagged as a format error (no
+    usable answer: the reward mapping gives it `format_error_reward`)."""
+    got, error = parse_number(completion_text) if answer_format == "number" else parse_answer(completion_text)
     right = error is None and got == expected
-    verdict = Verdict(status="completed", patch_applied=error is None, tests_passed=int(right),
-                      tests_failed=int(not right), exit_code=0 if right else 1,
-                      test_status={"answer": "PASSED" if right else "FAILED"}, resolution="FULL" if right else "NO",
-                      error=f"format error ({error}): no <answer>N</answer>" if error else "")
+    wanted = "a number" if answer_format == "number" else "<answer>N</answer>"
+    verdict = Verdict(status="completed", patch_applied=error is None, tests_passed=int(error is None) + int(right),
+                      tests_failed=int(error is not None) + int(not right), exit_code=0 if right else 1,
+                      test_status={"format": "FAILED" if error else "PASSED", "answer": "PASSED" if right else "FAILED"},
+                      resolution="FULL" if right else "NO",
+                      error=f"format error ({error}): no {wanted}" if error else "")
     detail = f"format error: {error}" if error else f"expected {expected}, got {got}"
     return ScoreResult(verdict, format_error=error, detail=detail)
 
 
 def make_arith_environment(env_cfg: EnvConfig | None = None, **_: Any) -> ArithEnvironment:
-    return ArithEnvironment()
+    return ArithEnvironment(env_cfg.arith.answer_format if env_cfg is not None else "tag")

@@ -72,6 +72,6 @@ class Scorer:
         result = await self._env(env_name).score(payload, text, cfg=self.cfg, truncated=truncated)
         if result.infra_error is not None:
             raise ScoringUnavailable(result.infra_error)
-        code = self.cfg.env.code
-        reward = reward_from_verdict(result.verdict, code.reward_mode, code.format_error_reward)
+        mode, format_error_reward = self.cfg.env.reward_settings(env_name)
+        reward = reward_from_verdict(result.verdict, mode, format_error_reward)
         return result.verdict, reward, self.infra_retries - before

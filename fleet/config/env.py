@@ -26,11 +26,24 @@ class CodeEnvConfig(Section):
     """Retries of a task after infrastructure failures before the group is given back."""
 
 
+ArithOp = Literal["+", "-", "*"]
+
+
 class ArithEnvConfig(Section):
     max_operand: int = Field(20, ge=1)
     """Largest operand of the generated arithmetic tasks."""
     num_tasks: int = Field(2000, ge=1)
     """Tasks in the generated training set."""
+    ops: list[ArithOp] = Field(default_factory=lambda: list[ArithOp](["+", "-"]), min_length=1)
+    """Operators the generated questions use (subtractions keep a non-negative answer)."""
+    answer_format: Literal["tag", "number"] = "tag"
+    """tag: the answer is the last `<answer>N</answer>`. number: the first integer in the completion is the answer,
+    so that a randomly initialised model can stumble on well-formed answers (the learning demo)."""
+    reward_mode: Literal["binary", "pass_rate"] = "binary"
+    """binary: 1 for a right answer, else 0. pass_rate: a verdict has two tests, `format` (an answer was found) and
+    `answer` (it is right), so a well-formed wrong answer earns 0.5: the shaping a model learning from scratch needs."""
+    format_error_reward: float = 0.0
+    """Reward of a completion with no answer in the expected format."""
 
 
 class EnvConfig(Section):
@@ -38,6 +51,11 @@ class EnvConfig(Section):
     """The SWE coding environment (patch -> sandbox verdict -> reward)."""
     arith: ArithEnvConfig = Field(default_factory=ArithEnvConfig)
     """A small verifiable environment a tiny model learns in minutes (scored through the same reward path)."""
+
+    def reward_settings(self, env_name: str) -> tuple[Literal["binary", "pass_rate"], float]:
+        """(reward mode, format-error reward) of an environment: its own section if it has one, else `env.code`."""
+        section: CodeEnvConfig | ArithEnvConfig = self.arith if env_name == "arith" else self.code
+        return section.reward_mode, section.format_error_reward
 
 
 class DatasetConfig(Section):

@@ -2,9 +2,10 @@ import asyncio
 
 import pytest
 
-from envs.arith import make_arith_tasks, parse_answer
+from envs.arith import make_arith_tasks, parse_answer, parse_number
 from envs.registry import load_dataset, make_environment
 from fleet.config.env import DatasetConfig, EnvConfig
+from sandbox_client import reward_from_verdict
 from services.sandbox.model import Verdict
 
 
@@ -59,3 +60,36 @@ def test_prompt_is_short_and_templated(chat_tokenizer):
     r = env.build_prompt(task, chat_tokenizer, 256)
     assert task.problem_statement in r.text and r.text.endswith("<|im_start|>assistant\n")
     assert len(r.token_ids) < 100
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("7", (7, None)),
+    (" the sum is 12, not 13", (12, None)),
+    ("-3 apples", (-3, None)),
+    ("no digits here", (None, "missing")),
+])
+def test_number_format_takes_the_first_integer(text, expected):
+    assert parse_number(text) == expected
+
+
+@pytest.mark.parametrize(("mode", "rewards"), [("binary", (1.0, 0.0, -0.5)), ("pass_rate", (1.0, 0.5, -0.5))])
+def test_pass_rate_credits_a_well_formed_wrong_answer_through_the_shared_reward_path(mode, rewards):
+    env_cfg = EnvConfig.model_validate(
+        {"arith": {"answer_format": "number", "reward_mode": mode, "format_error_reward": -0.5}})
+    env = make_environment("arith", env_cfg)
+    task = make_arith_tasks(0, "train", 1, 20)[0]
+    payload, answer = env.task_to_payload(task), task.metadata["answer"]
+    got = []
+    for text in (f"{answer}", f"{answer + 1} maybe", "no idea"):
+        verdict = asyncio.run(env.score(payload, text)).verdict
+        got.append(reward_from_verdict(verdict, *env_cfg.reward_settings("arith")))
+    assert tuple(got) == rewards
+    assert env_cfg.reward_settings("swe") == ("binary", 0.0)  # other environments keep env.code's settings
+
+
+def test_ops_setting_restricts_the_operators():
+    env = EnvConfig.model_validate({"arith": {"ops": ["+"], "max_operand": 4}})
+    tasks = load_dataset(DatasetConfig(dataset_name="arith"), env_cfg=env, seed=0)
+    assert {t.metadata["op"] for t in tasks} == {"+"}
+    with pytest.raises(ValueError, match="ops"):
+        EnvConfig.model_validate({"arith": {"ops": ["/"]}})
