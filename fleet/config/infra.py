@@ -1,10 +1,13 @@
 """Sections of our own: services, Redis, replay buffer, rollout fleet, sandbox, checkpoints, logging, cluster."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from fleet.config.base import Section
+
+Role = Literal["replay-buffer", "sandbox", "rollout", "trainer"]
+CoreList = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class Endpoint(Section):
@@ -171,6 +174,11 @@ class ClusterConfig(Section):
     """Nodes of the run."""
     trainer_nodes: int | None = Field(None, ge=1)
     """Nodes of the training fleet (None: all but one when num_nodes > 1, else the one node)."""
+    cpu_affinity: dict[Role, CoreList] = Field(default_factory=dict)
+    """`grpo-fleet up` only: CPU cores per role (e.g. `{trainer: [0], rollout: [1]}`), applied with
+    `sched_setaffinity` before the process starts, so its children (torchrun ranks, the vLLM engine core) inherit
+    them. Empty: no pinning. Used to give the fleets separate cores on a small machine, so that measurements show the
+    design rather than contention."""
 
 
 class RunConfig(Section):

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fleet.launcher.topology import ProcessSpec
@@ -19,6 +20,15 @@ from fleet.launcher.topology import ProcessSpec
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(cpus: list[int] | None) -> Callable[[], None]:
+    def setup() -> None:
+        _die_with_launcher()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
 
 
 def _die_with_launcher() -> None:
@@ -53,7 +63,7 @@ class Supervisor:
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         proc = await asyncio.create_subprocess_exec(
             *spec.argv, cwd=self.cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_launcher,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup(spec.cpus),
         )
         self.procs[spec.name] = proc
         self._write_pids()

@@ -28,6 +28,8 @@ class ProcessSpec:
     restartable: bool = True
     # "host:port" of its gRPC health endpoint, or an http://.../healthz URL; None = no readiness probe.
     ready: str | None = None
+    # CPU cores the process (and its children) may run on; None = no pinning.
+    cpus: list[int] | None = None
 
 
 @dataclass
@@ -75,4 +77,17 @@ def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[
                          [*base, f"services.rollout.port={port}", f"rollout.worker_id=rollout-{i}"])
         specs.append(ProcessSpec(f"rollout-{i}", "rollout", argv, ready=None))
     specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg, config_path, base), restartable=False))
+    for spec in specs:
+        spec.cpus = cfg.cluster.cpu_affinity.get(spec.role)  # type: ignore[call-overload]
     return specs
+
+
+def check_cpu_affinity(cfg: MasterConfig, available: set[int]) -> None:
+    """Fail before anything starts if a pinned core does not exist here (a config written for another machine)."""
+    from fleet.config import ConfigError
+
+    for role, cores in cfg.cluster.cpu_affinity.items():
+        missing = sorted(set(cores) - available)
+        if missing:
+            raise ConfigError(f"cluster.cpu_affinity.{role}: cores {missing} are not available on this machine "
+                              f"(available: {sorted(available)})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 from fleet.config import MasterConfig
 from fleet.config.loader import write_resolved
 from fleet.launcher.supervisor import FleetFailed, Supervisor
-from fleet.launcher.topology import Ports, fleet_processes
+from fleet.launcher.topology import Ports, check_cpu_affinity, fleet_processes
 from fleet.paths import ROOT, resolve_model, run_dir
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def up(cfg: MasterConfig, *, config_path: str | None, overrides: list[str]) -> i
     from fleet.cli import setup_logging
 
     setup_logging(cfg.logger.level, prefix="[up] ")
+    check_cpu_affinity(cfg, os.sched_getaffinity(0))
     prepare(cfg)
     path = str(Path(config_path).resolve()) if config_path else None
     return asyncio.run(_run(cfg, path, list(overrides)))
