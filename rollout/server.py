@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleet.config import MasterConfig
 from fleet.paths import resolve_model
 from grpofleet.v1 import rollout_worker_pb2_grpc
 from services.runtime.server import GrpcService, run, run_service
+
+if TYPE_CHECKING:
+    from rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +48,25 @@ async def serve(cfg: MasterConfig) -> int:
 
     async def on_stop() -> None:
         await worker.drain(timeout_s=cfg.services.grace_s)
+        write_summary(cfg, worker)
         await scorer.close()
         await buffer.close()
         await engine.stop()
 
     return await run_service(service, background=[worker.heartbeat_loop, worker.lease_loop], on_stop=on_stop)
+
+
+def write_summary(cfg: MasterConfig, worker: RolloutWorker) -> None:
+    """The worker's lifetime figures (tokens, groups, busy/idle/pause seconds), logged and written to
+    `<run.dir>/logs/workers/<worker_id>.json` for benchmarks and post-mortems."""
+    summary = {"worker_id": worker.worker_id, "engine": cfg.policy.generation.backend, **worker.stats.summary()}
+    log.info("worker summary: %s", json.dumps(summary))
+    try:
+        path = Path(cfg.run.dir) / "logs" / "workers" / f"{worker.worker_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1) + "\n")
+    except OSError as exc:  # a read-only run dir must not turn a clean stop into a failure
+        log.warning("could not write the worker summary: %s", exc)
 
 
 def main(cfg: MasterConfig) -> int:

@@ -37,11 +37,13 @@ class RolloutWorkerServicer(rollout_worker_pb2_grpc.RolloutWorkerServicer):
         self, request: rollout_worker_pb2.WorkerStatusRequest, context: aio.ServicerContext
     ) -> rollout_worker_pb2.WorkerStatusResponse:
         w, s = self.worker, self.worker.stats
+        s.set_busy(bool(w.in_flight))  # bring busy_s / idle_s up to now
         return rollout_worker_pb2.WorkerStatusResponse(
             worker_id=w.worker_id, weight_version=w.version, weight_epoch=w.epoch,
             groups_in_flight=len(w.in_flight), tokens_per_s=s.tokens_per_s(), tokens_generated=s.tokens_generated,
             groups_submitted=s.groups_submitted, weight_updates=s.weight_updates, total_pause_s=s.total_pause_s,
             last_pause_s=s.last_pause_s, state=w.state, engine=self.engine_name, scoring_retries=s.scoring_retries,
+            busy_s=s.busy_s, idle_s=s.idle_s,
         )
 
     async def Drain(  # noqa: N802

@@ -37,10 +37,32 @@ class WorkerStats:
     last_pause_s: float = 0.0
     scoring_retries: int = 0
     started_at: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    _clock_at: float = 0.0  # last busy/idle transition; 0 until the first weights arrive
+    _busy: bool = False
 
     def tokens_per_s(self) -> float:
         elapsed = time.monotonic() - self.started_at
         return self.tokens_generated / elapsed if elapsed > 0 else 0.0
+
+    def set_busy(self, busy: bool) -> None:
+        """Account the time since the last call as busy (groups in flight) or idle (none: the buffer had nothing to
+        lease). The clock starts with the first weights: before them the worker is joining, not idling."""
+        now = time.monotonic()
+        if self._clock_at:
+            if self._busy:
+                self.busy_s += now - self._clock_at
+            else:
+                self.idle_s += now - self._clock_at
+        self._clock_at, self._busy = now, busy
+
+    def summary(self) -> dict[str, float]:
+        self.set_busy(self._busy)
+        return {"tokens_generated": self.tokens_generated, "tokens_per_s": self.tokens_per_s(),
+                "groups_submitted": self.groups_submitted, "groups_released": self.groups_released,
+                "weight_updates": self.weight_updates, "total_pause_s": self.total_pause_s,
+                "busy_s": self.busy_s, "idle_s": self.idle_s, "scoring_retries": self.scoring_retries}
 
 
 class RolloutWorker:
@@ -109,6 +131,8 @@ class RolloutWorker:
             self.version, self.epoch = ws.version, ws.epoch
             self.state = "draining" if self._draining else "serving"
             self.stats.weight_updates += 1
+            if self.stats.weight_updates == 1:
+                self.stats.set_busy(bool(self.in_flight))
             self.stats.last_pause_s = stats.pause_s
             self.stats.total_pause_s += stats.pause_s
         log.info("serving weight version %d (epoch %d): paused %.3fs, load %.3fs", ws.version, ws.epoch,
@@ -143,6 +167,7 @@ class RolloutWorker:
             for lease in reply.leases:
                 task = asyncio.create_task(self._run_group(lease), name=f"group-{lease.group.group_id}")
                 self.in_flight[lease.lease_id] = task
+            self.stats.set_busy(True)
 
     async def _run_group(self, lease: replay_buffer_pb2.Lease) -> None:
         try:
@@ -165,6 +190,7 @@ class RolloutWorker:
             self.stats.groups_submitted += 1
         finally:
             self.in_flight.pop(lease.lease_id, None)
+            self.stats.set_busy(bool(self.in_flight))
             self._slot_free.set()
 
     def _sampling(self, prompt: common_pb2.PromptGroup) -> SamplingSpec:
