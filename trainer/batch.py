@@ -108,6 +108,7 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
     stats = {
         "reward/mean": r.mean().item(), "reward/std": r.std().item() if r.numel() > 1 else 0.0,
         "reward/max": r.max().item(), "reward/min": r.min().item(),
+        "reward/resolved_frac": sum(t.resolved for g in groups for t in g.trajectories) / max(1, len(samples)),
         "advantage/mean": a.mean().item(), "advantage/std": a.std().item() if a.numel() > 1 else 0.0,
         "advantage/abs_max": a.abs().max().item(),
         "data/groups": float(len(groups)), "data/samples": float(len(samples)),

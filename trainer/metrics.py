@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +33,8 @@ class JsonlBackend:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}  # JSON has no inf/nan
-        self._fh.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+        # Wall-clock stamp: plots against time (sync vs async) need it, and TensorBoard records its own.
+        self._fh.write(json.dumps({"step": step, "time": time.time(), **clean}, sort_keys=True) + "\n")
 
     def histogram(self, step: int, name: str, values: list[float]) -> None:
         self._fh.write(json.dumps({"step": step, "histogram": name, "values": values}) + "\n")
