@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the config is only read here: the GPU benchmark runs withou
 
 log = logging.getLogger(__name__)
 
-_LossInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+_LossInputs = tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # grpo_loss metrics that are additive shares of the minibatch value; the rest reduce by min / max.
 _SUM_METRICS = ("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_truncated_fraction",
@@ -76,19 +76,26 @@ class StepRunner:
                          packing=p.sequence_packing and self.packing_ok, pad_multiple=self.pad_multiple)
 
     @torch.no_grad()
-    def recompute(self, plan: list[list[MicroBatch]]) -> None:
-        """pi_old (and pi_ref) of every sample with the weights before this step's first update."""
+    def recompute(self, plan: list[list[MicroBatch]], *, policy: bool = True) -> None:
+        """pi_old (unless `policy` is false) and pi_ref of every sample, with the weights before this step's first
+        update."""
+        if not policy and self.reference is None:
+            return
         for minibatch in plan:
             for mb in minibatch:
                 with autocast(self.cfg.policy, self.dist):
-                    mb.old_logprobs = forward_logprobs(self.policy, mb.packed, self.dist.device).float()
+                    if policy:
+                        mb.old_logprobs = forward_logprobs(self.policy, mb.packed, self.dist.device).float()
                     if self.reference is not None:
                         mb.reference_logprobs = forward_logprobs(self.reference, mb.packed, self.dist.device).float()
 
     def run(self, batch: StepBatch) -> dict[str, float]:
         t0 = time.perf_counter()
         plan = self.plan(batch)
-        self.recompute(plan)
+        # One optimizer update per step: every micro-batch's training forward runs on the pre-update weights, so it
+        # computes pi_old itself (its detached log-probs) and a separate no-grad pass would only repeat it.
+        reuse = len(plan) == 1
+        self.recompute(plan, policy=not reuse)
         t1 = time.perf_counter()
         per_update = [self._update(minibatch) for minibatch in plan]
         t2 = time.perf_counter()
@@ -101,6 +108,7 @@ class StepRunner:
             "timing/logprob_recompute_s": t1 - t0, "timing/train_s": t2 - t1,
             "perf/train_tokens": tokens.item(), "perf/train_tokens_per_s": tokens.item() / max(t2 - t0, 1e-9),
             "train/optimizer_updates": float(len(plan)), "train/lr": float(self.scheduler.get_last_lr()[0]),
+            "train/old_logprobs_from_forward": float(reuse),
         })
         return metrics
 
@@ -126,8 +134,10 @@ class StepRunner:
         for mb, (packed, inputs, ref_lp) in zip(minibatch, staged, strict=True):
             with autocast(self.cfg.policy, self.dist):
                 lp = forward_logprobs(self.policy, packed, dev)
-            loss, m = grpo_loss(lp, *inputs, self.loss_cfg, global_valid_tokens=n_tok, global_valid_seqs=n_seq,
-                                reference_logprobs=ref_lp)
+            old, gen_lp, adv, mask = inputs
+            old = lp.detach().float() if old is None else old
+            loss, m = grpo_loss(lp, old, gen_lp, adv, mask, self.loss_cfg, global_valid_tokens=n_tok,
+                                global_valid_seqs=n_seq, reference_logprobs=ref_lp)
             # A dummy micro-batch contributes nothing but still runs backward, so every rank's FSDP2
             # reduce-scatters pair up.
             (loss * (0.0 if mb.dummy else scale)).backward()
@@ -147,10 +157,11 @@ class StepRunner:
         return out
 
     def _stage(self, mb: MicroBatch) -> tuple[PackedInputs, _LossInputs, torch.Tensor | None]:
-        """A micro-batch's inputs on the device: packed tokens, (old, generation log-probs, advantages, mask), ref."""
-        assert mb.old_logprobs is not None, "recompute() must run before the update"
+        """A micro-batch's inputs on the device: packed tokens, (old, generation log-probs, advantages, mask), ref.
+        Old log-probs are None when the training forward provides them (one update per step)."""
         dev = self.dist.device
-        inputs = (mb.old_logprobs.to(dev), mb.generation_logprobs.to(dev), mb.advantages.to(dev), mb.mask.to(dev))
+        old = None if mb.old_logprobs is None else mb.old_logprobs.to(dev)
+        inputs = (old, mb.generation_logprobs.to(dev), mb.advantages.to(dev), mb.mask.to(dev))
         ref = None if mb.reference_logprobs is None else mb.reference_logprobs.to(dev)
         return mb.packed.to(dev), inputs, ref
 

@@ -91,7 +91,25 @@ def test_several_optimizer_minibatches_per_step(make_cfg) -> None:  # type: igno
     cfg = make_cfg("policy.train_global_batch_size=8", "policy.train_micro_batch_size=4")
     params, m = train_once(cfg, single(), make_batch(cfg))
     assert m["train/optimizer_updates"] == 2.0
+    assert m["train/old_logprobs_from_forward"] == 0.0  # the second update needs pi_old from before the first
     assert all(torch.isfinite(p).all() for p in params.values())
+
+
+def test_one_update_per_step_takes_old_logprobs_from_the_training_forward(make_cfg) -> None:  # type: ignore[no-untyped-def]
+    # The same update as a separate no-grad recomputation of pi_old, with the recompute pass skipped.
+    cfg = make_cfg("policy.train_micro_batch_size=4", *IS)
+    batch = make_batch(cfg)
+    reused, m = train_once(cfg, single(), batch)
+    assert m["train/old_logprobs_from_forward"] == 1.0 and m["train/optimizer_updates"] == 1.0
+    policy = build_policy(cfg.policy, cfg.policy.model_name, single())
+    opt, sched = make_optimizer(policy, cfg)
+    runner = StepRunner(cfg, single(), policy, None, opt, sched)
+    plan = runner.plan(batch)
+    runner.recompute(plan)
+    ref_m = runner._update(plan[0])
+    assert_same_update({n: t.detach().clone() for n, t in iter_full_state(policy)}, reused)
+    assert m["loss/is_ratio_max"] == pytest.approx(ref_m["loss/is_ratio_max"], rel=1e-5)
+    assert m["loss/loss"] == pytest.approx(ref_m["loss/loss"], rel=1e-5, abs=1e-7)
 
 
 def test_old_logprobs_equal_plain_hf_forward(make_cfg) -> None:  # type: ignore[no-untyped-def]
