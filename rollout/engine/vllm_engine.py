@@ -109,7 +109,12 @@ def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
     parameters and are loaded in place. Then the LM head is re-packed from its live weight. Compared with
     `reload_weights`: no meta-device round trip of every layer, no second copy back into the old tensors, and one
     re-pack of the (vocab x hidden) head instead of three. If the model's module names do not follow the
-    checkpoint's `...layers.N.` prefixes, all GEMM weights are given scratch at once (one group)."""
+    checkpoint's `...layers.N.` prefixes, all GEMM weights are given scratch at once (one group).
+
+    Every scratch element starts as NaN and must be overwritten by the loaders, else the push fails loudly (engine
+    unavailable) instead of packing garbage. Known case: after vLLM's own `reload_weights` has run on the model, the
+    loaders of the recorded metadata no longer write (measured on the 0.5B model). The engine never mixes the two
+    (the load mode is fixed at start), so this is a guard, not a path taken."""
     import torch
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
     from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
@@ -137,6 +142,8 @@ def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
             if dtype not in scratch or scratch[dtype].numel() < n:
                 scratch[dtype] = torch.empty(n, dtype=dtype)
         offsets = dict.fromkeys(need, 0)
+        for dtype, n in need.items():  # NaN marks every element a loader must overwrite (checked below)
+            scratch[dtype][:n].fill_(float("nan"))
         for _, layer, meta in members[key]:
             meta = restore_layer_refs(meta, layer)
             o, n = offsets[meta.dtype], meta.numel()
@@ -146,6 +153,9 @@ def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
             layer.weight = w
             offsets[meta.dtype] = o + n
         loaded |= set(model.load_weights(group_items))
+        for dtype, n in need.items():
+            if torch.isnan(scratch[dtype][:n]).any():
+                raise RuntimeError(f"weight load left GEMM weights of {key or 'the model'!r} unwritten (or NaN)")
         for _, layer, _ in members[key]:
             layer.quant_method.process_weights_after_loading(layer)  # packs, and drops the (scratch) weight
     head = getattr(model, "lm_head", None)
