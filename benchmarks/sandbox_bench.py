@@ -3,6 +3,7 @@ command run bare (no sandbox, no HTTP, no checkout) in the same run.
 
     .venv/bin/python benchmarks/sandbox_bench.py                  # pools 1..cores, 4 tasks per slot, 2 rounds
     .venv/bin/python benchmarks/sandbox_bench.py --pools 1,2,4 --tasks-per-slot 6 --rounds 3
+    .venv/bin/python benchmarks/sandbox_bench.py --executors 1,2   # scale out: executors of pool 1 behind one client
 
 Repository: inflection 0.5.1 from PyPI (sdist, 455 tests in `test_inflection.py`), made into a git repository; the
 download is cached under `fleet.paths.cache_dir()/sdists`. Each sandboxed task is the full path a rollout takes:
@@ -177,6 +178,35 @@ async def measure_pool(repo: Path, spec: TaskSpec, pool: int, n: int, rounds: in
             "sandbox_breakdown_mean_s": {k: round(statistics.fmean(v), 4) for k, v in sorted(breakdown.items())}}
 
 
+async def measure_executors(spec: TaskSpec, counts: list[int], per_executor: int, rounds: int,
+                            work: Path) -> list[dict[str, Any]]:
+    """Scale-out as a rollout worker sees it: `k` executors (pool 1 each) behind one SandboxClient, which spreads
+    tasks least-outstanding first; `k * per_executor` tasks at once, throughput per round (median reported)."""
+    rows: list[dict[str, Any]] = []
+    for k in counts:
+        servers = [SandboxServer(SandboxConfig(pool_size=1, work_root=str(work / f"exec-{k}-{i}"))) for i in range(k)]
+        for server in servers:
+            await server.start()
+        rounds_out: list[dict[str, float]] = []
+        try:
+            urls = [f"http://127.0.0.1:{server.port}" for server in servers]
+            async with SandboxClient(urls, max_concurrency=k * per_executor, task_timeout=600) as client:
+                await sandbox_batch(client, spec, k)  # warm-up
+                for _ in range(rounds):
+                    t0 = time.monotonic()
+                    tasks = await sandbox_batch(client, spec, k * per_executor)
+                    rounds_out.append(summary([t["latency_s"] for t in tasks], time.monotonic() - t0))
+        finally:
+            for server in servers:
+                await server.stop(0)
+        median = _median_round(rounds_out)
+        rows.append({"executors": k, "sandbox": median, "throughput_per_s": median["throughput_per_s"]})
+        log.info("executors %d: %s", k, json.dumps(rows[-1]))
+    for row in rows:
+        row["speedup_vs_1"] = round(row["throughput_per_s"] / rows[0]["throughput_per_s"], 2)
+    return rows
+
+
 def _median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(statistics.median(r[key] for r in rounds), 3) for key in rounds[0]}
 
@@ -202,6 +232,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         ids = collect_ids(repo)
         spec = TaskSpec(repo_url=str(repo), base_commit=commit, patch="", pass_to_pass=ids, timeout=600)
         load_before = os.getloadavg()
+        if args.executors:
+            rows = await measure_executors(spec, args.executors, args.tasks_per_slot, args.rounds, work)
+            return {"benchmark": "sandbox executors behind one client", "command": " ".join(
+                        [Path(sys.executable).name, *sys.argv]),
+                    "repository": f"{PACKAGE} {VERSION} ({len(ids)} tests in {SUITE})",
+                    "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+                                "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+                    "tasks_per_executor": args.tasks_per_slot, "rounds": args.rounds, "results": rows}
         startup = await startup_cost(work)
         log.info("python -c pass: %s", startup)
         rows = []
@@ -237,8 +275,14 @@ def parse_args() -> argparse.Namespace:
                         help="pool sizes to measure (default: 1..cores)")
     parser.add_argument("--tasks-per-slot", type=int, default=4, help="tasks per pool slot in one batch")
     parser.add_argument("--rounds", type=int, default=2, help="alternating bare/sandbox rounds (median reported)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    return parser.parse_args()
+    parser.add_argument("--executors", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="instead of pools: executor counts (pool 1 each) behind one client, e.g. 1,2")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/sandbox.json "
+                        "(sandbox_executors.json with --executors)")
+    args = parser.parse_args()
+    if args.out is None:
+        args.out = RESULTS.with_name("sandbox_executors.json") if args.executors else RESULTS
+    return args
 
 
 if __name__ == "__main__":
@@ -247,7 +291,11 @@ if __name__ == "__main__":
     report = asyncio.run(main(arguments))
     arguments.out.parent.mkdir(parents=True, exist_ok=True)
     arguments.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({r["pool"]: {"bare_s": r["bare"]["latency_mean_s"], "overhead": r["overhead"],
-                                  "sandbox_per_s": r["sandbox"]["throughput_per_s"],
-                                  "bare_per_s": r["bare"]["throughput_per_s"]} for r in report["results"]}, indent=1))
+    if arguments.executors:
+        print(json.dumps(report["results"], indent=1))
+    else:
+        print(json.dumps({r["pool"]: {"bare_s": r["bare"]["latency_mean_s"], "overhead": r["overhead"],
+                                      "sandbox_per_s": r["sandbox"]["throughput_per_s"],
+                                      "bare_per_s": r["bare"]["throughput_per_s"]} for r in report["results"]},
+                         indent=1))
     print(f"wrote {arguments.out}")

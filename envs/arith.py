@@ -24,11 +24,13 @@ _ANSWER = re.compile(r"<\s*answer\s*>\s*([+-]?\s*\d+)\s*<\s*/\s*answer\s*>", re.
 _OPEN = re.compile(r"<\s*answer\s*>", re.I)
 
 
-def question(a: int, op: str, b: int) -> str:
-    return f"What is {a} {op} {b}? Answer with <answer>N</answer>."
+def question(a: int, op: str, b: int, answer_format: str = "tag") -> str:
+    # The number format drops the tag instruction: a model learning from scratch attends over fewer tokens.
+    return f"What is {a} {op} {b}?" + (" Answer with <answer>N</answer>." if answer_format == "tag" else "")
 
 
-def make_arith_tasks(seed: int, split: str, num_tasks: int, max_operand: int, ops: tuple[str, ...] = OPS) -> list[Task]:
+def make_arith_tasks(seed: int, split: str, num_tasks: int, max_operand: int, ops: tuple[str, ...] = OPS,
+                     answer_format: str = "tag") -> list[Task]:
     """Deterministic from (seed, split): the same arguments always give the same questions and ids."""
     rng = random.Random(f"arith:{seed}:{split}")
     tasks = []
@@ -38,7 +40,7 @@ def make_arith_tasks(seed: int, split: str, num_tasks: int, max_operand: int, op
             a, b = b, a  # keep answers non-negative: one less thing for a tiny model to learn
         answer = a + b if op == "+" else a - b if op == "-" else a * b
         tasks.append(Task(instance_id=f"arith-{seed}-{split}-{i:06d}", env_name="arith",
-                          problem_statement=question(a, op, b), split=split,
+                          problem_statement=question(a, op, b, answer_format), split=split,
                           metadata={"answer": answer, "a": a, "b": b, "op": op}))
     return tasks
 
@@ -52,7 +54,8 @@ def load_arith_dataset(cfg: DatasetConfig, *, env_cfg: EnvConfig | None = None, 
     n = arith.num_tasks if split == "train" else max(1, min(200, arith.num_tasks // 10))
     if cfg.max_samples is not None:
         n = min(n, cfg.max_samples)
-    return TaskDataset("arith", "arith", make_arith_tasks(seed, split, n, arith.max_operand, tuple(arith.ops)))
+    return TaskDataset("arith", "arith", make_arith_tasks(seed, split, n, arith.max_operand, tuple(arith.ops),
+                                                        arith.answer_format))
 
 
 def parse_number(text: str) -> tuple[int | None, str | None]:
@@ -108,7 +111,8 @@ def score_answer(expected: int, completion_text: str, answer_format: str = "tag"
     wanted = "a number" if answer_format == "number" else "<answer>N</answer>"
     verdict = Verdict(status="completed", patch_applied=error is None, tests_passed=int(error is None) + int(right),
                       tests_failed=int(error is not None) + int(not right), exit_code=0 if right else 1,
-                      test_status={"format": "FAILED" if error else "PASSED", "answer": "PASSED" if right else "FAILED"},
+                      test_status={"format": "FAILED" if error else "PASSED",
+                                   "answer": "PASSED" if right else "FAILED"},
                       resolution="FULL" if right else "NO",
                       error=f"format error ({error}): no {wanted}" if error else "")
     detail = f"format error: {error}" if error else f"expected {expected}, got {got}"
