@@ -161,12 +161,12 @@ def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
             layer.quant_method.process_weights_after_loading(layer)  # packs, and drops the (scratch) weight
     head = getattr(model, "lm_head", None)
     for module in model.modules():
-        if (
-            (isinstance(module, ParallelLMHead) or module is head)
-            and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
-            and hasattr(module, "cpu_linear") and module.weight.numel() > 0
-        ):  # fmt: skip
-            module.quant_method.process_weights_after_loading(module)
+        is_head = isinstance(module, ParallelLMHead) or module is head
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if is_head and isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear") \
+                and weight is not None and weight.numel() > 0:
+            method.process_weights_after_loading(module)
     return loaded
 
 
@@ -232,7 +232,7 @@ def _stage(items: list[tuple[str, torch.Tensor]], staging_dir: str | None, tag: 
             f.write(b"\0" * pad)
             offset += pad
             raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-            f.write(memoryview(raw.numpy()))
+            f.write(raw.numpy().data)
             index.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, raw.numel()))
             offset += raw.numel()
     return path, index
