@@ -291,8 +291,7 @@ class SandboxClient:
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            down = self.pool.down()
             try:
-                await asyncio.gather(*(self._probe(s) for s in down))
+                await asyncio.gather(*(self._probe(s) for s in self.pool.suspect()))
             except Exception:  # a probe must never kill the loop that brings executors back
                 log.exception("sandbox health probe failed")

@@ -60,8 +60,10 @@ async def test_executor_killed_mid_run_loses_no_verdict_and_comes_back(pair: lis
         assert [r.verdict.resolution for r in results if r.verdict] == ["FULL", "NO"] * 3
         retried = [r for r in results if r.attempts > 1]
         assert retried and all(r.executor == url_b for r in retried)
-        state_a = next(s for s in client.endpoint_states() if s.url == url_a)
-        assert not state_a.up and state_a.last_error
+        # Marked down by the failed requests, or by the next probe on a busy machine where a's tasks ended first.
+        await eventually(lambda: not next(s for s in client.endpoint_states() if s.url == url_a).up, 10,
+                         "the killed executor to be marked down")
+        assert next(s for s in client.endpoint_states() if s.url == url_a).last_error
 
         restarted = SandboxServer(a.cfg, port=a.port)
         await restarted.start()

@@ -106,12 +106,15 @@ def _poll_status(port: int, trainer) -> set[str]:  # type: ignore[no-untyped-def
     import time
 
     seen: set[str] = set()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    # The trainer's server comes up only after torch and the model load: without a short reconnect backoff the
+    # channel's exponential backoff (up to minutes) can sleep through a whole short run on a loaded machine.
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.initial_reconnect_backoff_ms", 200),
+                                                                   ("grpc.max_reconnect_backoff_ms", 500)])
     stub = trainer_pb2_grpc.TrainerStub(channel)
     deadline = time.monotonic() + 120
     while trainer.poll() is None and time.monotonic() < deadline and len(seen) < 3:
         try:
-            r = stub.GetStatus(trainer_pb2.TrainerStatusRequest(), timeout=10)
+            r = stub.GetStatus(trainer_pb2.TrainerStatusRequest(), timeout=10, wait_for_ready=True)
             seen.add(r.phase)
             assert r.async_mode and r.max_steps == 4
         except grpc.RpcError:
