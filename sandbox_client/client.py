@@ -291,7 +291,9 @@ class SandboxClient:
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(self.probe_interval_s)
+            # Every executor, not only those marked down: a killed one that answered its last requests with errors
+            # (or got none since) would otherwise stay "up" until a task reached it.
             try:
-                await asyncio.gather(*(self._probe(s) for s in self.pool.suspect()))
+                await asyncio.gather(*(self._probe(s) for s in self.pool.states))
             except Exception:  # a probe must never kill the loop that brings executors back
                 log.exception("sandbox health probe failed")

@@ -84,8 +84,3 @@ class EndpointPool:
 
     def down(self) -> list[EndpointState]:
         return [s for s in self.states if not s.up]
-
-    def suspect(self) -> list[EndpointState]:
-        """Endpoints to health-check: down ones, and up ones whose last request failed (an executor being killed
-        often answers its last requests with errors before its port closes, and nothing else would re-check it)."""
-        return [s for s in self.states if not s.up or s.failures > 0]
