@@ -1,9 +1,9 @@
 """Weight push end to end: the trainer's gRPC push to real rollout-worker servers, against a loopback socket copy.
 
 Run: `python benchmarks/weight_push_bench.py [--sizes tiny,50m,0.5b] [--backends hf,vllm] [--workers 1,2]
-[--skip vllm:0.5b:2] [--gen-duration 10]`. Writes `benchmarks/results/weight_push.json` (rows merged by
-(backend, size, workers), so runs of a few configurations update it) and, where matplotlib is installed,
-`benchmarks/results/weight_push.png`.
+[--transports tcp,grpc] [--skip vllm:0.5b:2] [--gen-duration 10]`. Writes `benchmarks/results/weight_push.json`
+(rows merged by (transport, backend, size, workers), so runs of a few configurations update it) and, where
+matplotlib is installed, `benchmarks/results/weight_push.png`.
 
 What runs, per (backend, size, number of workers):
 - Workers: one process each (`python benchmarks/weight_push_bench.py worker ...`), serving the real
@@ -12,8 +12,9 @@ What runs, per (backend, size, number of workers):
   (`engine_bench.make`; backend `vllm-plain`: the same vLLM engine with `cpu_weight_layout="plain"`), in-flight
   updates on (`grpo.async_grpo.in_flight_weight_updates`). What is left out: the
   lease loop, scoring and the replay buffer; the worker's post-load heartbeat to the buffer goes to a stub.
-- Push: the trainer's own code, `trainer.weights.WeightPusher.publish` over `GrpcTransport` (4 MiB slices, all
-  workers concurrently). `push_s` is the wall time from the `publish()` call until every worker's `GetStatus`
+- Push: the trainer's own code, `trainer.weights.WeightPusher.publish` over `TcpTransport` (header over gRPC, bytes
+  over one TCP stream per worker, received into the engine's staging memory) or `GrpcTransport` (4 MiB slices),
+  all workers concurrently. `push_s` is the wall time from the `publish()` call until every worker's `GetStatus`
   reports the pushed version. The first push of a run (a warm-up) is not counted; `push_s` is the median of the rest.
 - Loopback: in the same run, `bytes` (model bytes x workers) sent over one plain TCP socket on 127.0.0.1 from this
   process to a receiver process that `recv_into`s a preallocated buffer (best of 3): the floor the issue's target
@@ -230,26 +231,28 @@ async def push_once(pusher: Any, tensors: dict[str, torch.Tensor], version: int,
     }  # fmt: skip
 
 
-async def bench_config(backend: str, size: str, n_workers: int, args: argparse.Namespace) -> dict[str, Any]:
+async def bench_config(transport_name: str, backend: str, size: str, n_workers: int,
+                       args: argparse.Namespace) -> dict[str, Any]:
     import engine_bench
     from safetensors.torch import load_file
 
     from grpofleet.v1 import rollout_worker_pb2_grpc
     from services.runtime.client import make_channel
-    from trainer.weights import GrpcTransport, WeightPusher, WorkerRef
+    from trainer.weights import GrpcTransport, TcpTransport, WeightPusher, WorkerRef
 
     path = engine_bench.model_for(size)
     base = load_file(path / "model.safetensors")
     model_bytes = sum(t.numel() * t.element_size() for t in base.values())
-    log.info("%s %s x%d: %.1f MB per worker", backend, size, n_workers, model_bytes / 1e6)
+    log.info("%s %s %s x%d: %.1f MB per worker", transport_name, backend, size, n_workers, model_bytes / 1e6)
     logs = RESULTS.parent / "weight_push_logs"
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     workers = [WorkerProc(backend, path, f"{backend}-{size}-{i}", logs / f"{backend}-{size}-{n_workers}-{i}.log")
                for i in range(n_workers)]  # fmt: skip
     cfg = worker_config(path)
-    transport = GrpcTransport(cfg)
-    row: dict[str, Any] = {"backend": backend, "size": size, "workers": n_workers, "model_bytes": model_bytes,
+    transport = TcpTransport(cfg) if transport_name == "tcp" else GrpcTransport(cfg)
+    row: dict[str, Any] = {"transport": transport_name, "backend": backend, "size": size, "workers": n_workers,
+                           "model_bytes": model_bytes,
                            "bytes": model_bytes * n_workers, "params": sum(t.numel() for t in base.values())}
     try:
         for w in workers:
@@ -264,7 +267,9 @@ async def bench_config(backend: str, size: str, n_workers: int, args: argparse.N
         channels = [make_channel(w.address, cfg.services) for w in workers]
         stubs = [rollout_worker_pb2_grpc.RolloutWorkerStub(c) for c in channels]
         # Distinct values per push (the engines must really load them); made before timing, like a trainer's snapshot.
-        variants = [base, {k: v + 0.01 for k, v in base.items()}]
+        # Both in anonymous memory, like `gather_snapshot`'s copies (`load_file`'s tensors map the file: the first
+        # push that reads them would also time the page cache).
+        variants = [{k: v.clone() for k, v in base.items()}, {k: v + 0.01 for k, v in base.items()}]
         repeats = args.repeats_big if size == "0.5b" else args.repeats
         version = 0
         warm = await push_once(pusher, variants[1], version := version + 1, workers, stubs)
@@ -311,13 +316,14 @@ async def bench_config(backend: str, size: str, n_workers: int, args: argparse.N
 
 
 def write_results(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    key = lambda r: (r["backend"], r["size"], r["workers"])  # noqa: E731
+    key = lambda r: (r.get("transport", "grpc"), r["backend"], r["size"], r["workers"])  # noqa: E731
     previous = json.loads(RESULTS.read_text())["results"] if RESULTS.is_file() else []
     fresh = {key(r) for r in rows}
     merged = [r for r in previous if key(r) not in fresh] + rows
     env = {
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
         "dtype": "float32", "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "chunk_mb": 4.0,
+        "note": "rows without 'transport' are grpc rows from an earlier run (see docs/performance.md)",
         "gen_duration_s": args.gen_duration, "step_s": args.step_s, "gen_concurrency": args.gen_concurrency,
         "gen_max_new": args.gen_max_new,
     }  # fmt: skip
@@ -335,11 +341,12 @@ def plot(rows: list[dict[str, Any]]) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (backend, n), marker in zip([("hf", 1), ("hf", 2), ("vllm", 1), ("vllm", 2), ("vllm-plain", 1)], "osD^v",
-                                    strict=True):
-        pts = sorted((r["bytes"], r["push_s_median"]) for r in rows if (r["backend"], r["workers"]) == (backend, n))
-        if pts:
-            ax.plot([p[0] / 1e9 for p in pts], [p[1] for p in pts], marker=marker, label=f"{backend}, {n} worker(s)")
+    series = sorted({(r.get("transport", "grpc"), r["backend"], r["workers"]) for r in rows})
+    for (transport, backend, n), marker in zip(series, "osD^v<>ph*Xd", strict=False):
+        pts = sorted((r["bytes"], r["push_s_median"]) for r in rows
+                     if (r.get("transport", "grpc"), r["backend"], r["workers"]) == (transport, backend, n))
+        ax.plot([p[0] / 1e9 for p in pts], [p[1] for p in pts], marker=marker,
+                linestyle="-" if transport == "tcp" else ":", label=f"{transport}: {backend}, {n} worker(s)")
     lb = sorted((r["bytes"], r["bytes"] / r["loopback_GBps"] / 1e9) for r in rows)
     ax.plot([p[0] / 1e9 for p in lb], [1.5 * p[1] for p in lb], "k--", label="1.5 x bytes / loopback (target)")
     ax.set(xscale="log", yscale="log", xlabel="bytes pushed (GB, all workers)", ylabel="push to served (s)",
@@ -353,13 +360,14 @@ def plot(rows: list[dict[str, Any]]) -> None:
 async def main(args: argparse.Namespace) -> None:
     skip = set(args.skip.split(",")) if args.skip else set()
     rows: list[dict[str, Any]] = []
-    for backend in args.backends.split(","):
-        for size in args.sizes.split(","):
-            for n in (int(x) for x in args.workers.split(",")):
-                if f"{backend}:{size}:{n}" in skip:
-                    continue
-                rows.append(await bench_config(backend, size, n, args))
-                write_results(rows, args)
+    for transport in args.transports.split(","):
+        for backend in args.backends.split(","):
+            for size in args.sizes.split(","):
+                for n in (int(x) for x in args.workers.split(",")):
+                    if f"{backend}:{size}:{n}" in skip:
+                        continue
+                    rows.append(await bench_config(transport, backend, size, n, args))
+                    write_results(rows, args)
     print(f"wrote {RESULTS}")
 
 
@@ -374,6 +382,7 @@ if __name__ == "__main__":  # vLLM spawns processes: the guard keeps them from r
     p.add_argument("--sizes", default="tiny,50m,0.5b")
     p.add_argument("--backends", default="hf,vllm")
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--transports", default="tcp", help="tcp (the default transport) and/or grpc")
     p.add_argument("--skip", default="vllm:0.5b:2", help="backend:size:workers triples to leave out, comma-separated")
     p.add_argument("--repeats", type=int, default=4, help="timed pushes per configuration (after one warm-up)")
     p.add_argument("--repeats-big", type=int, default=2, help="timed pushes for 0.5b")

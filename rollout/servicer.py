@@ -9,7 +9,18 @@ from grpc import aio
 
 from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
 from rollout import weights
+from rollout.engine.base import StagedWeights
 from rollout.worker import RolloutWorker
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string ("ipv4:10.0.0.5:4242", "ipv6:[::1]:4242"); loopback for anything else."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return "127.0.0.1"
 
 
 class RolloutWorkerServicer(rollout_worker_pb2_grpc.RolloutWorkerServicer):
@@ -21,13 +32,20 @@ class RolloutWorkerServicer(rollout_worker_pb2_grpc.RolloutWorkerServicer):
         self, request_iterator: AsyncIterator[common_pb2.WeightChunk], context: aio.ServicerContext
     ) -> rollout_worker_pb2.PushWeightsResponse:
         t0 = time.monotonic()
-        ws = await weights.receive(request_iterator, self.worker.engine.weight_spec())
-        if ws.transport == "nccl":
-            from rollout.nccl import receive_nccl
+        engine = self.worker.engine
+        ws = await weights.receive(request_iterator, engine.weight_spec(), stage=engine.stage,
+                                   peer_host=peer_host(context.peer()),
+                                   timeout_s=self.worker.cfg.policy.weight_sync.timeout_s)
+        try:
+            if ws.transport == "nccl":
+                from rollout.nccl import receive_nccl
 
-            await receive_nccl(ws)
-        receive_s = time.monotonic() - t0
-        pause_s, load_s = await self.worker.apply_weights(ws)
+                await receive_nccl(ws)
+            receive_s = time.monotonic() - t0
+            pause_s, load_s = await self.worker.apply_weights(ws)
+        finally:
+            if isinstance(ws.tensors, StagedWeights):
+                ws.tensors.release()  # a no-op once the engine loaded it; else (refused, same version) given back
         return rollout_worker_pb2.PushWeightsResponse(
             version=self.worker.version, epoch=self.worker.epoch, pause_s=pause_s, load_s=load_s,
             receive_s=receive_s, bytes=ws.nbytes,

@@ -1,17 +1,24 @@
-"""Receiving a weight push: validate the announced tensor set against the model, then assemble the streamed bytes.
+"""Receiving a weight push: validate the announced tensor set against the model, then receive the bytes into the
+memory the engine staged for them.
 
 The check happens on the header, before any byte is received and long before the engine is touched, so a wrong
-tensor set costs nothing and changes nothing.
+tensor set costs nothing and changes nothing. The bytes come inside the gRPC stream (`WeightChunk` slices), over a
+plain TCP stream (`rollout.tcp_stream`, the fast path on CPU), or over NCCL (`rollout.nccl`, GPUs).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from services.runtime.errors import InvalidArgument
+from rollout import tcp_stream
+from services.runtime.errors import InvalidArgument, Unavailable
+
+# (name, shape, dtype name) in push order -> memory to receive into; the engine's `stage`.
+Stager = Callable[[Sequence[tuple[str, tuple[int, ...], str]]], dict[str, torch.Tensor]]
 
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -71,8 +78,22 @@ def check_against_spec(metas: list[TensorMeta], spec: Mapping[str, tuple[tuple[i
         raise InvalidArgument(f"weight push lacks {len(missing)} model tensors, e.g. {missing[0]!r}")
 
 
-async def receive(chunks: AsyncIterator[object], spec: Mapping[str, tuple[tuple[int, ...], str]]) -> WeightSet:
-    """Read a PushWeights stream (protobuf WeightChunk messages) into a WeightSet."""
+def _fresh(metas: Sequence[tuple[str, tuple[int, ...], str]]) -> dict[str, torch.Tensor]:
+    return {name: torch.empty(shape, dtype=DTYPES[dtype]) for name, shape, dtype in metas}
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's memory as a flat byte view (no copy; writable where the tensor is)."""
+    if not t.numel():
+        return memoryview(bytearray())
+    return t.reshape(-1).view(torch.uint8).numpy().data
+
+
+async def receive(chunks: AsyncIterator[object], spec: Mapping[str, tuple[tuple[int, ...], str]], *,
+                  stage: Stager = _fresh, peer_host: str = "127.0.0.1", timeout_s: float = 600.0) -> WeightSet:
+    """Read a PushWeights stream (protobuf WeightChunk messages) into a WeightSet whose tensors are the `stage`d
+    memory (on any failure here that memory is released, if it has a `release`). `peer_host`: where the call came
+    from, the stream's host when the header leaves it empty."""
     it = aiter(chunks)
     first = await anext(it, None)
     if first is None or first.WhichOneof("payload") != "header":  # type: ignore[attr-defined]
@@ -86,23 +107,43 @@ async def receive(chunks: AsyncIterator[object], spec: Mapping[str, tuple[tuple[
                    nccl_world_size=h.nccl_world_size, nccl_rank=h.nccl_rank)
     if ws.transport == "nccl":
         return ws
-    if ws.transport != "grpc":
-        raise InvalidArgument(f"unknown weight transport {ws.transport!r} (expected 'grpc' or 'nccl')")
-    buffers = [bytearray(m.nbytes) for m in metas]
+    if ws.transport not in ("grpc", "tcp"):
+        raise InvalidArgument(f"unknown weight transport {ws.transport!r} (expected 'grpc', 'tcp' or 'nccl')")
+    if ws.transport == "tcp" and (not 0 < h.stream_port < 65536 or len(h.stream_token) != tcp_stream.TOKEN_BYTES):
+        raise InvalidArgument(f"tcp weight push needs stream_port in 1..65535 and a {tcp_stream.TOKEN_BYTES}-byte "
+                              f"stream_token, got port {h.stream_port} and {len(h.stream_token)} bytes")
+    staged = stage([(m.name, m.shape, m.dtype) for m in metas])
+    try:
+        views = [byte_view(t) for t in staged.values()]
+        if ws.transport == "tcp":
+            try:
+                await asyncio.to_thread(tcp_stream.receive_into, h.stream_host or peer_host, h.stream_port,
+                                        h.stream_token, views, timeout_s=timeout_s)
+            except tcp_stream.StreamError as exc:
+                raise Unavailable(str(exc)) from exc
+        else:
+            await _assemble(it, metas, views)
+    except BaseException:
+        release = getattr(staged, "release", None)
+        if release is not None:
+            release()
+        raise
+    ws.tensors = staged
+    return ws
+
+
+async def _assemble(it: AsyncIterator[object], metas: list[TensorMeta], views: list[memoryview]) -> None:
     filled = [0] * len(metas)
     async for chunk in it:
         s = chunk.slice  # type: ignore[attr-defined]
         if not 0 <= s.tensor_index < len(metas):
             raise InvalidArgument(f"slice for tensor index {s.tensor_index} outside the announced set")
-        buf = buffers[s.tensor_index]
+        buf = views[s.tensor_index]
         end = s.offset + len(s.data)
-        if s.offset < 0 or end > len(buf):
+        if s.offset < 0 or end > buf.nbytes:
             raise InvalidArgument(f"slice [{s.offset}, {end}) outside tensor {metas[s.tensor_index].name!r}")
         buf[s.offset:end] = s.data
         filled[s.tensor_index] += len(s.data)
-    for m, buf, n in zip(metas, buffers, filled, strict=True):
-        if n != len(buf):
-            raise InvalidArgument(f"tensor {m.name!r}: received {n} of {len(buf)} bytes")
-        ws.tensors[m.name] = torch.frombuffer(buf, dtype=DTYPES[m.dtype]).reshape(m.shape) if len(buf) else \
-            torch.empty(m.shape, dtype=DTYPES[m.dtype])
-    return ws
+    for m, buf, n in zip(metas, views, filled, strict=True):
+        if n != buf.nbytes:
+            raise InvalidArgument(f"tensor {m.name!r}: received {n} of {buf.nbytes} bytes")

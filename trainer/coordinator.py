@@ -27,7 +27,15 @@ from trainer.batch import Group
 from trainer.buffer import BufferClient, Starvation
 from trainer.data import PromptFeeder, TaskSource, validation_groups
 from trainer.status import TrainerState, start_status_service
-from trainer.weights import GrpcTransport, NcclTransport, PushResult, WeightPusher, WeightSnapshot, WeightTransport
+from trainer.weights import (
+    GrpcTransport,
+    NcclTransport,
+    PushResult,
+    TcpTransport,
+    WeightPusher,
+    WeightSnapshot,
+    WeightTransport,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,11 +76,11 @@ class Coordinator:
     async def _start(self) -> None:
         self.buffer = BufferClient(self.cfg)
         ws = self.cfg.policy.weight_sync
-        late: WeightTransport = GrpcTransport(self.cfg)
+        late: WeightTransport = GrpcTransport(self.cfg) if ws.transport == "grpc" else TcpTransport(self.cfg)
         main: WeightTransport = late
         if ws.transport == "nccl":
             if self.device.type != "cuda":
-                raise ValueError("policy.weight_sync.transport=nccl needs a CUDA trainer; use grpc on CPU")
+                raise ValueError("policy.weight_sync.transport=nccl needs a CUDA trainer; use tcp on CPU")
             main = NcclTransport(self.cfg, self.device)
         self.pusher = WeightPusher(self.cfg, self.buffer.list_workers, main, late)
         self._status = await start_status_service(self.cfg, self.state)

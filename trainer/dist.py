@@ -53,7 +53,7 @@ def check_world(cfg: MasterConfig, world_size: int) -> None:
             f"policy.train_global_batch_size ({gbs}) must be a multiple of the number of trainer processes "
             f"({world_size}, torchrun --nproc-per-node x nodes): each optimizer batch is split evenly across ranks")
     if cfg.policy.weight_sync.transport == "nccl" and cfg.cluster.gpus_per_node == 0:
-        raise ConfigError("policy.weight_sync.transport=nccl needs GPUs (cluster.gpus_per_node > 0); use grpc")
+        raise ConfigError("policy.weight_sync.transport=nccl needs GPUs (cluster.gpus_per_node > 0); use tcp")
 
 
 def _free_port() -> int:

@@ -4,10 +4,11 @@ in sync.
 * `gather_snapshot()` runs on every rank (each FSDP2 `full_tensor()` is an all-gather); rank 0 keeps a CPU copy in
   the served dtype. The copy is what is streamed, never the live parameters, so the next optimizer step can run
   while a push is in flight without a worker ever reading half-updated weights (NeMo RL #3839).
-* `WeightTransport` moves one snapshot to a set of workers and reports per worker. `GrpcTransport` streams a
-  `WeightChunk` header then slices of <= `policy.weight_sync.chunk_mb`; `NcclTransport` sends the header alone
-  with an NCCL rendezvous and broadcasts the bytes with `rollout.nccl` (the worker side's bucket layout, one code
-  path for both ends).
+* `WeightTransport` moves one snapshot to a set of workers and reports per worker. `TcpTransport` (the default)
+  sends the header with a one-time token and serves the raw bytes from the snapshot over `rollout.tcp_stream`
+  (each worker reads them with one connection); `GrpcTransport` streams a `WeightChunk` header then slices of
+  <= `policy.weight_sync.chunk_mb`; `NcclTransport` sends the header alone with an NCCL rendezvous and broadcasts
+  the bytes with `rollout.nccl`. The worker-side modules serve both ends: one code path per wire format.
 * `WeightPusher` owns the current snapshot. `publish()` pushes it to every worker the buffer lists, concurrently;
   `watch()` (a background task) pushes it to any worker that registered late, restarted or fell behind: the join
   handshake, since the buffer leases nothing to a worker without weights of the current run epoch.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from abc import ABC, abstractmethod
@@ -29,6 +31,8 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, rollout_worker_pb2_grpc
+from rollout import tcp_stream
+from rollout.weights import byte_view
 from services.runtime.client import make_channel
 from trainer.model import DTYPES, PolicyModule, iter_full_state
 
@@ -91,7 +95,7 @@ class PushResult:
 def _chunks(snapshot: WeightSnapshot, chunk_bytes: int) -> Iterable[common_pb2.WeightChunk]:
     yield common_pb2.WeightChunk(header=snapshot.header("grpc"))
     for index, t in enumerate(snapshot.tensors.values()):
-        raw = memoryview(t.reshape(-1).view(torch.uint8).numpy().data)
+        raw = byte_view(t)
         for offset in range(0, len(raw), chunk_bytes):
             data = bytes(raw[offset : offset + chunk_bytes])
             yield common_pb2.WeightChunk(slice=common_pb2.TensorSlice(tensor_index=index, offset=offset, data=data))
@@ -138,6 +142,49 @@ class GrpcTransport(WeightTransport):
                 yield msg
 
         return list(await asyncio.gather(*(self._call(w, stream()) for w in workers)))
+
+
+class TcpTransport(WeightTransport):
+    """Header over gRPC, bytes over a plain TCP stream per worker, served from the snapshot without a copy. The
+    listening socket lives as long as the transport; every push gets a fresh token per worker, withdrawn when the
+    call has answered (a worker that never came for its bytes cannot collect them later)."""
+
+    def __init__(self, cfg: MasterConfig) -> None:
+        super().__init__(cfg)
+        self._server: tcp_stream.StreamServer | None = None
+
+    def _serve(self) -> tcp_stream.StreamServer:
+        if self._server is None:
+            ws = self.cfg.policy.weight_sync
+            self._server = tcp_stream.StreamServer("0.0.0.0", ws.stream_port, timeout_s=self.timeout)
+            log.info("serving weight bytes on port %d", self._server.port)
+        return self._server
+
+    async def push(self, snapshot: WeightSnapshot, workers: list[WorkerRef]) -> list[PushResult]:
+        server = self._serve()
+        views = [byte_view(t) for t in snapshot.tensors.values()]
+        host = self.cfg.policy.weight_sync.stream_host or ""
+
+        def header(token: bytes) -> AsyncIterator[common_pb2.WeightChunk]:
+            async def gen() -> AsyncIterator[common_pb2.WeightChunk]:
+                yield common_pb2.WeightChunk(header=snapshot.header(
+                    "tcp", stream_host=host, stream_port=server.port, stream_token=token))
+            return gen()
+
+        tokens = [os.urandom(tcp_stream.TOKEN_BYTES) for _ in workers]
+        for token in tokens:
+            server.offer(token, views)
+        try:
+            return list(await asyncio.gather(*(self._call(w, header(t)) for w, t in zip(workers, tokens, strict=True))))
+        finally:
+            for token in tokens:
+                server.withdraw(token)
+
+    async def close(self) -> None:
+        await super().close()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
 
 class NcclTransport(WeightTransport):

@@ -76,9 +76,17 @@ class GenerationConfig(Section):
 
 
 class WeightSyncConfig(Section):
-    transport: Literal["grpc", "nccl"] = "grpc"
-    """How weight bytes reach rollout workers: streamed in gRPC `WeightChunk`s, or one NCCL broadcast from trainer
-    rank 0 (GPU trainer and GPU workers reachable by NCCL; the gRPC header still carries names, shapes, versions)."""
+    transport: Literal["tcp", "grpc", "nccl"] = "tcp"
+    """How weight bytes reach rollout workers (the gRPC `PushWeights` call always carries the header: names, shapes,
+    versions). tcp: each worker reads them from one plain TCP stream that the trainer serves (`stream_port`), at
+    socket speed; grpc: inside the gRPC stream as `WeightChunk`s (only the rollout port needs to be open, several
+    times slower); nccl: one NCCL broadcast from trainer rank 0 (GPU trainer and GPU workers). Workers that join
+    late are synced over tcp with nccl, else over the chosen transport."""
+    stream_port: int = Field(0, ge=0, le=65535)
+    """transport=tcp: the port the trainer serves weight bytes on (0: any free port; it travels in each push)."""
+    stream_host: str | None = None
+    """transport=tcp: the name or address workers reach the trainer's weight stream at (None: the address each
+    worker sees the push call come from)."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """dtype of pushed tensors (auto: `policy.precision`); must match the dtype the rollout engine serves."""
     chunk_mb: float = Field(4.0, gt=0, le=32)

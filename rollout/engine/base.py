@@ -105,6 +105,24 @@ class UpdateStats:
     kv_recomputed: bool = False
 
 
+class StagedWeights(dict[str, "torch.Tensor"]):
+    """A push's tensors (name -> tensor) in memory the engine handed out for them with `stage()`, so that the
+    receiver writes the bytes exactly once, where the engine will load them from. Filled, it is passed to
+    `update_weights` as is; the engine takes it over there. A push that fails before that must `release()` it."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], owner: GenerationEngine | None = None) -> None:
+        super().__init__(tensors)
+        self.owner = owner
+        self.consumed = False
+
+    def release(self) -> None:
+        """Give the memory back to the engine without loading it (idempotent; a no-op once loaded)."""
+        if not self.consumed:
+            self.consumed = True
+            if self.owner is not None:
+                self.owner._recycle(self)
+
+
 @dataclass
 class _Counters:
     tokens_generated: int = 0
@@ -222,6 +240,18 @@ class GenerationEngine(ABC):
         """HF checkpoint name -> (shape, dtype name) of every tensor a push must carry."""
         return {k: (v.shape, v.dtype) for k, v in self._spec.items()}
 
+    def stage(self, metas: Sequence[tuple[str, tuple[int, ...], str]]) -> StagedWeights:
+        """Memory to receive a push into: (name, shape, dtype name) in the order the bytes come. The base engine
+        gives fresh CPU tensors; engines override it to hand out memory they can load from without another copy.
+        Not validated here: `update_weights` does that, before anything is loaded."""
+        import torch
+
+        return StagedWeights({name: torch.empty(shape, dtype=getattr(torch, dtype)) for name, shape, dtype in metas})
+
+    def _recycle(self, staged: StagedWeights) -> None:
+        """Take back staging memory that was released unused (see `stage`). The base engine's is plain memory."""
+        staged.clear()
+
     async def update_weights(
         self,
         version: int,
@@ -242,19 +272,30 @@ class GenerationEngine(ABC):
         positions); cached prefixes of older weights are still never reused by requests started after the update.
         A version older than the served one is refused unless `allow_older` (a new run epoch restarts versions);
         the same version is reloaded (pushes are retried).
+        `tensors` from this engine's `stage()` are taken over: loaded from where they lie (or swapped in), and
+        released whatever the outcome.
         """
-        items = validate_weights(self._spec, tensors, self._aliases)
-        async with self._update_lock:
-            if version < self._served_version and not allow_older:
-                raise StaleVersionError(f"weight version {version} is older than the served {self._served_version}")
-            stats = await self._apply_update(version, items, in_flight=in_flight, reset_cache=reset_cache)
-            self._counters.updates += 1
-            self._counters.total_pause_s += stats.pause_s
-            self._counters.last = stats
-            return stats
+        staged = tensors if isinstance(tensors, StagedWeights) and tensors.owner is self else None
+        try:
+            items = validate_weights(self._spec, tensors, self._aliases)
+            async with self._update_lock:
+                if version < self._served_version and not allow_older:
+                    raise StaleVersionError(
+                        f"weight version {version} is older than the served {self._served_version}")
+                stats = await self._apply_update(version, items, in_flight=in_flight, reset_cache=reset_cache,
+                                                 staged=staged)
+                self._counters.updates += 1
+                self._counters.total_pause_s += stats.pause_s
+                self._counters.last = stats
+                return stats
+        finally:
+            if staged is not None:
+                staged.release()
 
     @abstractmethod
     async def _apply_update(
-        self, version: int, items: list[tuple[str, torch.Tensor]], *, in_flight: bool, reset_cache: bool
+        self, version: int, items: list[tuple[str, torch.Tensor]], *, in_flight: bool, reset_cache: bool,
+        staged: StagedWeights | None = None,
     ) -> UpdateStats:
-        """Load validated tensors and set `_served_version` (exactly when tokens start to come from them)."""
+        """Load validated tensors and set `_served_version` (exactly when tokens start to come from them). `staged`:
+        the same tensors as this engine's own staging memory (mark it `consumed` if it is kept)."""

@@ -23,21 +23,25 @@ How the contract of `rollout.engine.base` maps onto vLLM 0.32:
   with `F.linear` (`_unpack_cpu_gemms`): a push is then only `load_weights` into the live parameters, at copy
   speed, but decoding is ~2x slower per GEMM (measured trade-off in docs/performance.md, issue 5).
   Loading, GPU: `worker.reload_weights` (HF checkpoint names).
-- Transport to the worker process: the push is first written to one raw file on tmpfs (`staging_dir`, before the
-  pause) and the worker maps it (`torch.from_file(shared=True)`): the loaders copy from the mapped pages into the
-  parameters. Without a staging dir with room, the tensors travel pickled inside the `collective_rpc` callable,
-  which copies them twice (client -> engine core -> worker) at ~85 MB/s on this machine.
+- Transport to the worker process: the push lies in one raw file on tmpfs (`staging_dir`) that the worker maps
+  (`torch.from_file(shared=True)`): the loaders copy from the mapped pages into the parameters. `stage()` hands
+  out views of that file's mapping, so a receiver writes the pushed bytes straight into it; the file is kept and
+  reused by the next push (its pages are allocated once). Tensors not staged that way are first written to such a
+  file (before the pause). Without a staging dir with room, the tensors travel pickled inside the
+  `collective_rpc` callable, which copies them twice (client -> engine core -> worker) at ~85 MB/s here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +51,7 @@ from rollout.engine.base import (
     Generation,
     GenerationEngine,
     SamplingSpec,
+    StagedWeights,
     UpdateStats,
 )
 
@@ -238,6 +243,64 @@ def _stage(items: list[tuple[str, torch.Tensor]], staging_dir: str | None, tag: 
     return path, index
 
 
+def _aligned_index(metas: Sequence[tuple[str, tuple[int, ...], str]]) -> tuple[StageIndex, int]:
+    """Where each tensor lies in a staging file (64-byte aligned starts, as `_stage` writes them), and its size."""
+    import torch
+
+    index: StageIndex = []
+    offset = 0
+    for name, shape, dtype in metas:
+        offset += -offset % 64
+        n = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        for d in shape:
+            n *= d
+        index.append((name, dtype, tuple(shape), offset, n))
+        offset += n
+    return index, offset
+
+
+@dataclass
+class _StageFile:
+    """A raw staging file on tmpfs and this process's writable mapping of it."""
+
+    path: str
+    size: int
+    mapping: mmap.mmap
+
+    @classmethod
+    def create(cls, staging_dir: str, size: int) -> _StageFile:
+        path = os.path.join(staging_dir, f"grpo-fleet-stage-{os.getpid()}-{time.monotonic_ns()}.bin")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            # Pages allocated and mapped now rather than faulted in one by one while the push is received.
+            os.posix_fallocate(fd, 0, max(size, 1))
+            mapping = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        return cls(path, size, mapping)
+
+    def remove(self) -> None:
+        try:
+            self.mapping.close()
+        except BufferError:  # a view is still referenced somewhere; the mapping goes when it does
+            pass
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+class _FileStaged(StagedWeights):
+    """Staged tensors that are views of a `_StageFile`'s mapping, laid out as `index` says."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], owner: VllmEngine, file: _StageFile,
+                 index: StageIndex) -> None:
+        super().__init__(tensors, owner)
+        self.file = file
+        self.index = index
+
+
 def _refresh_tied_cpu_heads(model: Any) -> None:
     """Work around vLLM 0.32 on CPU, packed layout: the LM head keeps a packed copy of its weight in
     `layer.cpu_linear`, built at load. With tied embeddings the checkpoint has no `lm_head.weight`, so
@@ -395,6 +458,7 @@ class VllmEngine(GenerationEngine):
         self._load_mode = "reload"  # how pushes load in the worker: see `_load_pushed`; set at start
         self._engine_kwargs.update(engine_kwargs or {})
         self._llm: Any = None
+        self._spare_stage: _StageFile | None = None  # the staging file between pushes (see `stage`)
         self._accepting = asyncio.Event()  # cleared while an update runs: new requests start after it
         self._active: set[str] = set()
         self._failed: BaseException | None = None
@@ -419,6 +483,7 @@ class VllmEngine(GenerationEngine):
                 unpacked = await self._llm.collective_rpc(_unpack_and_load(str(self.model_path)))
                 log.info("unpacked %s CPU GEMM weights in %.1f s", unpacked, time.perf_counter() - t1)
         await self._llm.update_weight_version(str(self._served_version))
+        self._stage_ahead()
         self._accepting.set()
         log.info("vLLM engine up in %.1f s (%s, %s)", time.perf_counter() - t0, self.model_path, self.dtype)
 
@@ -427,6 +492,47 @@ class VllmEngine(GenerationEngine):
         self._accepting.set()  # wake waiters so they see the engine is gone
         if llm is not None:
             llm.shutdown()
+        spare, self._spare_stage = self._spare_stage, None
+        if spare is not None:
+            spare.remove()
+
+    # -- weights ------------------------------------------------------------------------------------------------
+    def stage(self, metas: Sequence[tuple[str, tuple[int, ...], str]]) -> StagedWeights:
+        """Views of a tmpfs staging file, reused across pushes (one at a time: a concurrent second push gets a
+        file of its own). Without a staging dir with room: plain tensors, sent as `_apply_update` can."""
+        import torch
+
+        index, size = _aligned_index(metas)
+        file, self._spare_stage = self._spare_stage, None
+        if file is not None and file.size < size:
+            file.remove()
+            file = None
+        if file is None:
+            if self._staging_dir is None or not os.path.isdir(self._staging_dir) \
+                    or shutil.disk_usage(self._staging_dir).free < size + (64 << 20):
+                return super().stage(metas)
+            file = _StageFile.create(self._staging_dir, size)
+        buf = torch.frombuffer(file.mapping, dtype=torch.uint8)
+        tensors = {name: buf[off : off + n].view(getattr(torch, dtype)).view(shape)
+                   for name, dtype, shape, off, n in index}
+        return _FileStaged(tensors, self, file, index)
+
+    def _stage_ahead(self) -> None:
+        """Make the staging file for a push of the checkpoint's tensors now, so the first push is received as fast
+        as the rest."""
+        try:
+            self.stage([(name, ts.shape, ts.dtype) for name, ts in self._spec.items()]).release()
+        except OSError as exc:  # a push stages on its own later (or travels inline)
+            log.warning("could not make the weight staging file ahead: %s", exc)
+
+    def _recycle(self, staged: StagedWeights) -> None:
+        if not isinstance(staged, _FileStaged):
+            return
+        staged.clear()  # drop this object's views of the mapping
+        if self._spare_stage is None and self._llm is not None:
+            self._spare_stage = staged.file
+        else:
+            staged.file.remove()
 
     def _check_usable(self) -> Any:
         if self._failed is not None:
@@ -494,18 +600,26 @@ class VllmEngine(GenerationEngine):
         )
 
     async def _apply_update(
-        self, version: int, items: list[tuple[str, torch.Tensor]], *, in_flight: bool, reset_cache: bool
+        self, version: int, items: list[tuple[str, torch.Tensor]], *, in_flight: bool, reset_cache: bool,
+        staged: StagedWeights | None = None,
     ) -> UpdateStats:
         llm = self._check_usable()
         # New requests wait from here on, so that "submitted after update_weights was called" means "runs on the new
         # weights"; requests in flight keep generating while the push is staged.
         self._accepting.clear()
-        staged = None
+        staged_file: tuple[str, StageIndex] | None = None
+        written = False  # a staging file written here, removed after the load
         try:
             n_active = len(self._active)
             t_stage = time.perf_counter()
-            if sum(t.numel() * t.element_size() for _, t in items) >= self._stage_min_bytes:
-                staged = await asyncio.to_thread(_stage, items, self._staging_dir, f"{version}-{time.monotonic_ns()}")
+            if isinstance(staged, _FileStaged):
+                # Received in place; the loaded names are the validated ones (a tied head's alias is left out).
+                names = {name for name, _ in items}
+                staged_file = staged.file.path, [e for e in staged.index if e[0] in names]
+            elif sum(t.numel() * t.element_size() for _, t in items) >= self._stage_min_bytes:
+                staged_file = await asyncio.to_thread(
+                    _stage, items, self._staging_dir, f"{version}-{time.monotonic_ns()}")
+                written = staged_file is not None
             t0 = time.perf_counter()
             if in_flight:
                 await llm.pause_generation(mode="keep", clear_cache=reset_cache)
@@ -514,8 +628,8 @@ class VllmEngine(GenerationEngine):
                 await llm.pause_generation(mode="wait", clear_cache=True)
             t1 = time.perf_counter()
             try:
-                await llm.collective_rpc(
-                    _reload_staged(*staged, self._load_mode) if staged else _reload_inline(items, self._load_mode))
+                await llm.collective_rpc(_reload_staged(*staged_file, self._load_mode) if staged_file
+                                         else _reload_inline(items, self._load_mode))
             except BaseException as exc:
                 # Some parameters may hold new values, others old: no label would be true any more.
                 self._failed = exc
@@ -529,8 +643,8 @@ class VllmEngine(GenerationEngine):
             t3 = time.perf_counter()
         finally:
             self._accepting.set()
-            if staged:
-                os.unlink(staged[0])
+            if written and staged_file:
+                os.unlink(staged_file[0])
         return UpdateStats(
             version=version,
             # In-flight: requests in flight stood still from the pause to the resume. Otherwise: new requests have

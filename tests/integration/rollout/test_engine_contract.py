@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from fleet.tinymodel import ensure_tiny_model
 from rollout.engine import GenerationEngine, SamplingSpec, StaleVersionError, WeightMismatchError
+from rollout.engine.base import StagedWeights
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -267,3 +268,42 @@ async def test_tied_head_alias_is_accepted(engine: GenerationEngine, served: Ser
     await push(engine, served, {**w, "lm_head.weight": w["model.embed_tokens.weight"]})
     g = await engine.generate("alias", PROMPT, greedy(5))
     assert g.token_ids == [FORCED] * 5 and set(g.token_versions) == {served.version}
+
+
+def staged_copy(engine: GenerationEngine, weights: dict[str, torch.Tensor]) -> StagedWeights:
+    """What a receiver does: ask the engine for staging memory in push order and write the bytes into it."""
+    staged = engine.stage([(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in weights.items()])
+    for k, v in weights.items():
+        staged[k].copy_(v)
+    return staged
+
+
+async def test_push_received_into_staged_memory_is_served_and_the_memory_reused(
+    engine: GenerationEngine, served: Served, tiny_model: Path
+) -> None:
+    base = load_file(tiny_model / "model.safetensors")
+    w = forcing_weights(base, FORCED)
+    first = staged_copy(engine, {**w, "lm_head.weight": w["model.embed_tokens.weight"]})  # with the tied alias
+    first_ptrs = {t.data_ptr() for t in first.values()}
+    running = asyncio.create_task(engine.generate("staged/running", PROMPT, greedy(150)))
+    await wait_for_tokens(engine, 20)
+    await push(engine, served, first)
+    g = await running
+    k = g.token_versions.index(served.version)
+    assert 0 < k < 150 and g.token_ids[k:] == [FORCED] * (150 - k)
+
+    second = staged_copy(engine, base)
+    handed_out = first_ptrs | {t.data_ptr() for t in second.values()}
+    await push(engine, served, second)
+    g = await engine.generate("staged/base", PROMPT, greedy(12))
+    ref = reference_logprobs(tiny_model, base, PROMPT, g.token_ids)
+    assert (ref - torch.tensor(g.logprobs)).abs().max().item() < LOGPROB_TOL
+    assert set(g.token_versions) == {served.version}
+
+    # Refused pushes give their memory back and change nothing; the memory is handed out again.
+    with pytest.raises(StaleVersionError):
+        await engine.update_weights(served.version - 1, staged_copy(engine, w), in_flight=True, reset_cache=False)
+    again = engine.stage([(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in base.items()])
+    assert {t.data_ptr() for t in again.values()} <= handed_out  # no fresh allocation per push
+    again.release()
+    assert (await engine.generate("staged/after", PROMPT, greedy(12))).token_ids == g.token_ids

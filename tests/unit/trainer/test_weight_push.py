@@ -3,6 +3,8 @@ derives from its checkpoint), served by a real grpc.aio server: the contract is 
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,9 +17,11 @@ from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
 from rollout import weights as worker_weights
 from rollout.engine.base import checkpoint_weight_spec
+from services.runtime.errors import Unavailable
 from trainer.dist import Dist, DistEnv
 from trainer.model import build_policy
-from trainer.weights import GrpcTransport, WeightPusher, WorkerRef, gather_snapshot
+from rollout import tcp_stream
+from trainer.weights import GrpcTransport, TcpTransport, WeightPusher, WorkerRef, gather_snapshot
 
 
 @dataclass
@@ -107,6 +111,72 @@ async def test_pusher_syncs_late_joiners_and_reports_dead_workers(snapshot_and_s
         await transport.close()
         await s1.stop(None)
         await s2.stop(None)
+
+
+async def test_tcp_push_streams_every_tensor_to_each_worker_once(snapshot_and_spec) -> None:  # type: ignore[no-untyped-def]
+    cfg, snap, spec = snapshot_and_spec
+    workers = [FakeWorker(spec), FakeWorker(spec)]
+    served = [await _serve(w) for w in workers]
+    transport = TcpTransport(cfg)
+    try:
+        results = await transport.push(snap, [WorkerRef(f"w{i}", a) for i, (_, a) in enumerate(served)])
+        again = await transport.push(snap, [WorkerRef("w0", served[0][1])])  # the listener serves later pushes too
+        assert transport._server is not None and not transport._server._offers  # every token withdrawn
+    finally:
+        await transport.close()
+        for server, _ in served:
+            await server.stop(None)
+    assert [r.ok for r in results + again] == [True, True, True]
+    for w in workers:
+        assert (w.version, w.epoch) == (3, 2) and w.largest_slice == 0  # no byte came through gRPC
+        assert w.tensors.keys() == snap.tensors.keys()
+        assert all(torch.equal(w.tensors[k], snap.tensors[k]) for k in spec)
+    assert workers[0].pushes == 2
+
+
+async def test_tcp_push_with_an_unknown_token_fails_and_names_the_stream(snapshot_and_spec) -> None:  # type: ignore[no-untyped-def]
+    _, snap, spec = snapshot_and_spec
+    server = tcp_stream.StreamServer("127.0.0.1")
+    server.offer(b"k" * 16, [memoryview(b"x" * 8)])
+    header = snap.header("tcp", stream_host="127.0.0.1", stream_port=server.port, stream_token=b"?" * 16)
+    released: list[bool] = []
+
+    class Staged(dict[str, torch.Tensor]):
+        def release(self) -> None:
+            released.append(True)
+
+    def stage(metas):  # type: ignore[no-untyped-def]
+        return Staged({n: torch.empty(shape, dtype=getattr(torch, d)) for n, shape, d in metas})
+
+    async def one() -> AsyncIterator[common_pb2.WeightChunk]:
+        yield common_pb2.WeightChunk(header=header)
+
+    try:
+        with pytest.raises(Unavailable, match=rf"weight stream 127\.0\.0\.1:{server.port} refused the push: .*token"):
+            await worker_weights.receive(one(), spec, stage=stage)
+    finally:
+        server.close()
+    assert released == [True]  # the staging memory went back
+
+
+async def test_tcp_stream_cut_short_reports_how_far_it_got() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def sender() -> None:  # a sender that dies after 1000 of the 4096 bytes
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(tcp_stream.HELLO.size)
+            conn.sendall(bytes([tcp_stream.OK]) + b"z" * 1000)
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    try:
+        with pytest.raises(tcp_stream.StreamError, match=rf"127\.0\.0\.1:{port} ended after 1000 of 4096 bytes"):
+            tcp_stream.receive_into("127.0.0.1", port, b"t" * 16, [memoryview(bytearray(4096))], timeout_s=10)
+    finally:
+        thread.join()
+        listener.close()
 
 
 def test_snapshot_is_a_copy_not_a_view_of_the_parameters(snapshot_and_spec) -> None:  # type: ignore[no-untyped-def]
