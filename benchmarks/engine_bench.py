@@ -53,7 +53,7 @@ def make(backend: str, path: Path) -> GenerationEngine:
         return VllmEngine(path, max_model_len=1024, max_num_seqs=16, cpu_kvcache_space_gb=1.0)
     from rollout.engine.hf_engine import HfEngine
 
-    return HfEngine(path, max_model_len=1024, device="cpu")
+    return HfEngine(path, max_model_len=1024, device="cuda" if backend == "hf-cuda" else "cpu")
 
 
 async def throughput(

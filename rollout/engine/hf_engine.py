@@ -113,7 +113,7 @@ class HfEngine(GenerationEngine):
         self._failed: BaseException | None = None
         # (name, shape, dtype) -> a tensor to receive the next push into. On CPU a push is swapped in: the
         # parameters take the received storage and their old storage becomes the spare (two copies of the weights
-        # held, no copy per push).
+        # held, no copy per push). On CUDA the spare is pinned host memory that pushes are copied in from.
         self._spare: dict[tuple[str, tuple[int, ...], str], torch.Tensor] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -158,6 +158,9 @@ class HfEngine(GenerationEngine):
                 for p in self._params.values():
                     p.data = p.data.clone()
             self._spare = {(name, tuple(p.shape), self.dtype): torch.zeros_like(p.data)
+                           for name, p in self._params.items()}
+        elif self.device.type == "cuda":  # pushes land in pinned host memory, reused, and are copied in from there
+            self._spare = {(name, tuple(p.shape), self.dtype): torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
                            for name, p in self._params.items()}
 
     async def stop(self) -> None:
