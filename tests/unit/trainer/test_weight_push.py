@@ -15,12 +15,12 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
+from rollout import tcp_stream
 from rollout import weights as worker_weights
 from rollout.engine.base import checkpoint_weight_spec
 from services.runtime.errors import Unavailable
 from trainer.dist import Dist, DistEnv
 from trainer.model import build_policy
-from rollout import tcp_stream
 from trainer.weights import GrpcTransport, TcpTransport, WeightPusher, WorkerRef, gather_snapshot
 
 
