@@ -10,6 +10,8 @@ collectives instead of hundreds of small ones.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import threading
 from collections.abc import Mapping
 from datetime import timedelta
@@ -20,6 +22,7 @@ import torch.distributed as dist
 
 from rollout.weights import DTYPES, TensorMeta, WeightSet
 
+log = logging.getLogger(__name__)
 BUCKET_BYTES = 1 << 30
 _links: dict[str, NcclLink] = {}
 _lock = threading.Lock()
@@ -34,9 +37,23 @@ class NcclLink:
         if url.scheme != "tcp" or not url.hostname or not url.port:
             raise ValueError(f"NCCL rendezvous must be tcp://HOST:PORT, got {init_method!r}")
         self.rank, self.world_size, self.device = rank, world_size, device
+        # The PG's heartbeat monitor polls the rendezvous store every second for a "dump debug info" flag. The store
+        # lives in the trainer, which exits (and restarts) while workers stay up: every poll would then log a
+        # "Broken pipe" warning with a stack trace, forever. This link carries one broadcast per push; a hang shows
+        # up as the push's deadline instead. Read when the PG is made; an explicit setting is kept.
+        os.environ.setdefault("TORCH_NCCL_ENABLE_MONITORING", "0")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
         self.store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
                                    timeout=timedelta(seconds=120))
         self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, dist.ProcessGroupNCCL.Options())
+
+    def close(self) -> None:
+        abort = getattr(self.pg, "abort", None)  # frees the communicator without waiting for peers that are gone
+        if abort is not None:
+            try:
+                abort()
+            except Exception as exc:  # a link being dropped: nothing left to protect
+                log.warning("aborting the NCCL weight link failed: %s", exc)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
@@ -45,9 +62,13 @@ class NcclLink:
 
 
 def link(init_method: str, world_size: int, rank: int, device: torch.device) -> NcclLink:
+    """The link for this rendezvous, made on first use. A new rendezvous means a new trainer run or worker set: the
+    links to older ones are aborted (their peers are gone or have moved on)."""
     with _lock:
         existing = _links.get(init_method)
         if existing is None:
+            for stale in [k for k in _links if k != init_method]:
+                _links.pop(stale).close()
             existing = _links[init_method] = NcclLink(init_method, world_size, rank, device)
         return existing
 
