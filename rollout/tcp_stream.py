@@ -51,8 +51,14 @@ class StreamServer:
     """Serves offered byte sequences to whoever presents their token (trainer side). One listening socket for the
     life of the transport; one thread per connection, so several workers are fed concurrently."""
 
-    def __init__(self, host: str = "0.0.0.0", port: int = 0, *, timeout_s: float = 600.0) -> None:
-        self._listener = socket.create_server((host, port), backlog=64, reuse_port=False)
+    def __init__(self, host: str = "", port: int = 0, *, timeout_s: float = 600.0) -> None:
+        if host in ("", "0.0.0.0", "::") and socket.has_dualstack_ipv6():
+            # Workers connect to whatever address they saw the push come from, IPv4 or IPv6 (gRPC may well reach
+            # "localhost" over ::1): listen on both.
+            self._listener = socket.create_server(("::", port), family=socket.AF_INET6, backlog=64,
+                                                  dualstack_ipv6=True)
+        else:
+            self._listener = socket.create_server((host or "0.0.0.0", port), backlog=64)
         self.port: int = self._listener.getsockname()[1]
         self.timeout_s = timeout_s
         self._offers: dict[bytes, _Offer] = {}

@@ -156,7 +156,7 @@ class TcpTransport(WeightTransport):
     def _serve(self) -> tcp_stream.StreamServer:
         if self._server is None:
             ws = self.cfg.policy.weight_sync
-            self._server = tcp_stream.StreamServer("0.0.0.0", ws.stream_port, timeout_s=self.timeout)
+            self._server = tcp_stream.StreamServer("", ws.stream_port, timeout_s=self.timeout)
             log.info("serving weight bytes on port %d", self._server.port)
         return self._server
 

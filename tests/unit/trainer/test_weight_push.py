@@ -134,6 +134,20 @@ async def test_tcp_push_streams_every_tensor_to_each_worker_once(snapshot_and_sp
     assert workers[0].pushes == 2
 
 
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no dual-stack IPv6 here")
+def test_stream_server_serves_workers_that_reach_it_over_ipv4_or_ipv6() -> None:
+    server = tcp_stream.StreamServer()
+    payload = bytes(range(256)) * 64
+    try:
+        for host, token in (("127.0.0.1", b"4" * 16), ("::1", b"6" * 16)):
+            server.offer(token, [memoryview(payload)])
+            into = bytearray(len(payload))
+            assert tcp_stream.receive_into(host, server.port, token, [memoryview(into)], timeout_s=10) == len(payload)
+            assert into == payload
+    finally:
+        server.close()
+
+
 async def test_tcp_push_with_an_unknown_token_fails_and_names_the_stream(snapshot_and_spec) -> None:  # type: ignore[no-untyped-def]
     _, snap, spec = snapshot_and_spec
     server = tcp_stream.StreamServer("127.0.0.1")
@@ -189,3 +203,12 @@ def test_snapshot_is_a_copy_not_a_view_of_the_parameters(snapshot_and_spec) -> N
         policy.lm.model.norm.weight.add_(1.0)  # an optimizer step while the push streams
     assert torch.equal(s.tensors["model.norm.weight"], before)
     assert "lm_head.weight" not in s.tensors  # tied: the checkpoint (and the worker's spec) has no such tensor
+
+
+def test_stream_host_defaults_to_the_address_the_push_came_from() -> None:
+    from rollout.servicer import peer_host
+
+    assert peer_host("ipv4:10.1.2.3:40000") == "10.1.2.3"
+    assert peer_host("ipv6:[::1]:40000") == "::1"
+    assert peer_host("ipv6:[fe80::1%eth0]:5") == "fe80::1%eth0"
+    assert peer_host("unix:/tmp/sock") == "127.0.0.1"
