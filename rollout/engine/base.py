@@ -99,7 +99,8 @@ class UpdateStats:
     drain_s: float = 0.0
     """Non-in-flight mode: time waiting for the requests in flight to finish."""
     stage_s: float = 0.0
-    """Time preparing the push before generation was paused (vLLM: writing it to a tmpfs staging file)."""
+    """Time preparing the push before generation was paused (vLLM: staging it on tmpfs, if it was not received
+    there, and on CPU packing its GEMM weights into new kernels)."""
     requests_in_flight: int = 0
     """Requests that were generating when the update began (they continue in-flight, or were drained)."""
     kv_recomputed: bool = False

@@ -78,6 +78,10 @@ def _load_pushed(worker: Any, items: Iterable[tuple[str, torch.Tensor]], mode: s
     model = worker.model_runner.get_model()
     with set_current_vllm_config(worker.vllm_config):
         _check_loaded(model, model.load_weights(items) if mode == "plain" else _load_packed(model, list(items)))
+    _reset_after_load(worker)
+
+
+def _reset_after_load(worker: Any) -> None:
     runner = worker.model_runner
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # what reload_weights resets
         if hasattr(runner, reset):
@@ -109,40 +113,73 @@ _GUARD_STRIDE = 1024  # every 1024th scratch element is checked: a full NaN fill
 _LAYER_PREFIX = re.compile(r"^(.*\.layers\.\d+\.)")
 
 
-def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
-    """A push into packed CPU GEMMs without `reload_weights`: for each decoder layer, give its GEMM layers
-    checkpoint-shaped weights (views of one reused scratch buffer), run the model's own `load_weights` on that
-    layer's tensors (q/k/v and gate/up fusing included), and re-pack those weights
-    (`process_weights_after_loading`, which drops the weight again). Biases, norms and embeddings are live
-    parameters and are loaded in place. Then the LM head is re-packed from its live weight. Compared with
-    `reload_weights`: no meta-device round trip of every layer, no second copy back into the old tensors, and one
-    re-pack of the (vocab x hidden) head instead of three. If the model's module names do not follow the
-    checkpoint's `...layers.N.` prefixes, all GEMM weights are given scratch at once (one group).
+@dataclass
+class _PackedPush:
+    """A push whose GEMM weights are already packed into new CPU kernels (see `_pack_gemms`), not yet served."""
 
-    Every 1024th scratch element starts as NaN and must be overwritten by the loaders, else the push fails loudly
-    (engine unavailable) instead of packing garbage. Known case: after vLLM's own `reload_weights` has run on the
-    model, the loaders of the recorded metadata no longer write (measured on the 0.5B model). The engine never mixes
-    the two (the load mode is fixed at start), so this is a guard, not a path taken."""
+    swaps: list[tuple[Any, Any]]  # (module, its new `cpu_linear`)
+    loaded: set[str]  # vLLM parameter names the GEMM weights went to
+    rest: list[tuple[str, torch.Tensor]]  # biases, norms, embeddings: loaded into the live parameters at commit
+    seconds: dict[str, float]
+
+
+def _shadow_kernel(weight: torch.Tensor) -> Any:
+    """vLLM's CPU GEMM kernel for `weight`, built on a stand-in module so that the live layer is not touched."""
     import torch
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    shadow = torch.nn.Module()
+    shadow.weight = torch.nn.Parameter(weight, requires_grad=False)
+    dispatch_cpu_unquantized_gemm(shadow, remove_weight=True)
+    if shadow.weight.numel():  # vLLM fell back to F.linear on the passed weight: unusable on a packed layer
+        raise RuntimeError(f"no packed CPU kernel could be made for a {list(weight.shape)} weight")
+    return shadow.cpu_linear
+
+
+def _pack_gemms(model: Any, items: list[tuple[str, torch.Tensor]]) -> _PackedPush:
+    """Load a push's GEMM weights into scratch, one decoder layer at a time, with the model's own `load_weights` (q/k/v
+    and gate/up fusing included), and pack each into a new CPU kernel; the LM head's kernel is made from the pushed
+    head (or tied embedding) tensor. What generation reads is left alone: the live layers keep their kernels until
+    `_commit_packed` swaps them in, and only their (unused, empty) `weight` attribute points at scratch while the
+    loaders run. So this can run while the engine generates, and a failure here changes nothing.
+
+    Every 1024th scratch element starts as NaN and must be overwritten by the loaders, else this fails instead of
+    packing garbage. Known case: after vLLM's own `reload_weights` has run on the model, the loaders of the recorded
+    metadata no longer write. The engine never mixes the two (the load mode is fixed at start)."""
+    import torch
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
     from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
     linears = _packed_linears(model)
+    packed_names = {name for name, _, _ in linears}
+    fused_of = {shard: fused for fused, shards in getattr(model, "packed_modules_mapping", {}).items()
+                for shard in shards}
+
+    def is_gemm(name: str) -> bool:
+        if not name.endswith(".weight"):
+            return False
+        parent, _, leaf = name.removesuffix(".weight").rpartition(".")
+        return f"{parent}.{fused_of.get(leaf, leaf)}" in packed_names
+
+    gemm = [(n, t) for n, t in items if is_gemm(n)]
+    rest = [(n, t) for n, t in items if not is_gemm(n)]
     groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
-    for name, t in items:
+    for name, t in gemm:
         m = _LAYER_PREFIX.match(name)
         groups.setdefault(m.group(1) if m else "", []).append((name, t))
     members: dict[str, list[tuple[str, Any, Any]]] = {k: [] for k in groups}
     for entry in linears:
         key = next((k for k in groups if k and entry[0].startswith(k)), None)
         if key is None:  # unknown naming: one group, every GEMM weight materialised at once
-            groups = {"": items}
-            members = {"": linears}
+            groups, members = {"": gemm}, {"": linears}
             break
         members[key].append(entry)
     scratch: dict[torch.dtype, torch.Tensor] = {}
-    loaded: set[str] = set()
-    spent = {"loaders": 0.0, "packing": 0.0}
+    out = _PackedPush([], set(), rest, {"loaders": 0.0, "packing": 0.0, "head": 0.0})
     for key, group_items in groups.items():
         need: dict[torch.dtype, int] = {}
         for _, _, meta in members[key]:
@@ -150,39 +187,135 @@ def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
         for dtype, n in need.items():
             if dtype not in scratch or scratch[dtype].numel() < n:
                 scratch[dtype] = torch.empty(n, dtype=dtype)
+            scratch[dtype][:n:_GUARD_STRIDE].fill_(float("nan"))  # a sample the loaders must overwrite
         offsets = dict.fromkeys(need, 0)
-        for dtype, n in need.items():  # NaN marks a sample of the elements the loaders must overwrite (checked below)
-            scratch[dtype][:n:_GUARD_STRIDE].fill_(float("nan"))
-        for _, layer, meta in members[key]:
-            meta = restore_layer_refs(meta, layer)
-            o, n = offsets[meta.dtype], meta.numel()
-            w = scratch[meta.dtype][o : o + n].view(meta.shape)
-            w.__class__ = meta.__class__  # the checkpoint-format parameter, with its weight loader
-            w.__dict__ = meta.__dict__.copy()
-            layer.weight = w
-            offsets[meta.dtype] = o + n
-        t0 = time.perf_counter()
-        loaded |= set(model.load_weights(group_items))
-        t1 = time.perf_counter()
-        for dtype, n in need.items():
-            if torch.isnan(scratch[dtype][:n:_GUARD_STRIDE]).any():
-                raise RuntimeError(f"weight load left GEMM weights of {key or 'the model'!r} unwritten (or NaN)")
-        for _, layer, _ in members[key]:
-            layer.quant_method.process_weights_after_loading(layer)  # packs, and drops the (scratch) weight
-        spent["loaders"] += t1 - t0
-        spent["packing"] += time.perf_counter() - t1
+        kept = [(layer, layer.weight) for _, layer, _ in members[key]]
+        try:
+            for _, layer, meta in members[key]:
+                meta = restore_layer_refs(meta, layer)
+                o, n = offsets[meta.dtype], meta.numel()
+                w = scratch[meta.dtype][o : o + n].view(meta.shape)
+                w.__class__ = meta.__class__  # the checkpoint-format parameter, with its weight loader
+                w.__dict__ = meta.__dict__.copy()
+                layer.weight = w
+                offsets[meta.dtype] = o + n
+            t0 = time.perf_counter()
+            out.loaded |= set(model.load_weights(group_items))
+            t1 = time.perf_counter()
+            for dtype, n in need.items():
+                if torch.isnan(scratch[dtype][:n:_GUARD_STRIDE]).any():
+                    raise RuntimeError(f"weight load left GEMM weights of {key or 'the model'!r} unwritten (or NaN)")
+            out.swaps += [(layer, _shadow_kernel(layer.weight.data)) for _, layer, _ in members[key]]
+            out.seconds["loaders"] += t1 - t0
+            out.seconds["packing"] += time.perf_counter() - t1
+        finally:
+            for layer, weight in kept:
+                layer.weight = weight
     t_head = time.perf_counter()
+    pushed = dict(items)
+    modules = dict(model.named_modules())
     head = getattr(model, "lm_head", None)
-    for module in model.modules():
-        is_head = isinstance(module, ParallelLMHead) or module is head
-        method = getattr(module, "quant_method", None)
+    for name, module in modules.items():
         weight = getattr(module, "weight", None)
-        if is_head and isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear") \
-                and weight is not None and weight.numel() > 0:
-            method.process_weights_after_loading(module)
-    _worker_log.info("packed load: loaders (copies) %.3f s, GEMM packing %.3f s, LM head %.3f s", spent["loaders"],
-             spent["packing"], time.perf_counter() - t_head)
+        if not ((isinstance(module, ParallelLMHead) or module is head)
+                and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
+                and hasattr(module, "cpu_linear") and weight is not None and weight.numel() > 0):
+            continue
+        source = pushed.get(f"{name}.weight")
+        if source is None:  # tied: the head computes with the embedding's parameter
+            source = next((pushed.get(f"{n}.weight") for n, m in modules.items()
+                           if isinstance(m, VocabParallelEmbedding) and m is not module and m.weight is weight), None)
+        if source is None:
+            raise RuntimeError(f"the push has no tensor for the LM head {name!r}")
+        out.swaps.append((module, _shadow_kernel(source)))
+    out.seconds["head"] = time.perf_counter() - t_head
+    return out
+
+
+def _commit_packed(model: Any, packed: _PackedPush) -> set[str]:
+    """Serve a `_pack_gemms` result: swap the new kernels in and load the rest into the live parameters. Runs while
+    generation is paused; nothing here can fail half way except the loaders of the (small) rest."""
+    for module, kernel in packed.swaps:
+        module.cpu_linear = kernel
+    t0 = time.perf_counter()
+    loaded = packed.loaded | set(model.load_weights(packed.rest))
+    s = packed.seconds
+    _worker_log.info("packed load: loaders %.3f s, GEMM packing %.3f s, LM head %.3f s; in the pause: rest %.3f s",
+                     s["loaders"], s["packing"], s["head"], time.perf_counter() - t0)
     return loaded
+
+
+def _load_packed(model: Any, items: list[tuple[str, torch.Tensor]]) -> set[str]:
+    """A push into packed CPU GEMMs, all at once (the inline path): `_pack_gemms` then `_commit_packed`. Compared
+    with `reload_weights`: no meta-device round trip of every layer, no second copy back into the old tensors, and
+    one pack of the (vocab x hidden) head instead of three."""
+    return _commit_packed(model, _pack_gemms(model, items))
+
+
+def _jobs(worker: Any) -> dict[str, dict[str, Any]]:
+    """Off-pause packing jobs of one vLLM worker, by staging path: {"state": "running" | "done" | error text,
+    "packed": result}. Kept on the worker object: these callables travel by value (cloudpickle), so a module-level
+    dict they name would be a fresh copy in every RPC."""
+    jobs: dict[str, dict[str, Any]] = worker.__dict__.setdefault("_grpo_fleet_packing", {})
+    return jobs
+
+
+def _start_packing(path: str, index: StageIndex) -> Callable[[Any], None]:
+    """Start `_pack_gemms` for a staged push on a thread of the vLLM worker process and return at once: generation
+    goes on meanwhile (the worker's RPCs and model steps share one thread)."""
+
+    def run(worker: Any) -> None:
+        import threading
+
+        from vllm.config import set_current_vllm_config
+
+        model = worker.model_runner.get_model()
+        job: dict[str, Any] = {"state": "running"}
+
+        def work() -> None:
+            try:
+                with set_current_vllm_config(worker.vllm_config):
+                    job["packed"] = _pack_gemms(model, _staged_tensors(path, index))
+                job["state"] = "done"
+            except BaseException as exc:  # reported through `_packing_state`; the live model is untouched
+                job["state"] = f"{type(exc).__name__}: {exc}"
+
+        _jobs(worker)[path] = job
+        threading.Thread(target=work, name="grpo-fleet-pack", daemon=True).start()
+
+    return run
+
+
+def _packing_state(path: str) -> Callable[[Any], str]:
+    def run(worker: Any) -> str:
+        job = _jobs(worker).get(path)
+        if job is None:
+            return "lost: no packing started for this push in this worker"
+        if job["state"] not in ("running", "done"):
+            _jobs(worker).pop(path, None)
+        return str(job["state"])
+
+    return run
+
+
+def _commit_prepared(path: str) -> Callable[[Any], None]:
+    def run(worker: Any) -> None:
+        from vllm.config import set_current_vllm_config
+
+        job = _jobs(worker).pop(path)
+        model = worker.model_runner.get_model()
+        with set_current_vllm_config(worker.vllm_config):
+            _check_loaded(model, _commit_packed(model, job["packed"]))
+        _reset_after_load(worker)
+
+    return run
+
+
+def _drop_prepared(path: str) -> Callable[[Any], None]:
+    def run(worker: Any) -> None:
+        _jobs(worker).pop(path, None)
+
+    return run
 
 
 def _check_loaded(model: Any, loaded: Iterable[str] | None) -> None:
@@ -539,7 +672,7 @@ class VllmEngine(GenerationEngine):
         if not isinstance(staged, _FileStaged):
             return
         staged.clear()  # drop this object's views of the mapping
-        if self._spare_stage is None and self._llm is not None:
+        if self._spare_stage is None and self._llm is not None and os.path.exists(staged.file.path):
             self._spare_stage = staged.file
         else:
             staged.file.remove()
@@ -614,9 +747,11 @@ class VllmEngine(GenerationEngine):
         staged: StagedWeights | None = None,
     ) -> UpdateStats:
         llm = self._check_usable()
-        # New requests wait from here on, so that "submitted after update_weights was called" means "runs on the new
-        # weights"; requests in flight keep generating while the push is staged.
-        self._accepting.clear()
+        # Drain-then-load: new requests wait from here on, so that "submitted after update_weights was called" means
+        # "runs on the new weights". In flight, they keep starting (on the old weights, labelled so) until the pause:
+        # staging and packing below can take seconds while generation goes on.
+        if not in_flight:
+            self._accepting.clear()
         staged_file: tuple[str, StageIndex] | None = None
         written = False  # a staging file written here, removed after the load
         try:
@@ -630,6 +765,10 @@ class VllmEngine(GenerationEngine):
                 staged_file = await asyncio.to_thread(
                     _stage, items, self._staging_dir, f"{version}-{time.monotonic_ns()}")
                 written = staged_file is not None
+            prepared = bool(staged_file) and self._load_mode == "packed"
+            if staged_file and prepared:
+                await self._pack_off_pause(llm, version, staged_file)
+            self._accepting.clear()
             t0 = time.perf_counter()
             if in_flight:
                 await llm.pause_generation(mode="keep", clear_cache=reset_cache)
@@ -638,8 +777,11 @@ class VllmEngine(GenerationEngine):
                 await llm.pause_generation(mode="wait", clear_cache=True)
             t1 = time.perf_counter()
             try:
-                await llm.collective_rpc(_reload_staged(*staged_file, self._load_mode) if staged_file
-                                         else _reload_inline(items, self._load_mode))
+                if staged_file and prepared:
+                    await llm.collective_rpc(_commit_prepared(staged_file[0]))
+                else:
+                    await llm.collective_rpc(_reload_staged(*staged_file, self._load_mode) if staged_file
+                                             else _reload_inline(items, self._load_mode))
             except BaseException as exc:
                 # Some parameters may hold new values, others old: no label would be true any more.
                 self._failed = exc
@@ -658,7 +800,7 @@ class VllmEngine(GenerationEngine):
         return UpdateStats(
             version=version,
             # In-flight: requests in flight stood still from the pause to the resume. Otherwise: new requests have
-            # waited since the call (staging and drain included).
+            # waited since the call (staging, packing and drain included).
             pause_s=t3 - (t0 if in_flight else t_stage),
             load_s=t2 - t1,
             drain_s=0.0 if in_flight else t1 - t0,
@@ -666,3 +808,23 @@ class VllmEngine(GenerationEngine):
             requests_in_flight=n_active,
             kv_recomputed=reset_cache and in_flight,
         )
+
+    async def _pack_off_pause(self, llm: Any, version: int, staged_file: tuple[str, StageIndex]) -> None:
+        """Packed CPU layout: load and pack the staged push into new kernels on a thread of each vLLM worker while
+        generation goes on (`_pack_gemms`), so that the pause only swaps kernels and copies the small rest. A failure
+        here leaves the served model as it was."""
+        path = staged_file[0]
+        await llm.collective_rpc(_start_packing(*staged_file))
+        try:
+            while True:
+                states = await llm.collective_rpc(_packing_state(path))
+                failed = [st for st in states if st not in ("running", "done")]
+                if failed:
+                    raise RuntimeError(f"packing weight version {version} failed (still serving "
+                                       f"{self._served_version}): {failed[0]}")
+                if all(st == "done" for st in states):
+                    return
+                await asyncio.sleep(0.01)
+        except BaseException:
+            await asyncio.shield(llm.collective_rpc(_drop_prepared(path)))
+            raise

@@ -11,6 +11,7 @@ temperature-scaled (processed) log-prob, a wrong weight, or a stale KV entry (al
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -102,9 +103,10 @@ def perturbed(base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tenso
 
 
 async def push(engine: GenerationEngine, served: Served, weights: dict[str, torch.Tensor], **kw: bool):
+    kept = {k: v.clone() for k, v in weights.items()}  # staged memory is taken over (and reused) by the engine
     stats = await engine.update_weights(served.version + 1, weights, **{"in_flight": True, "reset_cache": False, **kw})
     served.version += 1
-    served.weights = weights
+    served.weights = kept
     assert engine.served_version == served.version == stats.version
     return stats
 
@@ -307,3 +309,24 @@ async def test_push_received_into_staged_memory_is_served_and_the_memory_reused(
     assert {t.data_ptr() for t in again.values()} <= handed_out  # no fresh allocation per push
     again.release()
     assert (await engine.generate("staged/after", PROMPT, greedy(12))).token_ids == g.token_ids
+
+
+@pytest.mark.vllm
+async def test_vllm_push_whose_packing_fails_leaves_the_served_model_as_it_was(
+    engine: GenerationEngine, served: Served, tiny_model: Path
+) -> None:
+    from rollout.engine.vllm_engine import VllmEngine
+
+    if not isinstance(engine, VllmEngine):
+        pytest.skip("vLLM's off-pause packing")
+    probe = greedy(12)
+    before = await engine.generate("packfail/before", PROMPT, probe)
+    staged = staged_copy(engine, forcing_weights(served.weights, FORCED))
+    os.unlink(staged.file.path)  # type: ignore[attr-defined]  # the engine's worker cannot map the push any more
+    with pytest.raises(RuntimeError, match=f"packing weight version {served.version + 1} failed"):
+        await engine.update_weights(served.version + 1, staged, in_flight=True, reset_cache=False)
+    assert engine.served_version == served.version
+    after = await engine.generate("packfail/after", PROMPT, probe)
+    assert after.token_ids == before.token_ids and set(after.token_versions) == {served.version}
+    await push(engine, served, staged_copy(engine, forcing_weights(served.weights, FORCED)))  # the next push works
+    assert (await engine.generate("packfail/next", PROMPT, greedy(4))).token_ids == [FORCED] * 4
