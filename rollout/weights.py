@@ -116,9 +116,16 @@ async def receive(chunks: AsyncIterator[object], spec: Mapping[str, tuple[tuple[
     try:
         views = [byte_view(t) for t in staged.values()]
         if ws.transport == "tcp":
+            reading = asyncio.ensure_future(asyncio.to_thread(
+                tcp_stream.receive_into, h.stream_host or peer_host, h.stream_port, h.stream_token, views,
+                timeout_s=timeout_s))
             try:
-                await asyncio.to_thread(tcp_stream.receive_into, h.stream_host or peer_host, h.stream_port,
-                                        h.stream_token, views, timeout_s=timeout_s)
+                await asyncio.shield(reading)
+            except asyncio.CancelledError:
+                # The call was cancelled, but the thread still writes into the staging memory: it must end (the
+                # sender finishes or the connection fails) before that memory goes back to the engine.
+                await asyncio.gather(reading, return_exceptions=True)
+                raise
             except tcp_stream.StreamError as exc:
                 raise Unavailable(str(exc)) from exc
         else:

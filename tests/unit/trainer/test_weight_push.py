@@ -3,6 +3,7 @@ derives from its checkpoint), served by a real grpc.aio server: the contract is 
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -212,3 +213,42 @@ def test_stream_host_defaults_to_the_address_the_push_came_from() -> None:
     assert peer_host("ipv6:[::1]:40000") == "::1"
     assert peer_host("ipv6:[fe80::1%eth0]:5") == "fe80::1%eth0"
     assert peer_host("unix:/tmp/sock") == "127.0.0.1"
+
+
+async def test_cancelled_tcp_receive_gives_staging_back_only_after_the_reader_stopped(snapshot_and_spec) -> None:  # type: ignore[no-untyped-def]
+    _, snap, spec = snapshot_and_spec
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    sender_closed = threading.Event()
+
+    def sender() -> None:  # sends a little, stalls, then goes away
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(tcp_stream.HELLO.size)
+            conn.sendall(bytes([tcp_stream.OK]) + b"\0" * 1000)
+            time.sleep(0.5)
+        sender_closed.set()
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    released_after_close: list[bool] = []
+
+    class Staged(dict[str, torch.Tensor]):
+        def release(self) -> None:
+            released_after_close.append(sender_closed.is_set())
+
+    def stage(metas):  # type: ignore[no-untyped-def]
+        return Staged({n: torch.empty(shape, dtype=getattr(torch, d)) for n, shape, d in metas})
+
+    async def one() -> AsyncIterator[common_pb2.WeightChunk]:
+        yield common_pb2.WeightChunk(header=snap.header("tcp", stream_host="127.0.0.1", stream_port=port,
+                                                        stream_token=b"c" * 16))
+
+    task = asyncio.create_task(worker_weights.receive(one(), spec, stage=stage))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    thread.join()
+    listener.close()
+    assert released_after_close == [True]
