@@ -34,7 +34,7 @@ class RolloutWorkerServicer(rollout_worker_pb2_grpc.RolloutWorkerServicer):
         t0 = time.monotonic()
         engine = self.worker.engine
         ws = await weights.receive(request_iterator, engine.weight_spec(), stage=engine.stage,
-                                   peer_host=peer_host(context.peer()),
+                                   on_staged=engine.on_staged, peer_host=peer_host(context.peer()),
                                    timeout_s=self.worker.cfg.policy.weight_sync.timeout_s)
         try:
             if ws.transport == "nccl":

@@ -23,7 +23,7 @@ import logging
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def receive_into(host: str, port: int, token: bytes, buffers: Sequence[memoryview], *,
-                 timeout_s: float = 600.0) -> int:
+                 timeout_s: float = 600.0, on_tensor: Callable[[int], None] | None = None) -> int:
     """Fill `buffers` (writable flat byte views, in header order) from the sender at host:port (worker side; blocks,
-    run it on a thread). Returns the bytes received; raises StreamError naming the sender and how far it got."""
+    run it on a thread), calling `on_tensor(i)` once buffer i is full. Returns the bytes received; raises StreamError
+    naming the sender and how far it got."""
     where = f"weight stream {host}:{port}"
     expected = sum(b.nbytes for b in buffers)
     try:
@@ -142,7 +143,7 @@ def receive_into(host: str, port: int, token: bytes, buffers: Sequence[memoryvie
             status = _recv_exact(sock, 1)[0]
             if status != OK:
                 raise StreamError(f"{where} refused the push: {_STATUS_TEXT.get(status, f'status {status}')}")
-            for buf in buffers:
+            for i, buf in enumerate(buffers):
                 filled, n = 0, buf.nbytes
                 while filled < n:
                     k = sock.recv_into(buf[filled:], min(n - filled, _RECV_SLICE))
@@ -150,6 +151,8 @@ def receive_into(host: str, port: int, token: bytes, buffers: Sequence[memoryvie
                         raise StreamError(f"{where} ended after {got} of {expected} bytes")
                     filled += k
                     got += k
+                if on_tensor is not None:
+                    on_tensor(i)
         except OSError as exc:
             if isinstance(exc, StreamError):
                 raise

@@ -9,8 +9,9 @@ plain TCP stream (`rollout.tcp_stream`, the fast path on CPU), or over NCCL (`ro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -90,10 +91,13 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 
 async def receive(chunks: AsyncIterator[object], spec: Mapping[str, tuple[tuple[int, ...], str]], *,
-                  stage: Stager = _fresh, peer_host: str = "127.0.0.1", timeout_s: float = 600.0) -> WeightSet:
+                  stage: Stager = _fresh, on_staged: Callable[[Any], Awaitable[None]] | None = None,
+                  peer_host: str = "127.0.0.1", timeout_s: float = 600.0) -> WeightSet:
     """Read a PushWeights stream (protobuf WeightChunk messages) into a WeightSet whose tensors are the `stage`d
-    memory (on any failure here that memory is released, if it has a `release`). `peer_host`: where the call came
-    from, the stream's host when the header leaves it empty."""
+    memory (on any failure here that memory is released, if it has a `release`). `on_staged(staged)` runs before the
+    bytes are read (the engine may start loading as they come: over TCP each finished tensor is reported to
+    `staged.tensor_received`). `peer_host`: where the call came from, the stream's host when the header leaves it
+    empty."""
     it = aiter(chunks)
     first = await anext(it, None)
     if first is None or first.WhichOneof("payload") != "header":  # type: ignore[attr-defined]
@@ -115,10 +119,12 @@ async def receive(chunks: AsyncIterator[object], spec: Mapping[str, tuple[tuple[
     staged = stage([(m.name, m.shape, m.dtype) for m in metas])
     try:
         views = [byte_view(t) for t in staged.values()]
+        if on_staged is not None:
+            await on_staged(staged)
         if ws.transport == "tcp":
             reading = asyncio.ensure_future(asyncio.to_thread(
                 tcp_stream.receive_into, h.stream_host or peer_host, h.stream_port, h.stream_token, views,
-                timeout_s=timeout_s))
+                timeout_s=timeout_s, on_tensor=getattr(staged, "tensor_received", None)))
             try:
                 await asyncio.shield(reading)
             except asyncio.CancelledError:

@@ -116,6 +116,9 @@ class StagedWeights(dict[str, "torch.Tensor"]):
         self.owner = owner
         self.consumed = False
 
+    def tensor_received(self, i: int) -> None:
+        """A receiver filled tensor `i` (in push order), and all before it: an engine may start loading them."""
+
     def release(self) -> None:
         """Give the memory back to the engine without loading it (idempotent; a no-op once loaded)."""
         if not self.consumed:
@@ -248,6 +251,10 @@ class GenerationEngine(ABC):
         import torch
 
         return StagedWeights({name: torch.empty(shape, dtype=getattr(torch, dtype)) for name, shape, dtype in metas})
+
+    async def on_staged(self, staged: StagedWeights) -> None:
+        """Called by a receiver once `staged` is handed out, before its bytes arrive (default: nothing to start)."""
+        return None
 
     def _recycle(self, staged: StagedWeights) -> None:
         """Take back staging memory that was released unused (see `stage`). The base engine's is plain memory."""

@@ -41,8 +41,9 @@ import mmap
 import os
 import re
 import shutil
+import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,7 +139,8 @@ def _shadow_kernel(weight: torch.Tensor) -> Any:
     return shadow.cpu_linear
 
 
-def _pack_gemms(model: Any, items: list[tuple[str, torch.Tensor]]) -> _PackedPush:
+def _pack_gemms(model: Any, items: list[tuple[str, torch.Tensor]],
+                ready: Callable[[int], None] | None = None) -> _PackedPush:
     """Load a push's GEMM weights into scratch, one decoder layer at a time, with the model's own `load_weights` (q/k/v
     and gate/up fusing included), and pack each into a new CPU kernel; the LM head's kernel is made from the pushed
     head (or tied embedding) tensor. What generation reads is left alone: the live layers keep their kernels until
@@ -147,7 +149,9 @@ def _pack_gemms(model: Any, items: list[tuple[str, torch.Tensor]]) -> _PackedPus
 
     Every 1024th scratch element starts as NaN and must be overwritten by the loaders, else this fails instead of
     packing garbage. Known case: after vLLM's own `reload_weights` has run on the model, the loaders of the recorded
-    metadata no longer write. The engine never mixes the two (the load mode is fixed at start)."""
+    metadata no longer write. The engine never mixes the two (the load mode is fixed at start).
+
+    `ready(i)` blocks until `items[i]` and everything before it hold the pushed bytes (a push still arriving)."""
     import torch
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         ParallelLMHead,
@@ -182,7 +186,10 @@ def _pack_gemms(model: Any, items: list[tuple[str, torch.Tensor]]) -> _PackedPus
         members[key].append(entry)
     scratch: dict[torch.dtype, torch.Tensor] = {}
     out = _PackedPush([], set(), rest, {"loaders": 0.0, "packing": 0.0, "head": 0.0})
+    position = {name: i for i, (name, _) in enumerate(items)}
     for key, group_items in groups.items():
+        if ready is not None:
+            ready(max(position[name] for name, _ in group_items))
         need: dict[torch.dtype, int] = {}
         for _, _, meta in members[key]:
             need[meta.dtype] = need.get(meta.dtype, 0) + meta.numel()
@@ -213,6 +220,8 @@ def _pack_gemms(model: Any, items: list[tuple[str, torch.Tensor]]) -> _PackedPus
         finally:
             for layer, weight in kept:
                 layer.weight = weight
+    if ready is not None:
+        ready(len(items) - 1)  # the head's tensor, and the rest loaded at commit
     t_head = time.perf_counter()
     pushed = dict(items)
     modules = dict(model.named_modules())
@@ -262,28 +271,54 @@ def _jobs(worker: Any) -> dict[str, dict[str, Any]]:
     return jobs
 
 
-def _start_packing(path: str, index: StageIndex) -> Callable[[Any], None]:
+def _start_packing(path: str, index: StageIndex, push_id: int, load: Collection[str]) -> Callable[[Any], None]:
     """Start `_pack_gemms` for a staged push on a thread of the vLLM worker process and return at once: generation
-    goes on meanwhile (the worker's RPCs and model steps share one thread)."""
+    goes on meanwhile (the worker's RPCs and model steps share one thread). `index` lists every tensor of the push in
+    the order its bytes arrive; each layer is packed as soon as the receiver's progress word (`_Progress`) shows its
+    tensors in. `load`: the names to load (a tied head's alias is received but not loaded)."""
 
     def run(worker: Any) -> None:
         import threading
 
+        import torch
         from vllm.config import set_current_vllm_config
 
+        jobs = _jobs(worker)
+        for key, earlier in list(jobs.items()):  # two packers must never touch the layers at once
+            earlier["thread"].join(timeout=120)  # an abandoned one stops at its next layer
+            if earlier["thread"].is_alive():
+                raise RuntimeError("the packing of an earlier push is still running")
+            del jobs[key]
         model = worker.model_runner.get_model()
+        # getsize first: from_file(shared=True) would create a missing file rather than fail.
+        words = torch.from_file(path, shared=True, size=os.path.getsize(path), dtype=torch.uint8)[:16].view(
+            torch.int64)
+        arrived_by_load_position = [n for n, (name, *_rest) in enumerate(index) if name in load]
+
+        def ready(i: int) -> None:
+            need = arrived_by_load_position[i] + 1
+            while True:
+                pid, done = int(words[0]), int(words[1])
+                if pid != push_id or done < 0:
+                    raise RuntimeError("the push was abandoned before all its bytes arrived")
+                if done >= need:
+                    return
+                time.sleep(0.002)
+
         job: dict[str, Any] = {"state": "running"}
 
         def work() -> None:
             try:
+                items = [(n, t) for n, t in _staged_tensors(path, index) if n in load]
                 with set_current_vllm_config(worker.vllm_config):
-                    job["packed"] = _pack_gemms(model, _staged_tensors(path, index))
+                    job["packed"] = _pack_gemms(model, items, ready)
                 job["state"] = "done"
             except BaseException as exc:  # reported through `_packing_state`; the live model is untouched
                 job["state"] = f"{type(exc).__name__}: {exc}"
 
-        _jobs(worker)[path] = job
-        threading.Thread(target=work, name="grpo-fleet-pack", daemon=True).start()
+        job["thread"] = threading.Thread(target=work, name="grpo-fleet-pack", daemon=True)
+        jobs[path] = job
+        job["thread"].start()
 
     return run
 
@@ -315,7 +350,9 @@ def _commit_prepared(path: str) -> Callable[[Any], None]:
 
 def _drop_prepared(path: str) -> Callable[[Any], None]:
     def run(worker: Any) -> None:
-        _jobs(worker).pop(path, None)
+        job = _jobs(worker).get(path)
+        if job is not None and not job["thread"].is_alive():  # a running one is joined by the next start
+            del _jobs(worker)[path]
 
     return run
 
@@ -375,8 +412,9 @@ def _stage(items: list[tuple[str, torch.Tensor]], staging_dir: str | None, tag: 
         return None
     path = os.path.join(staging_dir, f"grpo-fleet-weights-{os.getpid()}-{tag}.bin")
     index: StageIndex = []
-    offset = 0
+    offset = _Progress.BYTES
     with open(path, "wb") as f:
+        f.write(struct.pack("<qq", 0, len(items)).ljust(offset, b"\0"))  # push 0, every tensor in
         for name, t in items:
             pad = -offset % 64  # every tensor starts aligned, so that the worker's views of the mapping are too
             f.write(b"\0" * pad)
@@ -388,12 +426,23 @@ def _stage(items: list[tuple[str, torch.Tensor]], staging_dir: str | None, tag: 
     return path, index
 
 
+class _Progress:
+    """The first bytes of a staging file: two int64 words, the push's id and how many of its tensors (in arrival
+    order) hold their bytes; -1 = abandoned. The receiver writes them, the vLLM worker's packer reads them."""
+
+    BYTES = 64
+
+    @staticmethod
+    def write(mapping: mmap.mmap, push_id: int, done: int) -> None:
+        struct.pack_into("<qq", mapping, 0, push_id, done)
+
+
 def _aligned_index(metas: Sequence[tuple[str, tuple[int, ...], str]]) -> tuple[StageIndex, int]:
-    """Where each tensor lies in a staging file (64-byte aligned starts, as `_stage` writes them), and its size."""
+    """Where each tensor lies in a staging file (64-byte aligned starts after the progress words), and its size."""
     import torch
 
     index: StageIndex = []
-    offset = 0
+    offset = _Progress.BYTES
     for name, shape, dtype in metas:
         offset += -offset % 64
         n = torch.empty((), dtype=getattr(torch, dtype)).element_size()
@@ -411,6 +460,14 @@ class _StageFile:
     path: str
     size: int
     mapping: mmap.mmap
+    inode: int = -1
+
+    def still_there(self) -> bool:
+        """The path still names this file (not removed, nor replaced by another file)."""
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except FileNotFoundError:
+            return False
 
     @classmethod
     def create(cls, staging_dir: str, size: int) -> _StageFile:
@@ -420,19 +477,20 @@ class _StageFile:
             # Pages allocated and mapped now rather than faulted in one by one while the push is received.
             os.posix_fallocate(fd, 0, max(size, 1))
             mapping = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            inode = os.fstat(fd).st_ino
         except BaseException:
             os.unlink(path)
             raise
         finally:
             os.close(fd)
-        return cls(path, size, mapping)
+        return cls(path, size, mapping, inode)
 
     def remove(self) -> None:
         try:
             self.mapping.close()
         except BufferError:  # a view is still referenced somewhere; the mapping goes when it does
             pass
-        if os.path.exists(self.path):
+        if self.still_there():
             os.unlink(self.path)
 
 
@@ -444,6 +502,15 @@ class _FileStaged(StagedWeights):
         super().__init__(tensors, owner)
         self.file = file
         self.index = index
+        self.push_id = time.monotonic_ns()
+        self.packing = False  # whether the vLLM worker already packs it as it arrives
+        _Progress.write(file.mapping, self.push_id, 0)
+
+    def tensor_received(self, i: int) -> None:
+        _Progress.write(self.file.mapping, self.push_id, i + 1)
+
+    def complete(self) -> None:
+        _Progress.write(self.file.mapping, self.push_id, len(self.index))
 
 
 def _refresh_tied_cpu_heads(model: Any) -> None:
@@ -662,6 +729,19 @@ class VllmEngine(GenerationEngine):
                    for name, dtype, shape, off, n in index}
         return _FileStaged(tensors, self, file, index)
 
+    async def on_staged(self, staged: StagedWeights) -> None:
+        """A push is about to be received into `staged`: with the packed CPU layout, start packing it layer by layer
+        as its bytes arrive (`_start_packing`), so that packing overlaps the transfer."""
+        if isinstance(staged, _FileStaged) and self._load_mode == "packed" and self._llm is not None \
+                and self._failed is None:
+            load = set(staged) - self._aliases
+            try:
+                await self._llm.collective_rpc(_start_packing(staged.file.path, staged.index, staged.push_id, load))
+            except Exception as exc:  # packing starts (and reports) after the receive instead
+                log.warning("could not start packing the push as it arrives: %s", exc)
+                return
+            staged.packing = True
+
     def _stage_ahead(self) -> None:
         """Make the staging file for a push of the checkpoint's tensors now, so the first push is received as fast
         as the rest."""
@@ -673,8 +753,9 @@ class VllmEngine(GenerationEngine):
     def _recycle(self, staged: StagedWeights) -> None:
         if not isinstance(staged, _FileStaged):
             return
+        _Progress.write(staged.file.mapping, staged.push_id, -1)  # a packer still waiting for bytes gives up
         staged.clear()  # drop this object's views of the mapping
-        if self._spare_stage is None and self._llm is not None and os.path.exists(staged.file.path):
+        if self._spare_stage is None and self._llm is not None and staged.file.still_there():
             self._spare_stage = staged.file
         else:
             staged.file.remove()
@@ -769,7 +850,7 @@ class VllmEngine(GenerationEngine):
                 written = staged_file is not None
             prepared = bool(staged_file) and self._load_mode == "packed"
             if staged_file and prepared:
-                await self._pack_off_pause(llm, version, staged_file)
+                await self._pack_off_pause(llm, version, staged_file, staged)
             self._accepting.clear()
             t0 = time.perf_counter()
             if in_flight:
@@ -811,22 +892,32 @@ class VllmEngine(GenerationEngine):
             kv_recomputed=reset_cache and in_flight,
         )
 
-    async def _pack_off_pause(self, llm: Any, version: int, staged_file: tuple[str, StageIndex]) -> None:
+    async def _pack_off_pause(self, llm: Any, version: int, staged_file: tuple[str, StageIndex],
+                              staged: StagedWeights | None) -> None:
         """Packed CPU layout: load and pack the staged push into new kernels on a thread of each vLLM worker while
         generation goes on (`_pack_gemms`), so that the pause only swaps kernels and copies the small rest. A failure
-        here leaves the served model as it was."""
-        path = staged_file[0]
-        await llm.collective_rpc(_start_packing(*staged_file))
+        here leaves the served model as it was. A push received into this engine's staging file is usually being
+        packed already (`on_staged`)."""
+        path, index = staged_file
         try:
+            if isinstance(staged, _FileStaged):
+                staged.complete()  # every byte is in (a receiver marks them as they come; a plain copy does not)
+                if not staged.packing:
+                    await llm.collective_rpc(_start_packing(path, staged.index, staged.push_id,
+                                                            {e[0] for e in index}))
+            else:  # written to a file of its own just now (`_stage`: push id 0, complete)
+                await llm.collective_rpc(_start_packing(path, index, 0, {e[0] for e in index}))
             while True:
                 states = await llm.collective_rpc(_packing_state(path))
                 failed = [st for st in states if st not in ("running", "done")]
                 if failed:
-                    raise RuntimeError(f"packing weight version {version} failed (still serving "
-                                       f"{self._served_version}): {failed[0]}")
+                    raise RuntimeError(failed[0])
                 if all(st == "done" for st in states):
                     return
                 await asyncio.sleep(0.01)
-        except BaseException:
+        except BaseException as exc:
             await asyncio.shield(llm.collective_rpc(_drop_prepared(path)))
-            raise
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise RuntimeError(f"packing weight version {version} failed (still serving {self._served_version}): "
+                               f"{exc}") from exc

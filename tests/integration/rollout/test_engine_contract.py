@@ -330,3 +330,32 @@ async def test_vllm_push_whose_packing_fails_leaves_the_served_model_as_it_was(
     assert after.token_ids == before.token_ids and set(after.token_versions) == {served.version}
     await push(engine, served, staged_copy(engine, forcing_weights(served.weights, FORCED)))  # the next push works
     assert (await engine.generate("packfail/next", PROMPT, greedy(4))).token_ids == [FORCED] * 4
+
+
+async def test_push_loaded_as_it_arrives_and_one_abandoned_half_way(
+    engine: GenerationEngine, served: Served, tiny_model: Path
+) -> None:
+    """What the TCP receiver does: `on_staged` before the bytes come (vLLM starts packing layer by layer), then each
+    tensor reported as it lands. A push abandoned half way (the stream broke) changes nothing."""
+    before = await engine.generate("arrive/before", PROMPT, greedy(8))
+    weights = forcing_weights(served.weights, FORCED)
+    metas = [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in weights.items()]
+
+    half = engine.stage(metas)
+    await engine.on_staged(half)
+    for i, (k, v) in enumerate(list(weights.items())[: len(weights) // 2]):
+        half[k].copy_(v)
+        half.tensor_received(i)
+    half.release()
+    assert (await engine.generate("arrive/abandoned", PROMPT, greedy(8))).token_ids == before.token_ids
+
+    staged = engine.stage(metas)
+    await engine.on_staged(staged)
+    for i, (k, v) in enumerate(weights.items()):
+        staged[k].copy_(v)
+        staged.tensor_received(i)
+        if i % 8 == 0:
+            await asyncio.sleep(0.01)  # the packer waits for what has not arrived
+    await push(engine, served, staged)
+    g = await engine.generate("arrive/after", PROMPT, greedy(6))
+    assert g.token_ids == [FORCED] * 6 and set(g.token_versions) == {served.version}
