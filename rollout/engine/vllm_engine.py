@@ -494,6 +494,19 @@ class _StageFile:
             os.unlink(self.path)
 
 
+def _remove_orphaned_stages(staging_dir: str | None) -> None:
+    if staging_dir is None or not os.path.isdir(staging_dir):
+        return
+    for path in Path(staging_dir).glob("grpo-fleet-stage-*-*.bin"):
+        try:
+            os.kill(int(path.name.split("-")[3]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            log.info("removed %s (its process is gone)", path)
+        except (ValueError, PermissionError, IndexError):  # not ours to judge
+            continue
+
+
 class _FileStaged(StagedWeights):
     """Staged tensors that are views of a `_StageFile`'s mapping, laid out as `index` says."""
 
@@ -744,7 +757,8 @@ class VllmEngine(GenerationEngine):
 
     def _stage_ahead(self) -> None:
         """Make the staging file for a push of the checkpoint's tensors now, so the first push is received as fast
-        as the rest."""
+        as the rest. Staging files of processes that died without removing theirs (SIGKILL) are removed first."""
+        _remove_orphaned_stages(self._staging_dir)
         try:
             self.stage([(name, ts.shape, ts.dtype) for name, ts in self._spec.items()]).release()
         except OSError as exc:  # a push stages on its own later (or travels inline)

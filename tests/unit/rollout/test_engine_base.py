@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -107,3 +108,19 @@ def test_make_engine_follows_backend_and_config(tiny_model: Path) -> None:
     assert isinstance(eng, VllmEngine) and eng.max_model_len == 256 and eng.served_version == 3
     assert eng._cpu_weight_layout == "plain" and eng._staging_dir is None
     assert eng.weight_spec()["model.norm.weight"] == ((256,), "bfloat16")
+
+
+def test_staging_files_of_dead_processes_are_removed_at_start(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from rollout.engine.vllm_engine import _remove_orphaned_stages
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"grpo-fleet-stage-{int(dead.stdout)}-1.bin"
+    mine = tmp_path / f"grpo-fleet-stage-{os.getpid()}-2.bin"
+    other = tmp_path / "something-else.bin"
+    for f in (orphan, mine, other):
+        f.write_bytes(b"x")
+    _remove_orphaned_stages(str(tmp_path))
+    assert not orphan.exists() and mine.exists() and other.exists()
