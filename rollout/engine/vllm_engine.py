@@ -20,10 +20,11 @@ How the contract of `rollout.engine.base` maps onto vLLM 0.32:
   a meta-device round trip of every layer (0.05-0.45 GB/s here). "packed" (the default) keeps the packed kernels
   and loads a push with the model's own `load_weights` into scratch weights one decoder layer at a time, packing
   them into new kernels (`_pack_gemms`); for a staged push this runs on a thread of the vLLM worker while
-  generation goes on, and the pause only swaps the kernels in and loads biases, norms and embeddings
-  (`_commit_packed`). "plain" gives the GEMM layers back plain weights once at start, computed
-  with `F.linear` (`_unpack_cpu_gemms`): a push is then only `load_weights` into the live parameters, at copy
-  speed, but decoding is ~2x slower per GEMM (measured trade-off in docs/performance.md, issue 5).
+  generation goes on, each layer as soon as its bytes have arrived (`on_staged`, `_Progress`), and the pause only
+  swaps the kernels in and loads biases, norms and embeddings (`_commit_packed`). "plain" gives the GEMM layers
+  back plain weights once at start, computed with `F.linear` (`_unpack_cpu_gemms`): a push is then only
+  `load_weights` into the live parameters, at copy speed, but decoding is ~2x slower per GEMM (measured trade-off
+  in docs/performance.md, issue 5).
   Loading, GPU: `worker.reload_weights` (HF checkpoint names).
 - Transport to the worker process: the push lies in one raw file on tmpfs (`staging_dir`) that the worker maps
   (`torch.from_file(shared=True)`): the loaders copy from the mapped pages into the parameters. `stage()` hands
