@@ -44,7 +44,6 @@ class StreamError(ConnectionError):
 class _Offer:
     buffers: Sequence[memoryview]
     nbytes: int
-    served: int = 0
 
 
 class StreamServer:

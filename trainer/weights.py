@@ -101,6 +101,11 @@ def _chunks(snapshot: WeightSnapshot, chunk_bytes: int) -> Iterable[common_pb2.W
             yield common_pb2.WeightChunk(slice=common_pb2.TensorSlice(tensor_index=index, offset=offset, data=data))
 
 
+async def _header_only(header: common_pb2.WeightSetHeader) -> AsyncIterator[common_pb2.WeightChunk]:
+    """A PushWeights stream of the header alone: the bytes travel beside the call (TCP, NCCL)."""
+    yield common_pb2.WeightChunk(header=header)
+
+
 class WeightTransport(ABC):
     """Moves one snapshot to some workers; never raises for a worker's failure (it is reported per worker)."""
 
@@ -166,10 +171,7 @@ class TcpTransport(WeightTransport):
         host = self.cfg.policy.weight_sync.stream_host or ""
 
         def header(token: bytes) -> AsyncIterator[common_pb2.WeightChunk]:
-            async def gen() -> AsyncIterator[common_pb2.WeightChunk]:
-                yield common_pb2.WeightChunk(header=snapshot.header(
-                    "tcp", stream_host=host, stream_port=server.port, stream_token=token))
-            return gen()
+            return _header_only(snapshot.header("tcp", stream_host=host, stream_port=server.port, stream_token=token))
 
         tokens = [os.urandom(tcp_stream.TOKEN_BYTES) for _ in workers]
         for token in tokens:
@@ -217,13 +219,10 @@ class NcclTransport(WeightTransport):
         init = self._rendezvous(workers)
         world = len(workers) + 1
 
-        def header_only(rank: int) -> AsyncIterator[common_pb2.WeightChunk]:
-            async def gen() -> AsyncIterator[common_pb2.WeightChunk]:
-                yield common_pb2.WeightChunk(header=snapshot.header(
-                    "nccl", nccl_init_method=init, nccl_world_size=world, nccl_rank=rank))
-            return gen()
+        def header(rank: int) -> AsyncIterator[common_pb2.WeightChunk]:
+            return _header_only(snapshot.header("nccl", nccl_init_method=init, nccl_world_size=world, nccl_rank=rank))
 
-        calls = [asyncio.ensure_future(self._call(w, header_only(i + 1))) for i, w in enumerate(workers)]
+        calls = [asyncio.ensure_future(self._call(w, header(i + 1))) for i, w in enumerate(workers)]
         metas = [TensorMeta(n, DTYPE_NAMES[t.dtype], tuple(t.shape)) for n, t in snapshot.tensors.items()]
 
         def send() -> None:

@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _spare_key(name: str, t: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
+    """How `HfEngine.stage` finds a spare tensor for an announced (name, shape, dtype name)."""
+    return name, tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+
 def sample_next(logits: torch.Tensor, spec: SamplingSpec, generator: torch.Generator | None) -> tuple[int, float]:
     """(token, raw log-prob) from one position's logits. Temperature/top-k/top-p shape only the sampling
     distribution; the returned log-prob is always of the raw logits (see module docstring)."""
@@ -157,10 +162,9 @@ class HfEngine(GenerationEngine):
             with torch.no_grad():
                 for p in self._params.values():
                     p.data = p.data.clone()
-            self._spare = {(name, tuple(p.shape), self.dtype): torch.zeros_like(p.data)
-                           for name, p in self._params.items()}
+            self._spare = {_spare_key(name, p.data): torch.zeros_like(p.data) for name, p in self._params.items()}
         elif self.device.type == "cuda":  # pushes land in pinned host memory, reused, and are copied in from there
-            self._spare = {(name, tuple(p.shape), self.dtype): torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
+            self._spare = {_spare_key(name, p.data): torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
                            for name, p in self._params.items()}
 
     async def stop(self) -> None:
@@ -293,7 +297,7 @@ class HfEngine(GenerationEngine):
 
     def _recycle(self, staged: StagedWeights) -> None:
         for name, t in staged.items():
-            self._spare[(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))] = t
+            self._spare[_spare_key(name, t)] = t
 
     async def _apply_update(
         self, version: int, items: list[tuple[str, torch.Tensor]], *, in_flight: bool, reset_cache: bool,
@@ -348,7 +352,7 @@ class HfEngine(GenerationEngine):
             p.data = t
         staged.consumed = True
         for name, t in staged.items():  # tensors not swapped in (a tied head's alias) stay spare as they are
-            self._spare[(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))] = old.get(name, t)
+            self._spare[_spare_key(name, t)] = old.get(name, t)
 
     def _copy_in(self, items: list[tuple[str, torch.Tensor]]) -> None:
         """Copy the pushed tensors into the live parameters (no forward pass runs meanwhile: the caller holds the

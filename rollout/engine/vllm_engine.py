@@ -291,9 +291,8 @@ def _start_packing(path: str, index: StageIndex, push_id: int, load: Collection[
                 raise RuntimeError("the packing of an earlier push is still running")
             del jobs[key]
         model = worker.model_runner.get_model()
-        # getsize first: from_file(shared=True) would create a missing file rather than fail.
-        words = torch.from_file(path, shared=True, size=os.path.getsize(path), dtype=torch.uint8)[:16].view(
-            torch.int64)
+        buf = _map_stage(path)
+        words = buf[:16].view(torch.int64)
         arrived_by_load_position = [n for n, (name, *_rest) in enumerate(index) if name in load]
 
         def ready(i: int) -> None:
@@ -310,7 +309,7 @@ def _start_packing(path: str, index: StageIndex, push_id: int, load: Collection[
 
         def work() -> None:
             try:
-                items = [(n, t) for n, t in _staged_tensors(path, index) if n in load]
+                items = [(n, t) for n, t in _staged_tensors(buf, index) if n in load]
                 with set_current_vllm_config(worker.vllm_config):
                     job["packed"] = _pack_gemms(model, items, ready)
                 job["state"] = "done"
@@ -388,43 +387,23 @@ def _reload_staged(path: str, index: StageIndex, mode: str) -> Callable[[Any], N
     the mapped pages straight into the parameters."""
 
     def reload(worker: Any) -> None:
-        _load_pushed(worker, _staged_tensors(path, index), mode)
+        _load_pushed(worker, _staged_tensors(_map_stage(path), index), mode)
 
     return reload
 
 
-def _staged_tensors(path: str, index: StageIndex) -> list[tuple[str, torch.Tensor]]:
+def _map_stage(path: str) -> torch.Tensor:
+    """The whole staging file as shared uint8 memory (getsize first: from_file(shared=True) would create a missing
+    file rather than fail)."""
     import torch
 
-    buf = torch.from_file(path, shared=True, size=os.path.getsize(path), dtype=torch.uint8)
+    return torch.from_file(path, shared=True, size=os.path.getsize(path), dtype=torch.uint8)
+
+
+def _staged_tensors(buf: torch.Tensor, index: StageIndex) -> list[tuple[str, torch.Tensor]]:
+    import torch
+
     return [(name, buf[off : off + n].view(getattr(torch, dtype)).view(shape)) for name, dtype, shape, off, n in index]
-
-
-def _stage(items: list[tuple[str, torch.Tensor]], staging_dir: str | None, tag: str) -> tuple[str, StageIndex] | None:
-    """Write the push to `staging_dir` (tmpfs) as one raw file if it has room; None = send inline. One copy (into
-    the page cache); runs before the pause, so its cost is not generation time lost."""
-    import torch
-
-    if staging_dir is None or not os.path.isdir(staging_dir):
-        return None
-    nbytes = sum(t.numel() * t.element_size() for _, t in items)
-    if shutil.disk_usage(staging_dir).free < 2 * nbytes:  # e.g. Docker's 64 MB /dev/shm
-        log.warning("staging dir %s lacks room for %d MB; sending weights inline", staging_dir, nbytes >> 20)
-        return None
-    path = os.path.join(staging_dir, f"grpo-fleet-weights-{os.getpid()}-{tag}.bin")
-    index: StageIndex = []
-    offset = _Progress.BYTES
-    with open(path, "wb") as f:
-        f.write(struct.pack("<qq", 0, len(items)).ljust(offset, b"\0"))  # push 0, every tensor in
-        for name, t in items:
-            pad = -offset % 64  # every tensor starts aligned, so that the worker's views of the mapping are too
-            f.write(b"\0" * pad)
-            offset += pad
-            raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-            f.write(raw.numpy().data)
-            index.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, raw.numel()))
-            offset += raw.numel()
-    return path, index
 
 
 class _Progress:
@@ -525,6 +504,13 @@ class _FileStaged(StagedWeights):
 
     def complete(self) -> None:
         _Progress.write(self.file.mapping, self.push_id, len(self.index))
+
+
+def _copy_into(staged: _FileStaged, items: list[tuple[str, torch.Tensor]]) -> None:
+    """Write tensors that were not received into the staging file into it (before the pause)."""
+    for name, t in items:
+        staged[name].copy_(t)
+    staged.complete()
 
 
 def _refresh_tied_cpu_heads(model: Any) -> None:
@@ -734,8 +720,11 @@ class VllmEngine(GenerationEngine):
             file.remove()
             file = None
         if file is None:
-            if self._staging_dir is None or not os.path.isdir(self._staging_dir) \
-                    or shutil.disk_usage(self._staging_dir).free < size + (64 << 20):
+            if self._staging_dir is None or not os.path.isdir(self._staging_dir):
+                return super().stage(metas)
+            if shutil.disk_usage(self._staging_dir).free < size + (64 << 20):  # e.g. Docker's 64 MB /dev/shm
+                log.warning("staging dir %s lacks room for %d MB; weights travel inline", self._staging_dir,
+                            size >> 20)
                 return super().stage(metas)
             file = _StageFile.create(self._staging_dir, size)
         buf = torch.frombuffer(file.mapping, dtype=torch.uint8)
@@ -850,22 +839,28 @@ class VllmEngine(GenerationEngine):
         # staging and packing below can take seconds while generation goes on.
         if not in_flight:
             self._accepting.clear()
-        staged_file: tuple[str, StageIndex] | None = None
-        written = False  # a staging file written here, removed after the load
+        copied: _FileStaged | None = None  # tensors handed over otherwise, copied into our staging file here
         try:
             n_active = len(self._active)
             t_stage = time.perf_counter()
+            if not isinstance(staged, _FileStaged) \
+                    and sum(t.numel() * t.element_size() for _, t in items) >= self._stage_min_bytes:
+                own = self.stage([(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in items])
+                if isinstance(own, _FileStaged):
+                    copied = staged = own
+                    await asyncio.to_thread(_copy_into, own, items)
+                else:
+                    own.release()
+            load: Callable[[Any], None] = _reload_inline(items, self._load_mode)
             if isinstance(staged, _FileStaged):
-                # Received in place; the loaded names are the validated ones (a tied head's alias is left out).
+                # The loaded names are the validated ones (a tied head's alias is received, not loaded).
                 names = {name for name, _ in items}
-                staged_file = staged.file.path, [e for e in staged.index if e[0] in names]
-            elif sum(t.numel() * t.element_size() for _, t in items) >= self._stage_min_bytes:
-                staged_file = await asyncio.to_thread(
-                    _stage, items, self._staging_dir, f"{version}-{time.monotonic_ns()}")
-                written = staged_file is not None
-            prepared = bool(staged_file) and self._load_mode == "packed"
-            if staged_file and prepared:
-                await self._pack_off_pause(llm, version, staged_file, staged)
+                index = [e for e in staged.index if e[0] in names]
+                if self._load_mode == "packed":
+                    await self._pack_off_pause(llm, version, staged, index)
+                    load = _commit_prepared(staged.file.path)
+                else:
+                    load = _reload_staged(staged.file.path, index, self._load_mode)
             self._accepting.clear()
             t0 = time.perf_counter()
             if in_flight:
@@ -875,11 +870,7 @@ class VllmEngine(GenerationEngine):
                 await llm.pause_generation(mode="wait", clear_cache=True)
             t1 = time.perf_counter()
             try:
-                if staged_file and prepared:
-                    await llm.collective_rpc(_commit_prepared(staged_file[0]))
-                else:
-                    await llm.collective_rpc(_reload_staged(*staged_file, self._load_mode) if staged_file
-                                             else _reload_inline(items, self._load_mode))
+                await llm.collective_rpc(load)
             except BaseException as exc:
                 # Some parameters may hold new values, others old: no label would be true any more.
                 self._failed = exc
@@ -893,8 +884,8 @@ class VllmEngine(GenerationEngine):
             t3 = time.perf_counter()
         finally:
             self._accepting.set()
-            if written and staged_file:
-                os.unlink(staged_file[0])
+            if copied is not None:
+                copied.release()
         return UpdateStats(
             version=version,
             # In-flight: requests in flight stood still from the pause to the resume. Otherwise: new requests have
@@ -907,21 +898,16 @@ class VllmEngine(GenerationEngine):
             kv_recomputed=reset_cache and in_flight,
         )
 
-    async def _pack_off_pause(self, llm: Any, version: int, staged_file: tuple[str, StageIndex],
-                              staged: StagedWeights | None) -> None:
-        """Packed CPU layout: load and pack the staged push into new kernels on a thread of each vLLM worker while
-        generation goes on (`_pack_gemms`), so that the pause only swaps kernels and copies the small rest. A failure
-        here leaves the served model as it was. A push received into this engine's staging file is usually being
-        packed already (`on_staged`)."""
-        path, index = staged_file
+    async def _pack_off_pause(self, llm: Any, version: int, staged: _FileStaged, index: StageIndex) -> None:
+        """Packed CPU layout: load and pack the staged push (the tensors of `index`) into new kernels on a thread of
+        each vLLM worker while generation goes on (`_pack_gemms`), so that the pause only swaps kernels and copies the
+        small rest. A failure here leaves the served model as it was. A push received over TCP is usually being
+        packed already, as it arrived (`on_staged`)."""
+        path = staged.file.path
         try:
-            if isinstance(staged, _FileStaged):
-                staged.complete()  # every byte is in (a receiver marks them as they come; a plain copy does not)
-                if not staged.packing:
-                    await llm.collective_rpc(_start_packing(path, staged.index, staged.push_id,
-                                                            {e[0] for e in index}))
-            else:  # written to a file of its own just now (`_stage`: push id 0, complete)
-                await llm.collective_rpc(_start_packing(path, index, 0, {e[0] for e in index}))
+            staged.complete()  # every byte is in (a receiver marks them as they come; a plain copy does not)
+            if not staged.packing:
+                await llm.collective_rpc(_start_packing(path, staged.index, staged.push_id, {e[0] for e in index}))
             while True:
                 states = await llm.collective_rpc(_packing_state(path))
                 failed = [st for st in states if st not in ("running", "done")]

@@ -206,7 +206,7 @@ def test_snapshot_is_a_copy_not_a_view_of_the_parameters(snapshot_and_spec) -> N
     assert "lm_head.weight" not in s.tensors  # tied: the checkpoint (and the worker's spec) has no such tensor
 
 
-def test_stream_host_defaults_to_the_address_the_push_came_from() -> None:
+def test_grpc_peer_strings_give_the_host_to_reach_the_stream_at() -> None:
     from rollout.servicer import peer_host
 
     assert peer_host("ipv4:10.1.2.3:40000") == "10.1.2.3"
