@@ -1,7 +1,12 @@
 """The policy (and, when the KL penalty needs it, a frozen reference): HF load, precision, AC, compile, FSDP2.
 
 Wrapping order follows torchtitan: activation checkpointing, then `torch.compile` per decoder layer, then
-`fully_shard` per decoder layer and on the root. Both AC (HF's `gradient_checkpointing_enable`) and compile
+`fully_shard` per decoder layer and on the root. AC replaces a module's `forward` by a non-reentrant
+`torch.utils.checkpoint` of it, so the checkpoint lies INSIDE the compiled layer (Dynamo traces it and AOTAutograd
+recomputes the region in the backward), as torchtitan's compile-of-checkpoint-wrapper does; HF's
+`gradient_checkpointing_enable` would checkpoint outside the compiled call. Scope `layer` checkpoints whole decoder
+layers (least memory, one extra forward); `mlp` only each layer's MLP (its gate/up activations are most of a layer's
+saved bytes, while attention, the costly part at long context, is not recomputed). Both AC and compile
 (`nn.Module.compile`, in place) keep parameter names, so the state dict stays in HF checkpoint names: checkpoints
 `save_pretrained` as-is and weight pushes need no renaming.
 
@@ -103,7 +108,7 @@ def build_policy(cfg: PolicyConfig, path: str, dist: Dist) -> PolicyModule:
 def wrap_policy(lm: Any, cfg: PolicyConfig, dist: Dist, *, name: str = "policy") -> PolicyModule:
     """AC, compile, FSDP2 (or device placement) around an HF model holding fp32 parameters."""
     if cfg.activation_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        apply_activation_checkpointing(lm, cfg.activation_checkpointing_scope)
     if cfg.compile:
         for layer in _layers(lm):
             layer.compile()
@@ -117,8 +122,28 @@ def wrap_policy(lm: Any, cfg: PolicyConfig, dist: Dist, *, name: str = "policy")
     module.train()
     log.info("%s: %.1fM parameters, %s compute, fsdp=%s, ac=%s, compile=%s", name,
              sum(p.numel() for p in lm.parameters()) / 1e6, cfg.precision, dist.distributed,
-             cfg.activation_checkpointing, cfg.compile)
+             cfg.activation_checkpointing and cfg.activation_checkpointing_scope, cfg.compile)
     return module
+
+
+def _checkpointed(forward: Any) -> Any:
+    """`forward`, run under a non-reentrant checkpoint: its activations are recomputed in the backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def apply_activation_checkpointing(lm: Any, scope: str) -> None:
+    """Checkpoint every decoder layer (`scope="layer"`) or every layer's MLP (`"mlp"`), in place (module docstring)."""
+    for layer in _layers(lm):
+        target = layer if scope == "layer" else getattr(layer, "mlp", None)
+        if scope not in ("layer", "mlp") or target is None:
+            raise ValueError(f"policy.activation_checkpointing_scope={scope!r}: expected 'layer' or 'mlp' "
+                             "(and decoder layers with an `mlp` module for 'mlp')")
+        target.forward = _checkpointed(target.forward)
 
 
 def packing_supported() -> bool:

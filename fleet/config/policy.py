@@ -124,7 +124,11 @@ class PolicyConfig(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     """Optimizer settings."""
     activation_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
+    """Recompute activations in the backward pass to save memory (what is recomputed: the next key)."""
+    activation_checkpointing_scope: Literal["layer", "mlp"] = "layer"
+    """With activation checkpointing: `layer` recomputes whole decoder layers (least memory, one extra forward);
+    `mlp` only each layer's MLP (most of a layer's saved activations) and never the attention, which dominates the
+    compute at long context."""
     compile: bool = False
     """torch.compile the model's layers (GPU)."""
     fsdp_reshard_after_forward: bool = True
