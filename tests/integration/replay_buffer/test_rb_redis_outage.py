@@ -1,0 +1,71 @@
+"""The replay buffer rides out an outage of its Redis: every call answers UNAVAILABLE naming Redis while it lasts,
+the outage is logged once (started, still waiting, back), the buffer reconnects on its own and its Lua scripts are
+loaded again into the new server (NOSCRIPT); past `services.outage_tolerance_s` it exits non-zero naming Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc import aio
+from rb_service_helpers import Client, prompt
+
+from fleet.config import load_config
+from services.replay_buffer.embedded import start_embedded_redis
+
+CFG = load_config(None, [])
+_ids = itertools.count()
+
+
+def _count(log: list[str], text: str) -> int:
+    return sum(text in line for line in log)
+
+
+async def _wait_for(cond, within_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_buffer_rides_out_a_redis_outage_with_one_line_per_event(spawn, tmp_path: Path) -> None:
+    url, redis = start_embedded_redis(tmp_path / "redis")
+    prefix = f"outage{os.getpid()}x{next(_ids)}"
+    svc = spawn(f"redis.url={url}", f"redis.key_prefix={prefix}", "services.outage_report_s=1")
+    c = Client(svc.address, CFG)
+    try:
+        await c.call("EnqueuePrompts", groups=[prompt("before")])
+        redis.kill()
+        for _ in range(10):  # many calls during one outage: still one "unavailable" line
+            with pytest.raises(aio.AioRpcError) as err:
+                await c.call("EnqueuePrompts", groups=[prompt("during")])
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "redis at unix://" in (err.value.details() or "")
+            await asyncio.sleep(0.25)
+        await _wait_for(lambda: _count(svc.log, "still unavailable after") >= 1)
+        url, redis = start_embedded_redis(tmp_path / "redis")  # from its AOF; its script cache is empty
+        await _wait_for(lambda: _count(svc.log, "is back after") == 1)
+        reply = await c.call("EnqueuePrompts", groups=[prompt("before"), prompt("after")])  # a Lua script again
+        assert (reply.enqueued, reply.duplicates) == (1, 1)  # what was acknowledged before the kill survived
+        assert svc.proc.poll() is None
+        assert _count(svc.log, "is unavailable (") == 1, "".join(svc.log)
+        assert _count(svc.log, "is back after") == 1
+        assert _count(svc.log, "backend unavailable") == 0  # no line per failed call
+    finally:
+        await c.close()
+        redis.stop()
+
+
+async def test_buffer_exits_naming_redis_past_the_outage_bound(spawn, tmp_path: Path) -> None:
+    url, redis = start_embedded_redis(tmp_path / "redis")
+    svc = spawn(f"redis.url={url}", f"redis.key_prefix=bound{os.getpid()}", "services.outage_tolerance_s=2")
+    redis.kill()
+    rc = await asyncio.to_thread(svc.proc.wait, 60)
+    text = "".join(svc.log)
+    assert rc != 0, text
+    assert f"redis at {url} has been down for" in text and "services.outage_tolerance_s=2" in text, text
