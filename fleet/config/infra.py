@@ -90,6 +90,28 @@ class RolloutConfig(Section):
     """Host the trainer uses to reach this worker (None: the listen host)."""
 
 
+class SandboxSessionConfig(Section):
+    max_sessions: int = Field(32, ge=1, le=1000)
+    """Interactive sessions one executor holds at once (each has its own uid and tree); more are refused (503)."""
+    lease_s: float = Field(30.0, gt=0)
+    """A session whose owner has not renewed its lease (`POST /session/renew`, any request on it) for this long is
+    removed: a killed rollout worker leaves nothing behind."""
+    idle_timeout_s: float = Field(600.0, gt=0)
+    """A session with no request for this long is removed, even if its owner still renews."""
+    max_lifetime_s: float = Field(3600.0, gt=0)
+    """A session older than this is removed, whatever its activity."""
+    exec_timeout_s: float = Field(30.0, gt=0)
+    """Default wall-clock limit of one command in a session (a request may ask for up to `max_exec_timeout_s`)."""
+    max_exec_timeout_s: float = Field(600.0, gt=0)
+    """Largest per-command limit a request may ask for; larger ones are rejected (400)."""
+    max_output_kb: int = Field(16, ge=1)
+    """Output of one command kept per stream (the last KiB; the answer says how much there was and that it was cut)."""
+    max_file_kb: int = Field(1024, ge=1)
+    """Largest file `GET`/`PUT /session/{id}/file` reads or writes."""
+    max_diff_kb: int = Field(2048, ge=1)
+    """Largest diff `finish` grades; a larger one is the verdict `not_applied`."""
+
+
 class SandboxConfig(Section):
     pool_size: int | None = Field(None, ge=1)
     """Tasks run concurrently by one executor (None: number of cores)."""
@@ -132,6 +154,8 @@ class SandboxConfig(Section):
     """Bearer token required by the HTTP API (or GRPO_FLEET_SANDBOX_TOKEN)."""
     result_ttl_s: float = Field(3600.0, gt=0)
     """Finished results are forgotten after this long."""
+    sessions: SandboxSessionConfig = Field(default_factory=SandboxSessionConfig)
+    """Interactive sessions (agent mode): a tree at `base_commit` that commands run in, graded on finish."""
 
 
 class CheckpointingConfig(Section):

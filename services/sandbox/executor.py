@@ -258,6 +258,28 @@ class Executor:
         return await run_limited(argv, env=policy.env(env), cwd=str(tree), limit_s=limit_s,
                                  output_cap=self.cfg.max_output_kb << 10, status_pipe=status_pipe)
 
+    @property
+    def work_root(self) -> Path | None:
+        """Where task trees are made (None until started)."""
+        return self._work_root
+
+    async def run_in_tree(self, tree: Path, command: list[str], *, uid: int | None, limit_s: float,
+                          output_cap: int, hide: list[Path]) -> RunResult:
+        """Run `command` in `tree` inside the sandbox and limits a task's tests get, as `uid` (an interactive
+        session's own; None: the executor's, when it is not root). The caller made `tree` and handed it to `uid`."""
+        await self.start()
+        policy = self._policy
+        assert policy is not None
+        # The policy derives a run's uid from its slot: a session's uid is `uid_base + slot` for some slot number.
+        slot = uid - policy.uid_base if uid is not None and policy.uid_for_slot(0) is not None else 0
+        status_pipe = os.pipe() if self.cfg.use_bwrap else None
+        fd = status_pipe[1] if status_pipe else -1
+        cpu_s = max(1, min(self.cfg.cpu_s, math.ceil(limit_s)))
+        hidden = [*hide, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
+        argv = policy.argv(tree, command, slot=slot, hide=hidden, status_fd=fd, cpu_s=cpu_s)
+        return await run_limited(argv, env=policy.env({}), cwd=str(tree), limit_s=limit_s, output_cap=output_cap,
+                                 status_pipe=status_pipe)
+
     async def _run_tests(self, ws: Workspace, spec: TaskSpec, slot: int, repo: Path,
                          timings: dict[str, float]) -> Verdict:
         policy = self._policy

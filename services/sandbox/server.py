@@ -28,6 +28,8 @@ from aiohttp import web
 from fleet.config.infra import SandboxConfig
 from services.sandbox.executor import Executor
 from services.sandbox.model import TOKEN_ENV, SpecError, TaskSpec, Verdict, spec_from_json
+from services.sandbox.session_routes import SessionRoutes
+from services.sandbox.sessions import SessionManager
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig
@@ -60,6 +62,7 @@ class SandboxServer:
                  executor: Executor | None = None) -> None:
         self.cfg, self.host, self.port = cfg, host, port
         self.executor = executor or Executor(cfg)
+        self.sessions = SessionManager(self.executor, cfg.sessions)
         self.token = cfg.auth_token or os.environ.get(TOKEN_ENV) or None
         self.tasks: dict[str, TaskRecord] = {}
         self.draining = False
@@ -73,11 +76,13 @@ class SandboxServer:
         app.router.add_get("/task/{task_id}/result", self.result)
         app.router.add_delete("/task/{task_id}", self.delete)
         app.router.add_get("/healthz", self.healthz)
+        SessionRoutes(self.sessions, lambda: self.draining).add_to(app)
         return app
 
     async def start(self) -> int:
         """Start the executor (raises if the sandbox cannot run here) and listen; returns the bound port."""
         await self.executor.start()
+        await self.sessions.start()
         self.failed = asyncio.get_running_loop().create_future()
         self._runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
@@ -112,6 +117,7 @@ class SandboxServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.sessions.close()
         await self.executor.close()
         log.info("stopped")
 
@@ -230,7 +236,7 @@ class SandboxServer:
         return web.json_response({"task_id": record.id, "deleted": True, "state": state})
 
     async def healthz(self, request: web.Request) -> web.Response:
-        health = {**self.executor.health(), "draining": self.draining,
+        health = {**self.executor.health(), **self.sessions.health(), "draining": self.draining,
                   "tasks": sum(r.state in ("pending", "running") for r in self.tasks.values())}
         ok = health["status"] == "ok" and not self.draining
         return web.json_response(health, status=200 if ok else 503)

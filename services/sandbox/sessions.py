@@ -1,0 +1,380 @@
+"""Interactive sandbox sessions: a tree of a task's repository at `base_commit` that an agent runs commands in and
+edits, graded on `finish` exactly like a submitted patch.
+
+- **Start**: the repository is checked out as for a task (alternates, ~20 ms), but its git metadata lives beside the
+  tree (`root/git`), never inside it: the sandboxed commands see the files of `base_commit` and nothing else (no
+  other commit, no fix). The tree belongs to the session's own uid (a range claimed next to the executor's slots),
+  so sessions cannot touch each other's files and each has its own `RLIMIT_NPROC`.
+- **Exec**: `sh -c COMMAND` in the tree, inside the same bwrap sandbox and limits as a task's tests
+  (`Executor.run_in_tree`), one command at a time per session, with a wall-clock limit; the output is capped.
+  Every command carries an idempotency key: a retried request gets the first run's result (or waits for it), a
+  command is never run twice. Each command is a fresh process: the tree persists, the shell's state does not.
+- **Finish**: the tree's diff against `base_commit` is graded by `Executor.run` in a fresh tree, with the integrity
+  check and the task's test patch: nothing done to the session's tests or runner can count.
+- **Bounds and ownership**: at most `max_sessions`; a session goes when its owner stops renewing (`lease_s`), when
+  it is idle (`idle_timeout_s`) or old (`max_lifetime_s`), and when the executor stops. A new executor process
+  removes the trees of a dead one (a flock marks the live ones), so nothing outlives its executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet.config.infra import SandboxSessionConfig
+from services.sandbox.executor import Executor
+from services.sandbox.model import TaskSpec, Verdict, check_spec
+from services.sandbox.repos import RepoNotFound, resolve_repo
+from services.sandbox.sandbox import UidRange
+from services.sandbox.session_files import read_tree_file, write_tree_file
+from services.sandbox.workspace import InfraError, Workspace, git
+
+log = logging.getLogger(__name__)
+_KEYS_KEPT = 64
+_TOMBSTONES_KEPT = 4096
+
+
+class SessionError(Exception):
+    """A session request that cannot be served; `status` is the HTTP answer."""
+
+    status = 400
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
+class SessionNotFound(SessionError):
+    status = 404
+
+
+class SessionsFull(SessionError):
+    status = 503
+
+
+class SessionInfraError(SessionError):
+    """The executor could not make the session (repository, git, disk): infrastructure, never the agent's doing."""
+
+    status = 502
+
+
+@dataclass
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Session:
+    id: str
+    owner: str
+    spec: TaskSpec
+    root: Path
+    uid: int | None
+    uid_index: int
+    commit: str = ""
+    request_id: str = ""
+    created: float = field(default_factory=time.monotonic)
+    active: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    execs: OrderedDict[str, asyncio.Future[ExecResult]] = field(default_factory=OrderedDict)
+    work: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "tree"
+
+    @property
+    def git_dir(self) -> Path:
+        return self.root / "git"
+
+    def info(self) -> dict[str, Any]:
+        return {"session_id": self.id, "owner": self.owner, "commit": self.commit,
+                "age_s": round(time.monotonic() - self.created, 3), "idle_s": round(time.monotonic() - self.active, 3)}
+
+
+class SessionManager:
+    """The sessions of one executor. `await start()`, then `open` / `exec` / files / `finish` / `delete`."""
+
+    def __init__(self, executor: Executor, cfg: SandboxSessionConfig) -> None:
+        self.executor, self.cfg = executor, cfg
+        self.sessions: dict[str, Session] = {}
+        self.leases: dict[str, float] = {}  # owner -> last renewal (monotonic)
+        self.ended: OrderedDict[str, tuple[str, dict[str, Any] | None]] = OrderedDict()  # id -> (why, finish result)
+        self.reaped: dict[str, int] = {}
+        self._free: list[int] = list(range(cfg.max_sessions - 1, -1, -1))
+        self._starting = 0
+        self._uids: UidRange | None = None
+        self._dir: Path | None = None
+        self._lock_fd = -1
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.executor.start()
+        root = self.executor.work_root
+        assert root is not None
+        self._remove_dead_executors(root)
+        self._dir = root / f"sessions-{uuid.uuid4().hex}"
+        self._dir.mkdir(mode=0o711)
+        self._lock_fd = os.open(self._dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        ex_cfg = self.executor.cfg
+        if os.geteuid() == 0 and ex_cfg.use_bwrap:
+            # The executor's slots hold the first free range from uid_base; this claims the next one.
+            self._uids = UidRange(ex_cfg.uid_base, self.cfg.max_sessions)
+        self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-session-reaper")
+
+    @staticmethod
+    def _remove_dead_executors(root: Path) -> None:
+        """Session trees of executor processes that died (their flock is gone): removed, never adopted."""
+        for folder in root.glob("sessions-*"):
+            try:
+                fd = os.open(folder / ".lock", os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live executor's
+            finally:
+                os.close(fd)
+            log.info("removing the sessions of a dead executor: %s", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+        for sid in list(self.sessions):
+            await self.delete(sid, "executor_stopped")
+        if self._dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._dir, True)
+            self._dir = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        if self._uids is not None:
+            self._uids.release()
+            self._uids = None
+
+    def health(self) -> dict[str, Any]:
+        return {"sessions": len(self.sessions), "max_sessions": self.cfg.max_sessions,
+                "sessions_reaped": dict(self.reaped)}
+
+    # -- ownership -----------------------------------------------------------------------------------------------
+    def renew(self, owner: str) -> list[str]:
+        """Renew `owner`'s lease; returns the ids of its live sessions (so it can tell which ones it lost)."""
+        self.leases[owner] = time.monotonic()
+        return [s.id for s in self.sessions.values() if s.owner == owner]
+
+    def reap(self, now: float) -> list[tuple[str, str]]:
+        """Sessions to remove now, with why: the owner stopped renewing, idle, or too old."""
+        out = []
+        for s in self.sessions.values():
+            if now - self.leases.get(s.owner, s.created) > self.cfg.lease_s:
+                out.append((s.id, "owner_lost"))
+            elif now - s.active > self.cfg.idle_timeout_s:
+                out.append((s.id, "idle"))
+            elif now - s.created > self.cfg.max_lifetime_s:
+                out.append((s.id, "lifetime"))
+        return out
+
+    async def _reap_loop(self) -> None:
+        interval = max(0.05, min(1.0, self.cfg.lease_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            for sid, why in self.reap(time.monotonic()):
+                log.info("session %s removed: %s", sid, why)
+                try:
+                    await self.delete(sid, why)
+                except Exception:  # the reaper must outlive any one session's removal
+                    log.exception("removing session %s failed", sid)
+            live = {s.owner for s in self.sessions.values()}
+            for owner in [o for o in self.leases if o not in live
+                          and time.monotonic() - self.leases[o] > self.cfg.lease_s]:
+                del self.leases[owner]
+
+    def get(self, sid: str) -> Session:
+        session = self.sessions.get(sid)
+        if session is None:
+            ended = self.ended.get(sid)
+            why = f"session {sid} was removed ({ended[0]})" if ended else f"unknown session {sid}"
+            raise SessionNotFound(why, reason=ended[0] if ended else "unknown")
+        session.active = time.monotonic()
+        self.leases[session.owner] = session.active  # a request on it is a sign of life of its owner
+        return session
+
+    # -- open / delete -------------------------------------------------------------------------------------------
+    async def open(self, owner: str, spec: TaskSpec, request_id: str = "") -> Session:
+        """A new session for `spec`'s task (its patch is ignored). A retried request (same owner and request_id)
+        gets the session the first one made."""
+        check_spec(spec)
+        if not owner:
+            raise SessionError("owner: is required (the caller's id; its lease keeps the session alive)",
+                               field="owner")
+        if request_id:
+            for s in self.sessions.values():
+                if s.owner == owner and s.request_id == request_id:
+                    return s
+        if not self._free or len(self.sessions) + self._starting >= self.cfg.max_sessions:
+            raise SessionsFull(f"executor holds {len(self.sessions)} sessions "
+                               f"(sandbox.sessions.max_sessions={self.cfg.max_sessions})")
+        assert self._dir is not None
+        index = self._free.pop()
+        uid = self._uids.base + index if self._uids is not None else None
+        session = Session(uuid.uuid4().hex, owner, spec, self._dir / uuid.uuid4().hex, uid, index,
+                          request_id=request_id)
+        self._starting += 1
+        try:
+            await self._materialise(session)
+        except BaseException:
+            self._free.append(index)
+            await asyncio.to_thread(shutil.rmtree, session.root, True)
+            raise
+        finally:
+            self._starting -= 1
+        self.sessions[session.id] = session
+        self.leases[owner] = time.monotonic()
+        return session
+
+    async def _materialise(self, session: Session) -> None:
+        try:
+            repo = resolve_repo(session.spec.repo_url, self.executor.cfg)
+            ws = Workspace(session.root)
+            session.commit = await ws.checkout(repo, session.spec.base_commit)
+            # The git metadata moves out of the tree: the sandboxed commands see base_commit's files only.
+            os.rename(ws.tree / ".git", session.git_dir)
+            await asyncio.to_thread(ws.seal, session.uid)
+        except (InfraError, RepoNotFound, OSError) as exc:
+            raise SessionInfraError(f"session could not be made: {exc}", infra=True) from exc
+
+    async def delete(self, sid: str, why: str = "deleted", result: dict[str, Any] | None = None) -> bool:
+        session = self.sessions.pop(sid, None)
+        if session is None:
+            return False
+        self.ended[sid] = (why, result)
+        while len(self.ended) > _TOMBSTONES_KEPT:
+            self.ended.popitem(last=False)
+        for task in list(session.work):
+            task.cancel()  # a running command's sandbox is killed
+        await asyncio.gather(*session.work, return_exceptions=True)
+        await asyncio.to_thread(shutil.rmtree, session.root, True)
+        self._free.append(session.uid_index)
+        if why not in ("deleted", "finished"):
+            self.reaped[why] = self.reaped.get(why, 0) + 1
+        return True
+
+    def _track(self, session: Session, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        session.work.add(task)
+        task.add_done_callback(session.work.discard)
+        return task
+
+    # -- commands ------------------------------------------------------------------------------------------------
+    async def exec(self, sid: str, command: str, *, limit_s: float | None = None, key: str = "") -> ExecResult:
+        """Run `command` once per `key` (a retry with the same key gets the first run's result)."""
+        session = self.get(sid)
+        limit = self.cfg.exec_timeout_s if limit_s is None else limit_s
+        if not 0 < limit <= self.cfg.max_exec_timeout_s:
+            raise SessionError(f"timeout: must be in (0, {self.cfg.max_exec_timeout_s:g}] seconds "
+                               "(sandbox.sessions.max_exec_timeout_s)", field="timeout")
+        key = key or uuid.uuid4().hex
+        future = session.execs.get(key)
+        if future is None:
+            future = self._track(session, self._run_exec(session, command, limit))
+            session.execs[key] = future
+            while len(session.execs) > _KEYS_KEPT:
+                session.execs.popitem(last=False)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if sid not in self.sessions:
+                raise SessionNotFound(f"session {sid} was removed while the command ran") from None
+            raise
+
+    async def _run_exec(self, session: Session, command: str, limit: float) -> ExecResult:
+        async with session.lock:
+            cap = self.cfg.max_output_kb << 10
+            hide = [Path(self.executor.work_root or session.root)]
+            result = await self.executor.run_in_tree(session.tree, ["/bin/sh", "-c", command], uid=session.uid,
+                                                     limit_s=limit, output_cap=cap, hide=hide)
+        if not result.started:
+            raise SessionInfraError(f"the sandbox did not start (exit {result.exit_code}): "
+                                    f"{result.stderr.text()[-300:]}", infra=True)
+        out, err = result.stdout, result.stderr
+        return ExecResult(result.exit_code, out.text(), err.text(), out.total, err.total, out.total > cap,
+                          err.total > cap, result.timed_out, round(result.wall_s, 4))
+
+    # -- files ---------------------------------------------------------------------------------------------------
+    async def read_file(self, sid: str, path: str) -> tuple[bytes, int]:
+        session = self.get(sid)
+        return await asyncio.to_thread(read_tree_file, session.tree, path, self.cfg.max_file_kb << 10)
+
+    async def write_file(self, sid: str, path: str, data: bytes) -> None:
+        session = self.get(sid)
+        if len(data) > self.cfg.max_file_kb << 10:
+            raise SessionError(f"content: {len(data)} bytes is more than sandbox.sessions.max_file_kb="
+                               f"{self.cfg.max_file_kb}", field="content")
+        async with session.lock:  # not while a command runs: it would see half a file
+            await asyncio.to_thread(write_tree_file, session.tree, path, data, session.uid)
+
+    # -- finish --------------------------------------------------------------------------------------------------
+    async def finish(self, sid: str) -> dict[str, Any]:
+        """Grade the session's diff in a fresh tree (`Executor.run`) and remove the session. Idempotent: a retry
+        gets the same answer."""
+        ended = self.ended.get(sid)
+        if ended is not None and ended[1] is not None:
+            return ended[1]
+        session = self.get(sid)
+        async with session.lock:
+            try:
+                patch, problem = await self._diff(session)
+            except TimeoutError:  # git over a tree the agent filled with millions of files
+                patch, problem = "", "reading the session's changes took too long"
+        if problem is not None:
+            verdict = Verdict(status="not_applied", error=problem)
+        else:
+            spec = TaskSpec(**{**session.spec.to_json(), "patch": patch})
+            verdict = await self._track(session, self.executor.run(spec))
+        result = {"session_id": sid, "patch": patch, **verdict.to_json()}
+        await self.delete(sid, "finished", result)
+        return result
+
+    async def _diff(self, session: Session) -> tuple[str, str | None]:
+        """(the diff against base_commit, None) or ("", why it cannot be graded: the agent's doing, e.g. a huge
+        tree or diff)."""
+        gd, tree = str(session.git_dir), str(session.tree)
+        added = await git("--git-dir", gd, "--work-tree", tree, "add", "--all", "--force", ".", cwd=session.tree)
+        if added.code != 0:
+            return "", f"the session's changes could not be read: {added.err.strip()[-300:]}"
+        diff = await git("--git-dir", gd, "diff", "--cached", "--binary", session.commit, cwd=session.tree)
+        if diff.code != 0:
+            return "", f"the session's diff failed: {diff.err.strip()[-300:]}"
+        if len(diff.out.encode()) > self.cfg.max_diff_kb << 10:
+            return "", f"the session's diff is larger than sandbox.sessions.max_diff_kb={self.cfg.max_diff_kb}"
+        return diff.out, None
+
+    def ids(self, owner: str | None = None) -> list[str]:
+        return [s.id for s in self.sessions.values() if owner is None or s.owner == owner]
