@@ -151,7 +151,7 @@ def _standin(values: dict[str, Any]) -> Any:
             "ratio_clip_max": 0.2, "ratio_clip_c": None, "use_importance_sampling_correction": False,
             "truncated_importance_sampling_type": None, "truncated_importance_sampling_ratio": None,
             "truncated_importance_sampling_ratio_min": None, "sequence_level_importance_ratios": False,
-            "token_level_loss": True}
+            "token_level_loss": True, "kl_score_function_gradient": True, "tis_clamps_below": True}
     loss.update({k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("loss_fn.")})
     optimizer = SimpleNamespace(lr=values["policy.optimizer.lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                                 warmup_steps=0)
@@ -164,7 +164,7 @@ def _standin(values: dict[str, Any]) -> Any:
         max_total_sequence_length=values["policy.max_total_sequence_length"], sequence_packing=True,
         train_global_batch_size=values["policy.train_global_batch_size"],
         train_micro_batch_size=values["policy.train_micro_batch_size"], max_grad_norm=1.0, optimizer=optimizer)
-    return SimpleNamespace(policy=policy, loss_fn=SimpleNamespace(model_dump=lambda: dict(loss)))
+    return SimpleNamespace(policy=policy, loss_fn=SimpleNamespace(**loss))
 
 
 def grpo_batch(n: int, seq_len: int) -> Any:

@@ -22,7 +22,7 @@ from trainer.loop import Rank0, TrainLoop
 from trainer.metrics import Metrics, Progress
 from trainer.model import build_policy, build_reference, resolve_model_path
 from trainer.status import TrainerState
-from trainer.step import StepRunner, loss_config, make_optimizer
+from trainer.step import StepRunner, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,6 @@ def _rank0(cfg: MasterConfig, dist: Dist, state: TrainerCheckpoint, run_dir: Pat
 
 def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | None = None) -> int:
     """Train until `grpo.max_num_steps` (or SIGTERM). `sources` replaces the envs registry (tests)."""
-    loss_config(cfg)  # the loss's own cross-field rules, before any model loads
     env = read_env()
     device = pick_device(env)
     # Ranks > 0 wait in a broadcast while rank 0 waits for a step's data and, at most once per step, a validation

@@ -19,7 +19,7 @@ import torch
 
 from trainer.batch import MicroBatch, StepBatch, plan_rank
 from trainer.dist import Dist
-from trainer.grpo import LossConfig, count_valid, grpo_loss
+from trainer.grpo import count_valid, grpo_loss
 from trainer.logprobs import PackedInputs
 from trainer.model import PolicyModule, autocast, forward_logprobs, packing_supported
 
@@ -31,13 +31,8 @@ log = logging.getLogger(__name__)
 _LossInputs = tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # grpo_loss metrics that are additive shares of the minibatch value; the rest reduce by min / max.
-_SUM_METRICS = ("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_truncated_fraction",
-                "token_mult_prob_error", "is_ratio_mean")
-
-
-def loss_config(cfg: MasterConfig) -> LossConfig:
-    """trainer.grpo's LossConfig from `loss_fn.*` (it validates cross-field rules the schema leaves to the math)."""
-    return LossConfig(**cfg.loss_fn.model_dump())
+_SUM_METRICS = ("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_oob_ratio",
+                "token_mult_prob_error", "sampling_importance_ratio")
 
 
 def make_optimizer(module: torch.nn.Module, cfg: MasterConfig) -> tuple[torch.optim.Optimizer,
@@ -63,7 +58,7 @@ class StepRunner:
     pad_multiple: int = 1
 
     def __post_init__(self) -> None:
-        self.loss_cfg = loss_config(self.cfg)
+        self.loss_cfg = self.cfg.loss_fn  # validated where it lives (fleet/config/algorithm.py)
         self.packing_ok = packing_supported()
         if self.cfg.policy.sequence_packing and not self.packing_ok:
             log.warning("policy.sequence_packing=true but this transformers cannot mask packed samples apart "

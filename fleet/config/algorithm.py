@@ -1,8 +1,10 @@
 """`grpo.*` and `loss_fn.*`: the algorithm (seed key names and defaults kept; formulas in trainer/grpo)."""
 
+from __future__ import annotations
+
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fleet.config.base import Section
 
@@ -16,6 +18,13 @@ class AsyncGrpoConfig(Section):
     """Push new weights into the engines while they generate (requests in flight continue with the new weights)."""
     recompute_kv_cache_after_weight_updates: bool = False
     """Invalidate the KV/prefix cache at each weight update, so no token uses keys/values of older weights."""
+
+    @property
+    def age_bound(self) -> int:
+        """The age bound in force: a trajectory of weight version v may train step s only if s - v <= this. The
+        synchronous loop is the asynchronous one with bound 0 (a group trains the step whose weights generated it),
+        so `max_trajectory_age_steps` is ignored unless `enabled`."""
+        return self.max_trajectory_age_steps if self.enabled else 0
 
 
 class GrpoConfig(Section):
@@ -48,29 +57,74 @@ class GrpoConfig(Section):
     """Asynchronous GRPO settings."""
 
 
+TruncationType = Literal["tis", "icepop", "seq-mask-tis"]
+
+
 class LossConfig(Section):
+    """The clipped policy-gradient loss. Every rule the loss relies on is checked here, so `grpo-fleet config check`
+    rejects whatever the trainer would (trainer/grpo/loss.py reads this section and checks nothing itself)."""
+
     reference_policy_kl_penalty: float = Field(0.01, ge=0)
     """beta of the k3 KL to the frozen reference policy (0 = no reference model is kept)."""
     reference_policy_kl_type: Literal["k3"] = "k3"
-    """KL estimator."""
-    ratio_clip_min: float = Field(0.2, ge=0)
+    """KL estimator (only Schulman's k3 is implemented)."""
+    kl_score_function_gradient: bool = True
+    """Multiply the k3 KL by exp(logp - sg(logp)), whose value is 1, as NeMo RL does now: the KL's gradient gains
+    the score-function term beta*k3*grad(logp) (the KL is an expectation under the policy being trained), detached
+    on tokens where the log-ratio clamp (+-20) is active. false: the gradient of beta*k3 alone (NeMo RL before)."""
+    ratio_clip_min: float = Field(0.2, ge=0, le=1)
     """epsilon_min: the ratio is clipped below at 1 - ratio_clip_min."""
     ratio_clip_max: float = Field(0.2, ge=0)
-    """epsilon_max: the ratio is clipped above at 1 + ratio_clip_max."""
+    """epsilon_max: the ratio is clipped above at 1 + ratio_clip_max (DAPO's clip-higher when larger than
+    ratio_clip_min)."""
     ratio_clip_c: float | None = Field(None, gt=1)
-    """Dual clip constant c (> 1) for negative advantages (None = off)."""
+    """Dual clip constant c (> 1, usually 3): for negative advantages the loss is at most -A*c (None = off)."""
     use_importance_sampling_correction: bool = False
     """Weight each token by pi_old / pi_gen (required by async GRPO)."""
-    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
-    """tis: cap weights at the upper bound (NeMo RL semantics: the lower bound is not applied); icepop: zero tokens
-    whose weight is outside [min, max]; seq-mask-tis: zero sequences whose geometric-mean weight is outside it."""
+    truncated_importance_sampling_type: TruncationType | None = None
+    """tis: clamp weights to [truncated_importance_sampling_ratio_min (null = 0), truncated_importance_sampling_ratio];
+    icepop: zero tokens whose weight is outside [min, max]; seq-mask-tis: zero sequences whose geometric-mean weight
+    is outside it (kept sequences keep their raw token weights). null: untruncated weights."""
     truncated_importance_sampling_ratio: float | None = Field(None, gt=0)
-    """Upper bound of the importance weight."""
+    """Upper bound of the importance weight (needed by every truncation type)."""
     truncated_importance_sampling_ratio_min: float | None = Field(None, ge=0)
-    """Lower bound of the importance weight."""
+    """Lower bound of the importance weight (needed by icepop and seq-mask-tis; optional for tis, where null is 0)."""
+    tis_clamps_below: bool = True
+    """tis clamps weights below at truncated_importance_sampling_ratio_min, as NeMo RL does now. false: tis only
+    caps weights at the upper bound and ignores the lower one (NeMo RL before, and grpo-fleet until 2026-12)."""
     sequence_level_importance_ratios: bool = False
     """Sequence-level ratios (NeMo RL / GSPO): the PPO ratio is the geometric mean of pi/pi_old over the
     sequence's tokens and the importance weight is the product of pi_old/pi_gen over them. Needs
     token_level_loss=false."""
     token_level_loss: bool = True
     """Average over all valid tokens of the global batch (False: per-sequence mean, then over sequences)."""
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> LossConfig:
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            raise ValueError("loss_fn.sequence_level_importance_ratios=true needs loss_fn.token_level_loss=false "
+                             "(GSPO weighs whole sequences)")
+        kind, hi, lo = (self.truncated_importance_sampling_type, self.truncated_importance_sampling_ratio,
+                        self.truncated_importance_sampling_ratio_min)
+        if kind is None:
+            # NeMo warns and ignores stray bounds; a bound that silently does nothing is worse than an error.
+            if hi is not None or lo is not None:
+                raise ValueError("loss_fn.truncated_importance_sampling_ratio(_min) is set but "
+                                 "loss_fn.truncated_importance_sampling_type is null; set the type or drop the bounds")
+            return self
+        if not self.use_importance_sampling_correction:
+            raise ValueError(f"loss_fn.truncated_importance_sampling_type={kind} needs "
+                             "loss_fn.use_importance_sampling_correction=true")
+        if hi is None:
+            raise ValueError(f"loss_fn.truncated_importance_sampling_ratio (upper bound) must be set when "
+                             f"loss_fn.truncated_importance_sampling_type={kind}")
+        if lo is None and kind != "tis":
+            raise ValueError(f"loss_fn.truncated_importance_sampling_type={kind} needs "
+                             "loss_fn.truncated_importance_sampling_ratio_min (the lower bound)")
+        if lo is not None and lo > hi:
+            raise ValueError(f"loss_fn.truncated_importance_sampling_ratio_min ({lo}) must be <= "
+                             f"loss_fn.truncated_importance_sampling_ratio ({hi})")
+        if kind == "seq-mask-tis" and self.sequence_level_importance_ratios:
+            raise ValueError("loss_fn.truncated_importance_sampling_type=seq-mask-tis keeps token-level weights and "
+                             "cannot be combined with loss_fn.sequence_level_importance_ratios=true")
+        return self

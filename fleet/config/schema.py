@@ -103,31 +103,4 @@ class MasterConfig(Section):
                 "policy.generation.max_new_tokens must be smaller than policy.max_total_sequence_length "
                 "(prompt and answer share it)"
             )
-        lf = self.loss_fn
-        lo, hi = lf.truncated_importance_sampling_ratio_min, lf.truncated_importance_sampling_ratio
-        if lf.truncated_importance_sampling_type is not None:
-            if not lf.use_importance_sampling_correction:
-                raise ValueError(
-                    "loss_fn.truncated_importance_sampling_type needs loss_fn.use_importance_sampling_correction=true"
-                )
-            if hi is None:
-                raise ValueError(
-                    "loss_fn.truncated_importance_sampling_ratio (upper bound) must be set when "
-                    "loss_fn.truncated_importance_sampling_type is set"
-                )
-        if lf.truncated_importance_sampling_type in ("icepop", "seq-mask-tis") and lo is None:
-            raise ValueError(
-                f"loss_fn.truncated_importance_sampling_type={lf.truncated_importance_sampling_type} needs "
-                "loss_fn.truncated_importance_sampling_ratio_min (the lower bound)"
-            )
-        if lf.sequence_level_importance_ratios and lf.token_level_loss:
-            raise ValueError(
-                "loss_fn.sequence_level_importance_ratios=true needs loss_fn.token_level_loss=false "
-                "(a sequence-level ratio has no per-token reduction)"
-            )
-        if lo is not None and hi is not None and lo >= hi:
-            raise ValueError(
-                "loss_fn.truncated_importance_sampling_ratio_min must be smaller than "
-                "loss_fn.truncated_importance_sampling_ratio"
-            )
         return self

@@ -5,6 +5,6 @@ against an independent reference and reused by any trainer loop.
 """
 
 from trainer.grpo.advantages import compute_advantages
-from trainer.grpo.loss import LossConfig, TruncationType, count_valid, grpo_loss
+from trainer.grpo.loss import LossSettings, count_valid, grpo_loss
 
-__all__ = ["LossConfig", "TruncationType", "compute_advantages", "count_valid", "grpo_loss"]
+__all__ = ["LossSettings", "compute_advantages", "count_valid", "grpo_loss"]

@@ -10,10 +10,16 @@ All per-token tensors are ``[B, T]`` over response positions; ``mask`` is nonzer
 * IS weight for staleness and engine mismatch, no gradient: ``w_t = exp(logp_old - logp_gen)`` per token, or per
   sequence ``exp(sum_t (logp_old - logp_gen))`` (the exact sequence likelihood ratio, as NeMo computes it).
   Non-finite weights become 0 (NeMo's ``nan_to_num``): an overflowed sequence is dropped, not allowed to NaN the
-  step. Truncation: ``tis`` caps w at the upper bound; ``icepop`` zeroes tokens with w outside [min, max];
-  ``seq-mask-tis`` zeroes whole sequences whose geometric-mean w is outside [min, max] and keeps raw token weights.
+  step. Truncation (NeMo RL's current semantics): ``tis`` clamps w to [min (null = 0), max] (``tis_clamps_below=
+  false``: the upper cap only, NeMo before); ``icepop`` zeroes tokens with w outside [min, max]; ``seq-mask-tis``
+  zeroes whole sequences whose geometric-mean w is outside [min, max] and keeps raw token weights.
 * k3 KL to the reference policy: ``logr = clamp(logp_ref - logp_theta, +-20)``, ``k3 = e^logr - 1 - logr``
-  clamped to +-10, times ``reference_policy_kl_penalty``.
+  clamped to +-10, times ``reference_policy_kl_penalty``. By default (``kl_score_function_gradient``, NeMo RL now)
+  it is multiplied by ``exp(logp_theta - sg(logp_theta))``: value unchanged, gradient ``beta (logp_theta -
+  logp_ref)`` per token, 0 where either clamp is active; otherwise the gradient of ``beta k3`` alone.
+* Metrics under NeMo's names: ``is_oob_ratio`` (tokens out of bounds for tis / icepop, sequences for seq-mask-tis),
+  ``sampling_importance_ratio`` (mean weight after truncation), ``token_mult_prob_error``; ours besides them:
+  ``is_ratio_min`` / ``is_ratio_max`` of the untruncated weights, ``clip_fraction``, ``dual_clip_fraction``.
 
 Global normalisation: the token-level loss is ``sum(mask * (w L + beta k3)) / global_valid_tokens``, the
 sequence-level loss ``sum_b masked_mean_t(w L + beta k3) / global_valid_seqs``, where the normalisers count the
@@ -26,99 +32,37 @@ add up over pieces; ``is_ratio_min``/``is_ratio_max`` are local and reduce by mi
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-__all__ = ["LossConfig", "TruncationType", "count_valid", "grpo_loss"]
+if TYPE_CHECKING:  # the loss reads its section duck-typed: the lent GPU machines run the step without pydantic
+    from fleet.config.algorithm import TruncationType
 
-logger = logging.getLogger(__name__)
+__all__ = ["LossSettings", "count_valid", "grpo_loss"]
 
-TruncationType = Literal["tis", "icepop", "seq-mask-tis"]
-_TRUNCATION_TYPES = ("tis", "icepop", "seq-mask-tis")
 # NeMo RL's defaults for kl_input_clamp_value / kl_output_clamp_value: exp(20) is finite in float32 and the
 # clamped k3 stays bounded for tokens the reference finds impossible.
 KL_LOG_RATIO_CLAMP = 20.0
 KL_VALUE_CLAMP = 10.0
 
 
-@dataclass(frozen=True)
-class LossConfig:
-    """The seed's ``loss_fn.*`` keys; validated on construction with errors that name the key."""
+class LossSettings(Protocol):
+    """What the loss reads of its config: `fleet.config.algorithm.LossConfig` (the `loss_fn.*` section), which
+    validates every rule these formulas rely on. Nothing is re-checked here."""
 
-    ratio_clip_min: float = 0.2
-    """epsilon below 1: the ratio is clipped at ``1 - ratio_clip_min``."""
-    ratio_clip_max: float = 0.2
-    """epsilon above 1 (DAPO's clip-higher when larger than ``ratio_clip_min``)."""
-    ratio_clip_c: float | None = None
-    """Dual-clip constant c (> 1, usually 3): for A < 0 the loss is at most ``-A c``. None disables it."""
-    reference_policy_kl_penalty: float = 0.01
-    """beta, the weight of the k3 KL to the reference policy; 0 disables the KL (no reference logprobs needed)."""
-    reference_policy_kl_type: str = "k3"
-    """KL estimator; only Schulman's k3 is implemented."""
-    use_importance_sampling_correction: bool = False
-    """Multiply the policy-gradient term by ``pi_old / pi_gen`` (needed for async GRPO)."""
-    truncated_importance_sampling_type: TruncationType | None = None
-    """``tis`` | ``icepop`` | ``seq-mask-tis``; None for untruncated weights."""
-    truncated_importance_sampling_ratio: float | None = None
-    """Upper bound on the IS weight (all truncation types)."""
-    truncated_importance_sampling_ratio_min: float | None = None
-    """Lower bound on the IS weight (``icepop`` and ``seq-mask-tis``; NeMo's ``tis`` ignores it, and so do we)."""
-    sequence_level_importance_ratios: bool = False
-    """GSPO: one ratio and one IS weight per sequence instead of per token; needs ``token_level_loss=false``."""
-    token_level_loss: bool = True
-    """Average over all valid tokens of the batch (True) or over per-sequence means (False)."""
-
-    def __post_init__(self) -> None:
-        _validate_config(self)
-
-
-def _validate_config(cfg: LossConfig) -> None:
-    if cfg.reference_policy_kl_type != "k3":
-        raise ValueError(f"loss_fn.reference_policy_kl_type must be 'k3' (the only KL estimator implemented), "
-                         f"got {cfg.reference_policy_kl_type!r}")
-    if cfg.reference_policy_kl_penalty < 0:
-        raise ValueError(f"loss_fn.reference_policy_kl_penalty must be >= 0, got {cfg.reference_policy_kl_penalty}")
-    if not 0 <= cfg.ratio_clip_min <= 1:
-        raise ValueError(f"loss_fn.ratio_clip_min must be in [0, 1], got {cfg.ratio_clip_min}")
-    if cfg.ratio_clip_max < 0:
-        raise ValueError(f"loss_fn.ratio_clip_max must be >= 0, got {cfg.ratio_clip_max}")
-    if cfg.ratio_clip_c is not None and not cfg.ratio_clip_c > 1:
-        raise ValueError(f"loss_fn.ratio_clip_c must be > 1 (usually 3), got {cfg.ratio_clip_c}; "
-                         "set it to null to disable dual clipping")
-    if cfg.sequence_level_importance_ratios and cfg.token_level_loss:
-        raise ValueError("loss_fn.sequence_level_importance_ratios=true needs loss_fn.token_level_loss=false "
-                         "(GSPO weighs whole sequences)")
-    kind, hi, lo = (cfg.truncated_importance_sampling_type, cfg.truncated_importance_sampling_ratio,
-                    cfg.truncated_importance_sampling_ratio_min)
-    if kind is None:
-        # NeMo warns and ignores stray bounds; a bound that silently does nothing is worse than an error here.
-        if hi is not None or lo is not None:
-            raise ValueError("loss_fn.truncated_importance_sampling_ratio(_min) is set but "
-                             "loss_fn.truncated_importance_sampling_type is null; set the type or drop the bounds")
-        return
-    if kind not in _TRUNCATION_TYPES:
-        raise ValueError(f"loss_fn.truncated_importance_sampling_type must be one of {_TRUNCATION_TYPES} or null, "
-                         f"got {kind!r}")
-    if not cfg.use_importance_sampling_correction:
-        raise ValueError("loss_fn.truncated_importance_sampling_type needs "
-                         "loss_fn.use_importance_sampling_correction=true")
-    if hi is None or not hi > 0:
-        raise ValueError(f"loss_fn.truncated_importance_sampling_ratio must be > 0 when "
-                         f"loss_fn.truncated_importance_sampling_type={kind!r}, got {hi}")
-    if kind == "tis":
-        if lo is not None:
-            logger.warning("loss_fn.truncated_importance_sampling_ratio_min=%s is ignored by 'tis', which only "
-                           "caps weights at loss_fn.truncated_importance_sampling_ratio (as NeMo RL does)", lo)
-        return
-    if lo is None or not 0 <= lo <= hi:
-        raise ValueError(f"loss_fn.truncated_importance_sampling_ratio_min must be in "
-                         f"[0, loss_fn.truncated_importance_sampling_ratio={hi}] for {kind!r}, got {lo}")
-    if kind == "seq-mask-tis" and cfg.sequence_level_importance_ratios:
-        raise ValueError("loss_fn.truncated_importance_sampling_type='seq-mask-tis' keeps token-level weights and "
-                         "cannot be combined with loss_fn.sequence_level_importance_ratios=true")
+    ratio_clip_min: float
+    ratio_clip_max: float
+    ratio_clip_c: float | None
+    reference_policy_kl_penalty: float
+    kl_score_function_gradient: bool
+    use_importance_sampling_correction: bool
+    truncated_importance_sampling_type: TruncationType | None
+    truncated_importance_sampling_ratio: float | None
+    truncated_importance_sampling_ratio_min: float | None
+    tis_clamps_below: bool
+    sequence_level_importance_ratios: bool
+    token_level_loss: bool
 
 
 def count_valid(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +80,7 @@ def grpo_loss(
     generation_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    config: LossConfig,
+    config: LossSettings,
     *,
     global_valid_tokens: float | torch.Tensor,
     global_valid_seqs: float | torch.Tensor,
@@ -165,10 +109,13 @@ def grpo_loss(
     adv = clean((advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).detach().expand_as(logprobs))
 
     pg, clipped, dual = _clipped_surrogate(lp, old, adv, m, config)
-    weight, raw_weight, truncated = _importance_weights(old, gen, m, config)
+    weight, raw_weight, oob_ratio = _importance_weights(old, gen, m, config, n_tok, n_seq)
+    truncated_weight = weight
     if not config.use_importance_sampling_correction:
         weight = torch.ones_like(weight)
-    k3 = _k3(lp, clean(reference_logprobs.detach())) if reference_logprobs is not None and beta != 0 else None
+    k3 = None
+    if reference_logprobs is not None and beta != 0:
+        k3 = _k3(lp, clean(reference_logprobs.detach()), score_function=config.kl_score_function_gradient)
 
     # The KL term is not IS-weighted, as in NeMo RL: w corrects the sampling of the policy-gradient term, while the
     # KL is a regulariser on pi_theta itself; weighting it would also let icepop/seq-mask-tis switch the KL off on
@@ -189,9 +136,9 @@ def grpo_loss(
             "kl": reduce(k3) if k3 is not None else torch.zeros((), dtype=dtype, device=m.device),
             "clip_fraction": (clipped.to(dtype) * m).sum() / n_tok,
             "dual_clip_fraction": (dual.to(dtype) * m).sum() / n_tok,
-            "is_truncated_fraction": (truncated.to(dtype) * m).sum() / n_tok,
+            "is_oob_ratio": oob_ratio,
             "token_mult_prob_error": (torch.exp((old - gen).abs()) * m).sum() / n_tok,
-            **_is_ratio_stats(raw_weight, m, n_tok, n_seq, config.sequence_level_importance_ratios),
+            **_is_ratio_stats(raw_weight, truncated_weight, m, n_tok, n_seq, config.sequence_level_importance_ratios),
         }
     return loss, metrics
 
@@ -230,7 +177,7 @@ def _row_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _clipped_surrogate(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, m: torch.Tensor,
-                       cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       cfg: LossSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token clipped (and dual-clipped) loss, plus where each clip was the active branch."""
     log_ratio = lp - old
     if cfg.sequence_level_importance_ratios:
@@ -251,9 +198,12 @@ def _clipped_surrogate(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, m
 
 
 @torch.no_grad()
-def _importance_weights(old: torch.Tensor, gen: torch.Tensor, m: torch.Tensor,
-                        cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weights used, raw weights before truncation, where truncation changed a weight), all ``[B, T]``."""
+def _importance_weights(old: torch.Tensor, gen: torch.Tensor, m: torch.Tensor, cfg: LossSettings, n_tok: torch.Tensor,
+                        n_seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(truncated weights, raw weights, this piece's share of NeMo's ``is_oob_ratio``); weights are ``[B, T]``.
+
+    ``is_oob_ratio`` is the fraction of tokens whose weight is outside the bounds (``tis``, ``icepop``), or of
+    sequences whose geometric-mean weight is (``seq-mask-tis``), over the global valid tokens / sequences."""
     log_w = old - gen  # 0 on padding
     if cfg.sequence_level_importance_ratios:
         raw = torch.exp(log_w.sum(dim=-1, keepdim=True)).expand_as(log_w)
@@ -263,34 +213,53 @@ def _importance_weights(old: torch.Tensor, gen: torch.Tensor, m: torch.Tensor,
     hi, lo = cfg.truncated_importance_sampling_ratio, cfg.truncated_importance_sampling_ratio_min
     kind = cfg.truncated_importance_sampling_type
     if kind is None or hi is None:
-        return raw, raw, torch.zeros_like(raw, dtype=torch.bool)
+        return raw, raw, m.new_zeros(())
     if kind == "tis":
-        return raw.clamp(max=hi), raw, raw > hi
-    assert lo is not None  # LossConfig guarantees a lower bound for icepop / seq-mask-tis
+        # Weights are >= 0, so a lower bound of 0 clamps nothing: the old cap-only tis is this with floor 0.
+        floor = (lo or 0.0) if cfg.tis_clamps_below else 0.0
+        oob = (raw > hi) | (raw < floor)
+        return raw.clamp(min=floor, max=hi), raw, (oob.to(m.dtype) * m).sum() / n_tok
+    assert lo is not None  # LossConfig requires a lower bound for icepop / seq-mask-tis
     if kind == "icepop":
         keep = (raw >= lo) & (raw <= hi)
+        oob_ratio = ((~keep).to(m.dtype) * m).sum() / n_tok
     else:  # seq-mask-tis: judge the sequence by its geometric-mean weight, keep raw token weights
-        geo_mean = torch.exp(_row_mean(log_w, m)).unsqueeze(-1)
-        keep = ((geo_mean >= lo) & (geo_mean <= hi)).expand_as(raw)
-    return torch.where(keep, raw, torch.zeros_like(raw)), raw, ~keep
+        geo_mean = torch.exp(_row_mean(log_w, m))
+        seq_keep = (geo_mean >= lo) & (geo_mean <= hi)
+        oob_ratio = ((~seq_keep) & (m.sum(dim=-1) > 0)).to(m.dtype).sum() / n_seq
+        keep = seq_keep.unsqueeze(-1).expand_as(raw)
+    return torch.where(keep, raw, torch.zeros_like(raw)), raw, oob_ratio
 
 
-def _k3(lp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    log_r = (ref - lp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-    return (torch.exp(log_r) - 1 - log_r).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
+def _k3(lp: torch.Tensor, ref: torch.Tensor, *, score_function: bool) -> torch.Tensor:
+    """Per-token k3 KL, clamped like NeMo RL's ``calculate_kl``.
+
+    With ``score_function`` it is multiplied by ``exp(lp - sg(lp))`` (value 1), as NeMo RL does now: the KL is an
+    expectation over tokens sampled from pi_theta, so its gradient gains ``k3 * grad(lp)``; the total per-token
+    gradient becomes ``lp - ref``. Where the log-ratio clamp is active the factor is detached, so a clamped token
+    has no gradient at all, and the output clamp applies to the product (its value is k3's)."""
+    log_r_raw = ref - lp
+    log_r = log_r_raw.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+    k3 = torch.exp(log_r) - 1 - log_r
+    if score_function:
+        factor = torch.nan_to_num(torch.exp(lp - lp.detach()), nan=0.0, posinf=0.0, neginf=0.0)
+        k3 = torch.where(log_r_raw == log_r, factor, factor.detach()) * k3
+    return k3.clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
 
 
-def _is_ratio_stats(raw: torch.Tensor, m: torch.Tensor, n_tok: torch.Tensor, n_seq: torch.Tensor,
-                    per_sequence: bool) -> dict[str, torch.Tensor]:
-    """Untruncated IS-ratio statistics: over valid tokens, or over valid sequences with sequence-level weights."""
+def _is_ratio_stats(raw: torch.Tensor, truncated: torch.Tensor, m: torch.Tensor, n_tok: torch.Tensor,
+                    n_seq: torch.Tensor, per_sequence: bool) -> dict[str, torch.Tensor]:
+    """IS-weight statistics over valid tokens, or over valid sequences with sequence-level weights: NeMo RL's
+    ``sampling_importance_ratio`` (the mean of the weights as used, i.e. after truncation), and the range of the
+    untruncated weights (``is_ratio_min`` / ``is_ratio_max``, ours: how far the engines drifted)."""
     if per_sequence:
         # Every token of a row carries the same sequence weight; [:, :1].sum keeps T == 0 well defined.
-        values, valid, norm = raw[:, :1].sum(dim=-1), m.sum(dim=-1) > 0, n_seq
+        values, used, valid, norm = raw[:, :1].sum(dim=-1), truncated[:, :1].sum(dim=-1), m.sum(dim=-1) > 0, n_seq
     else:
-        values, valid, norm = raw, m > 0, n_tok
+        values, used, valid, norm = raw, truncated, m > 0, n_tok
     inf = raw.new_full((), float("inf"))  # a fill kernel: torch.tensor(..., device=cuda) would wait for the device
     return {
-        "is_ratio_mean": (values * valid.to(raw.dtype)).sum() / norm,
+        "sampling_importance_ratio": (used * valid.to(raw.dtype)).sum() / norm,
         "is_ratio_min": torch.where(valid, values, inf).amin() if values.numel() else inf,
         "is_ratio_max": torch.where(valid, values, -inf).amax() if values.numel() else -inf,
     }

@@ -92,8 +92,9 @@ def test_async_loop_runs_ahead_within_the_age_bound_and_skips_stragglers(
     assert all(r["timing/wait_data_s"] < 20 for r in records)  # the straggler held no step, not even the last
     steps_of = {g: r["step"] for r in read_jsonl(run / "logs" / "trained_groups.jsonl") for g in r["groups"]}
     assert "0:1" not in steps_of or steps_of["0:1"] > 0
-    for key in ("loss/is_ratio_mean", "loss/is_ratio_min", "loss/is_ratio_max", "loss/token_mult_prob_error",
-                "loss/is_truncated_fraction", "weights/push_s", "timing/push_wait_s", "perf/tokens_per_s"):
+    for key in ("loss/sampling_importance_ratio", "loss/is_ratio_min", "loss/is_ratio_max",
+                "loss/token_mult_prob_error", "loss/is_oob_ratio", "weights/push_s", "timing/push_wait_s",
+                "perf/tokens_per_s"):
         assert any(key in r for r in records), key
     stats = worker.stats()
     _accounting(stats)

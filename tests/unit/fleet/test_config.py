@@ -1,5 +1,8 @@
 """The config tree: YAML + overrides, errors that name the dotted key, async constraints, shipped configs."""
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,6 +147,56 @@ def test_truncated_is_needs_bounds_and_correction() -> None:
     with pytest.raises(ConfigError, match="use_importance_sampling_correction=true"):
         load_config(None, ["loss_fn.truncated_importance_sampling_type=tis",
                            "loss_fn.truncated_importance_sampling_ratio=2"])
+
+
+TIS = ["loss_fn.use_importance_sampling_correction=true", "loss_fn.truncated_importance_sampling_type=tis",
+       "loss_fn.truncated_importance_sampling_ratio=2.0"]
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (["loss_fn.reference_policy_kl_type=k1"], "loss_fn.reference_policy_kl_type"),
+    (["loss_fn.reference_policy_kl_penalty=-0.1"], "loss_fn.reference_policy_kl_penalty"),
+    (["loss_fn.ratio_clip_c=1.0"], "loss_fn.ratio_clip_c"),
+    (["loss_fn.ratio_clip_min=1.5"], "loss_fn.ratio_clip_min"),
+    (["loss_fn.ratio_clip_max=-0.1"], "loss_fn.ratio_clip_max"),
+    (["loss_fn.sequence_level_importance_ratios=true"], "loss_fn.token_level_loss=false"),
+    (["loss_fn.truncated_importance_sampling_ratio=2.0"], "loss_fn.truncated_importance_sampling_type is null"),
+    (["loss_fn.truncated_importance_sampling_ratio_min=0.5"], "loss_fn.truncated_importance_sampling_type is null"),
+    (TIS[1:], "loss_fn.use_importance_sampling_correction=true"),
+    ([*TIS[:2], "loss_fn.truncated_importance_sampling_ratio=0"], "loss_fn.truncated_importance_sampling_ratio"),
+    ([*TIS[:2]], "loss_fn.truncated_importance_sampling_ratio (upper bound) must be set"),
+    ([*TIS, "loss_fn.truncated_importance_sampling_type=clip"], "loss_fn.truncated_importance_sampling_type"),
+    ([*TIS, "loss_fn.truncated_importance_sampling_type=icepop"], "loss_fn.truncated_importance_sampling_ratio_min"),
+    ([*TIS, "loss_fn.truncated_importance_sampling_ratio_min=2.5"], "ratio_min (2.5) must be <="),
+    ([*TIS, "loss_fn.truncated_importance_sampling_type=seq-mask-tis",
+      "loss_fn.truncated_importance_sampling_ratio_min=0.5", "loss_fn.sequence_level_importance_ratios=true",
+      "loss_fn.token_level_loss=false"],
+     "cannot be combined with loss_fn.sequence_level_importance_ratios=true"),
+])
+def test_every_loss_rule_is_checked_at_load_naming_the_key(overrides: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        load_config(None, overrides)
+
+
+def test_tis_accepts_equal_bounds_and_no_lower_bound() -> None:
+    assert load_config(None, [*TIS, "loss_fn.truncated_importance_sampling_ratio_min=2.0"])
+    assert load_config(None, TIS).loss_fn.truncated_importance_sampling_ratio_min is None
+
+
+def test_config_check_rejects_what_the_trainer_would_with_exit_status_2() -> None:
+    # The example from issue 14: this bound used to pass `config check` and fail in the trainer after torch loaded.
+    proc = subprocess.run([sys.executable, "-m", "fleet.cli", "config", "check",
+                           "loss_fn.truncated_importance_sampling_ratio=2.0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert "loss_fn.truncated_importance_sampling_ratio" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("enabled", "want"), [(False, 0), (True, 3)])
+def test_age_bound_is_the_max_age_only_when_async(enabled: bool, want: int) -> None:
+    flags = [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=3"] if enabled else [
+        "grpo.async_grpo.max_trajectory_age_steps=3"]
+    assert load_config(None, flags).grpo.async_grpo.age_bound == want
 
 
 def test_resolved_config_round_trips(tmp_path: Path) -> None:

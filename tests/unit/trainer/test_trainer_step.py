@@ -173,7 +173,8 @@ def test_two_gloo_processes_give_the_same_update_as_one(make_cfg, tmp_path: Path
     mp.spawn(_rank_main, args=(2, _free_port(), cfg.model_dump_json(), str(out)), nprocs=2, join=True)
     got = torch.load(out)
     assert_same_update(ref, got["params"])
-    for k in ("loss/loss", "loss/pg_loss", "loss/token_mult_prob_error", "loss/is_ratio_mean", "train/grad_norm"):
+    for k in ("loss/loss", "loss/pg_loss", "loss/token_mult_prob_error", "loss/sampling_importance_ratio",
+              "train/grad_norm"):
         assert got["metrics"][k] == pytest.approx(ref_m[k], rel=1e-5, abs=1e-7), k
     assert got["metrics"]["perf/train_tokens"] == ref_m["perf/train_tokens"]
 
