@@ -123,9 +123,8 @@ class TrainLoop:
             return StepMessage(None, self._stop_signal)
         r0.state.set_phase("waiting_for_data")
         t0 = time.monotonic()
-        a = self.cfg.grpo.async_grpo
         try:
-            r0.coordinator.enqueue_through(step + (a.max_trajectory_age_steps if a.enabled else 0))
+            r0.coordinator.enqueue_through(step + self.cfg.grpo.async_grpo.age_bound)
             groups = r0.coordinator.collect(step, self.cfg.grpo.num_prompts_per_step)
         except InterruptedError:
             return StepMessage(None, self._stop_signal or "sigterm")
@@ -185,7 +184,7 @@ class TrainLoop:
         assert self.rank0 is not None
         r0 = self.rank0
         coord = r0.coordinator
-        max_age = self.cfg.grpo.async_grpo.max_trajectory_age_steps if self.cfg.grpo.async_grpo.enabled else 0
+        max_age = self.cfg.grpo.async_grpo.age_bound
         merged = {**batch.stats, **metrics, **age_histogram(batch.ages, max_age), **self._pending_metrics,
                   **{f"starvation/{k}": float(v) for k, v in coord.starvation.items()}}
         self._pending_metrics = {}

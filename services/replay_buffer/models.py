@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleet.config.schema import MasterConfig
-from services.replay_buffer import policy
 
 # Stream consumer group of the prompt queue, and the pseudo-consumer that holds reclaimed and released leases until a
 # worker takes them (its name cannot collide with a worker id: `~` is refused in worker ids).
@@ -34,7 +33,7 @@ class StoreSettings:
         rb, a = cfg.replay_buffer, cfg.grpo.async_grpo
         return cls(
             prefix=cfg.redis.key_prefix,
-            max_age=policy.max_age_steps(a.enabled, a.max_trajectory_age_steps),
+            max_age=a.age_bound,
             lease_timeout_ms=int(rb.lease_timeout_s * 1000),
             max_deliveries=rb.max_deliveries,
             heartbeat_interval_ms=int(rb.heartbeat_interval_s * 1000),

@@ -12,12 +12,6 @@ import re
 # with versions >= v (v = its oldest token's version) may train step s only if s - v <= max_age.
 
 
-def max_age_steps(async_enabled: bool, max_trajectory_age_steps: int) -> int:
-    """The age bound in force. The synchronous loop is the async one with bound 0: a group trains the step whose
-    weights generated it, so `max_trajectory_age_steps` is ignored when `grpo.async_grpo.enabled=false`."""
-    return max_trajectory_age_steps if async_enabled else 0
-
-
 def effective_target(target_step: int, min_target_step: int, current_step: int) -> int:
     """The earliest step a queued group can train. BeginRun's floor re-targets groups of a resumed run without
     rewriting stream entries, and a group can never train before the step the trainer is at now."""

@@ -15,8 +15,9 @@ ages = st.integers(min_value=0, max_value=8)
 
 
 def test_sync_mode_has_age_bound_zero() -> None:
-    assert policy.max_age_steps(False, 3) == 0
-    assert policy.max_age_steps(True, 3) == 3
+    flags = ["grpo.async_grpo.max_trajectory_age_steps=3", "loss_fn.use_importance_sampling_correction=true"]
+    assert load_config(None, flags).grpo.async_grpo.age_bound == 0
+    assert load_config(None, [*flags, "grpo.async_grpo.enabled=true"]).grpo.async_grpo.age_bound == 3
 
 
 def test_settings_take_the_bound_from_config() -> None:
