@@ -4,6 +4,7 @@ verdict into a reward. Infrastructure failures raise `ScoringUnavailable`; they 
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 from fleet.config import MasterConfig
@@ -19,6 +20,11 @@ _STATUS = {
 }
 _RESOLUTION = {"FULL": common_pb2.RESOLUTION_FULL, "PARTIAL": common_pb2.RESOLUTION_PARTIAL,
                "NO": common_pb2.RESOLUTION_NO}
+
+
+# Retries spent by the scoring running in this asyncio task. Scorings run concurrently on one Scorer, so a shared
+# before/after difference of the total would count the others' retries too.
+_retries_here: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("scorer_retries", default=None)
 
 
 class ScoringUnavailable(RuntimeError):
@@ -57,6 +63,9 @@ class Scorer:
     async def _run_in_sandbox(self, spec: TaskSpec) -> Verdict:
         result = await self.sandbox.evaluate(spec)
         self.infra_retries += result.retries
+        counter = _retries_here.get()
+        if counter is not None:
+            counter[0] += result.retries
         if result.infra_error is not None:
             return Verdict(status="infra_error", error=result.infra_error)
         assert result.verdict is not None
@@ -68,10 +77,14 @@ class Scorer:
         infrastructure failure."""
         from sandbox_client import reward_from_verdict
 
-        before = self.infra_retries
-        result = await self._env(env_name).score(payload, text, cfg=self.cfg, truncated=truncated)
+        counter = [0]
+        token = _retries_here.set(counter)
+        try:
+            result = await self._env(env_name).score(payload, text, cfg=self.cfg, truncated=truncated)
+        finally:
+            _retries_here.reset(token)
         if result.infra_error is not None:
             raise ScoringUnavailable(result.infra_error)
         mode, format_error_reward = self.cfg.env.reward_settings(env_name)
         reward = reward_from_verdict(result.verdict, mode, format_error_reward)
-        return result.verdict, reward, self.infra_retries - before
+        return result.verdict, reward, counter[0]

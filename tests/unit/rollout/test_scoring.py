@@ -1,0 +1,50 @@
+"""`Scorer.score` reports the infrastructure retries of its own scoring, also when scorings run concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fleet.config import load_config
+from rollout.scoring import Scorer
+from sandbox_client.results import SandboxResult
+from services.sandbox.model import TaskSpec, Verdict
+
+PATCH = "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n```\n"
+
+
+class _OrderedSandbox:
+    """Answers task `slow` only after task `fast` has answered, with a set number of attempts per task."""
+
+    def __init__(self, attempts: dict[str, int]) -> None:
+        self.attempts = attempts
+        self.fast_done = asyncio.Event()
+
+    async def evaluate(self, spec: TaskSpec) -> SandboxResult:
+        if spec.repo_url == "slow":
+            await self.fast_done.wait()
+        verdict = Verdict(status="completed", patch_applied=True, resolution="FULL")
+        result = SandboxResult(verdict, attempts=self.attempts[spec.repo_url])
+        if spec.repo_url == "fast":
+            self.fast_done.set()
+        return result
+
+    async def close(self) -> None:
+        pass
+
+
+def _payload(repo: str) -> dict[str, object]:
+    return {"instance_id": repo, "repo_url": repo, "base_commit": "0" * 40, "test_patch": "",
+            "fail_to_pass": [], "pass_to_pass": [], "test_command": "true"}
+
+
+async def test_concurrent_scorings_each_report_their_own_retries() -> None:
+    scorer = Scorer(load_config("examples/configs/grpo_swe_tiny.yaml"))
+    await scorer.close()
+    scorer.sandbox = _OrderedSandbox({"slow": 1, "fast": 4})  # type: ignore[assignment]
+    slow = asyncio.create_task(scorer.score("swe", _payload("slow"), PATCH, truncated=False))
+    fast = asyncio.create_task(scorer.score("swe", _payload("fast"), PATCH, truncated=False))
+    (_, reward_slow, retries_slow), (_, _, retries_fast) = await asyncio.gather(slow, fast)
+    # The slow scoring's window spans the fast one's 3 retries; they are not its own.
+    assert (retries_slow, retries_fast) == (0, 3)
+    assert scorer.infra_retries == 3
+    assert reward_slow == 1.0
