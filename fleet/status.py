@@ -1,14 +1,30 @@
 """`grpo-fleet status`: one screen on a running fleet — trainer step and phase, weight version per worker, queue
-depths, the trajectory-age histogram and recent reward. Reads the replay buffer and the trainer over gRPC."""
+depths, the trajectory-age histogram and recent reward. Reads the replay buffer and the trainer over gRPC. While a
+service (or the buffer's Redis) is down, its line says OUTAGE and what is down, and the command exits 1."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import grpc
 from grpc import aio
 
 from fleet.config import MasterConfig
+
+
+def validation_lines(metrics: dict[str, float]) -> list[str]:
+    """The last validation round's accuracy and verdict breakdown, from the trainer's status metrics."""
+    from trainer.validation import VERDICT_KINDS
+
+    if "val/tasks" not in metrics:
+        return []
+    tasks, graded = int(metrics["val/tasks"]), int(metrics.get("val/graded", metrics["val/tasks"]))
+    accuracy = f"{metrics['val/accuracy']:.3f}" if "val/accuracy" in metrics else "n/a"
+    counts = [(label, int(metrics.get(f"val/verdict/{kind}", 0))) for kind, label in VERDICT_KINDS.items()]
+    breakdown = "  ".join(f"{label} {n}" for label, n in counts if n or label == "resolved")
+    return [f"val       step {int(metrics.get('val/step', -1))}: accuracy {accuracy} (FULL / {graded} graded of "
+            f"{tasks} tasks)  {breakdown}"]
 
 
 async def _gather(cfg: MasterConfig) -> list[str]:
@@ -27,15 +43,16 @@ async def _gather(cfg: MasterConfig) -> list[str]:
             shown = [f"{k} {st.metrics[k]:.4g}" for k in keys if k in st.metrics]
             if shown:
                 lines.append("          " + "  ".join(shown))
+            lines.extend(validation_lines(dict(st.metrics)))
         except aio.AioRpcError as exc:
-            lines.append(f"trainer   unreachable at {cfg.services.trainer.address} ({exc.code().name})")
+            lines.append(f"trainer   {outage_line(cfg.services.trainer.address, exc)}")
     async with make_channel(cfg.services.replay_buffer.address, cfg.services) as ch:
         stub = replay_buffer_pb2_grpc.ReplayBufferStub(ch)
         try:
             s = await stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=t)
             w = await stub.ListWorkers(replay_buffer_pb2.ListWorkersRequest(include_dead=True), timeout=t)
         except aio.AioRpcError as exc:
-            lines.append(f"buffer    unreachable at {cfg.services.replay_buffer.address} ({exc.code().name})")
+            lines.append(f"buffer    {outage_line(cfg.services.replay_buffer.address, exc)}")
             return lines
         lines.append(f"buffer    prompts pending {s.prompts_pending}  leased {s.leases_outstanding}  ready "
                      f"{s.groups_ready}  sampled {s.sampled}  dead-lettered {s.dead_lettered}  (enqueued {s.enqueued})")
@@ -53,6 +70,19 @@ async def _gather(cfg: MasterConfig) -> list[str]:
     return lines
 
 
+def outage_line(address: str, exc: aio.AioRpcError) -> str:
+    """What is down, while it is down: the service itself (no answer at `address`) or what it depends on (the replay
+    buffer answers UNAVAILABLE naming its Redis, and for how long it has been away)."""
+    from services.runtime.client import describe_unavailable
+
+    if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return f"error at {address} ({describe_unavailable(exc)})"
+    details = exc.details() or ""
+    if details.startswith("redis at "):
+        return f"OUTAGE: its Redis is down ({details[:300]})"
+    return f"OUTAGE: unreachable at {address} ({describe_unavailable(exc)})"
+
+
 def show_status(cfg: MasterConfig, *, watch: bool = False) -> int:
     while True:
         lines = asyncio.run(_gather(cfg))
@@ -60,5 +90,5 @@ def show_status(cfg: MasterConfig, *, watch: bool = False) -> int:
             print("\033[2J\033[H", end="")
         print("\n".join(lines), flush=True)
         if not watch:
-            return 0 if not any("unreachable" in ln for ln in lines) else 1
+            return 0 if not any("OUTAGE" in ln or " error at " in ln for ln in lines) else 1
         time.sleep(2)

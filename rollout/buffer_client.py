@@ -1,5 +1,7 @@
 """The rollout worker's side of the ReplayBuffer contract: every call with a deadline, transient failures
-(UNAVAILABLE, DEADLINE_EXCEEDED) retried with backoff so that a buffer restart costs a pause, not a group."""
+(UNAVAILABLE, DEADLINE_EXCEEDED) retried with backoff through an outage of the buffer or its Redis (up to
+`services.outage_tolerance_s`, then `ServiceDown` names what is down), so that a restart costs a pause, not a
+group. A submit retried after a lost answer is recognised as a duplicate by the buffer."""
 
 from __future__ import annotations
 
@@ -10,24 +12,30 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
-from services.runtime.client import make_channel, retry_transient
+from services.runtime.client import call_through_outage, make_channel
+from services.runtime.outage import Outage
 
 T = TypeVar("T")
 
 
 class BufferClient:
-    def __init__(self, cfg: MasterConfig, *, retries: int = 30) -> None:
+    def __init__(self, cfg: MasterConfig) -> None:
         self.cfg = cfg
         self.timeout = cfg.services.rpc_timeout_s
-        self.retries = retries
         self.channel: aio.Channel = make_channel(cfg.services.replay_buffer.address, cfg.services)
         self.stub = replay_buffer_pb2_grpc.ReplayBufferStub(self.channel)
+        # One outage per process, shared by all its calls: logged once, bounded by services.outage_tolerance_s.
+        self.outage = Outage(
+            f"replay buffer at {cfg.services.replay_buffer.address}",
+            cfg.services.outage_tolerance_s,
+            report_every_s=cfg.services.outage_report_s,
+        )
 
     async def close(self) -> None:
         await self.channel.close()
 
     async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        return await retry_transient(f"replay buffer {name}", fn, retries=self.retries)
+        return await call_through_outage(f"replay buffer {name}", fn, self.outage)
 
     async def register(self, info: replay_buffer_pb2.WorkerInfo) -> replay_buffer_pb2.RegisterWorkerResponse:
         req = replay_buffer_pb2.RegisterWorkerRequest(worker=info)

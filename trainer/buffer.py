@@ -1,6 +1,9 @@
 """The trainer's side of the ReplayBuffer contract. Protobuf stops here: callers get `trainer.batch.Group`s,
-`Starvation` and `WorkerRef`s. Every call has a deadline; UNAVAILABLE / DEADLINE_EXCEEDED are retried with backoff, so
-a buffer restart costs the trainer a pause, not the run."""
+`Starvation` and `WorkerRef`s. Every call has a deadline; UNAVAILABLE / DEADLINE_EXCEEDED are retried with backoff
+through an outage of the buffer or its Redis (up to `services.outage_tolerance_s`, then `ServiceDown` names what is
+down), so a restart costs the trainer a pause, not the run. Every call is safe to retry: enqueues and commits are
+idempotent, and a retried Sample carries the lost call's request id, so it gets back the same groups (no step trains
+a group twice, none is left sampled but untrained)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
-from services.runtime.client import make_channel, retry_transient
+from services.runtime.client import call_through_outage, make_channel
+from services.runtime.outage import Outage
 from trainer.batch import Group, Trajectory
 from trainer.data import PromptSpec
 from trainer.weights import WorkerRef
@@ -71,18 +75,23 @@ def to_prompt(p: PromptSpec) -> common_pb2.PromptGroup:
 
 
 class BufferClient:
-    def __init__(self, cfg: MasterConfig, *, retries: int = 20) -> None:
+    def __init__(self, cfg: MasterConfig) -> None:
         self.timeout = cfg.services.rpc_timeout_s
-        self.retries = retries
         self.channel: aio.Channel = make_channel(cfg.services.replay_buffer.address, cfg.services)
         self.stub = replay_buffer_pb2_grpc.ReplayBufferStub(self.channel)
+        # One outage per process, shared by all its calls: logged once, bounded by services.outage_tolerance_s.
+        self.outage = Outage(
+            f"replay buffer at {cfg.services.replay_buffer.address}",
+            cfg.services.outage_tolerance_s,
+            report_every_s=cfg.services.outage_report_s,
+        )
         self._commit_warned = False
 
     async def close(self) -> None:
         await self.channel.close()
 
     async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
-        return await retry_transient(f"replay buffer {name}", fn, retries=self.retries)
+        return await call_through_outage(f"replay buffer {name}", fn, self.outage)
 
     async def enqueue(self, prompts: list[PromptSpec]) -> tuple[int, int]:
         req = replay_buffer_pb2.EnqueuePromptsRequest(groups=[to_prompt(p) for p in prompts])

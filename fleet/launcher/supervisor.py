@@ -10,6 +10,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -21,6 +22,8 @@ from fleet.launcher.topology import ProcessSpec
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# An error line of the fleet's log format (fleet.cli.setup_logging): "HH:MM:SS [prefix] E logger: message".
+_ERROR_LINE = re.compile(r"^\d\d:\d\d:\d\d (?:\[[^\]]*\] )?[EC] (.*)$")
 
 
 def _child_setup(cpus: list[int] | None) -> Callable[[], None]:
@@ -55,6 +58,7 @@ class Supervisor:
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
         self._pumps: list[asyncio.Task[None]] = []
+        self._pump_of: dict[str, asyncio.Task[None]] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def log_path(self, name: str) -> Path:
@@ -69,6 +73,7 @@ class Supervisor:
         self.procs[spec.name] = proc
         self._write_pids()
         self._pumps.append(asyncio.create_task(self._pump(spec.name, proc)))
+        self._pump_of[spec.name] = self._pumps[-1]
         log.info("started %s (pid %d), log: %s", spec.name, proc.pid, self.log_path(spec.name))
         return proc
 
@@ -125,22 +130,38 @@ class Supervisor:
                 name = waits[task]
                 rc = self.procs[name].returncode
                 spec = by_name[name]
+                # Its last lines are still in the pipe: let them reach the log before it is read or reopened.
+                await asyncio.wait([self._pump_of[name]], timeout=5)
                 if not spec.restartable:
                     if rc == 0:
                         log.info("%s finished", name)
                         return 0
-                    print(f"\ngrpo-fleet: {name} failed with exit code {rc}; its log: {self.log_path(name)}",
-                          file=sys.stderr)
+                    print(f"\ngrpo-fleet: {name} failed with exit code {rc}; its log: {self.log_path(name)}"
+                          f"{self._last_error(name)}", file=sys.stderr)
                     return rc or 1
                 if self.restarts[name] >= self.max_restarts:
                     print(f"\ngrpo-fleet: {name} died {self.restarts[name] + 1} times (last exit code {rc}); "
-                          f"giving up; its log: {self.log_path(name)}", file=sys.stderr)
+                          f"giving up; its log: {self.log_path(name)}{self._last_error(name)}", file=sys.stderr)
                     return 1
                 self.restarts[name] += 1
                 log.warning("%s exited with %s; restarting (%d/%d)", name, rc, self.restarts[name], self.max_restarts)
                 await asyncio.sleep(min(5.0, 0.5 * 2 ** self.restarts[name]))
                 await self._spawn(spec)
         return 0
+
+    def _last_error(self, name: str) -> str:
+        """The last error line of a process's log (as "\n  its last error: ...", or ""), so that the launcher's last
+        words say why it failed (e.g. which dependency stayed down past services.outage_tolerance_s)."""
+        try:
+            with self.log_path(name).open("rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
+                tail = fh.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(tail):
+            if m := _ERROR_LINE.match(line):
+                return f"\n  its last error: {m.group(1)[:600]}"
+        return ""
 
     async def stop_all(self, grace_s: float = 60.0) -> None:
         """Trainer first (SIGTERM -> it checkpoints and exits), then rollout workers, sandbox, replay buffer."""

@@ -1,4 +1,5 @@
-"""Client channels with the fleet's transport settings and the bearer token attached to every call."""
+"""Client channels with the fleet's transport settings and the bearer token attached to every call, and the retry
+loop that rides out a service's outage (`call_through_outage`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import grpc
 from grpc import aio
 
 from fleet.config.infra import ServicesConfig
+from services.runtime.outage import Outage
 from services.runtime.server import auth_token, channel_options
 
 log = logging.getLogger(__name__)
@@ -36,24 +38,45 @@ def make_channel(address: str, services: ServicesConfig, token: str | None = Non
     """An insecure channel to `address` ("host:port"). Every call made on it must still pass `timeout=`."""
     token = token if token is not None else auth_token(services)
     interceptors = [_BearerAuth(token)] if token else None
-    return aio.insecure_channel(address, options=channel_options(services), interceptors=interceptors)
+    return aio.insecure_channel(address, options=[*channel_options(services), *_RECONNECT], interceptors=interceptors)
 
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# Without these, a channel that failed to connect for a while waits up to gRPC's default 120 s before it tries again,
+# and a restarted service would stay unreached long after it is back.
+_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+_MAX_DELAY_S = 2.0
 T = TypeVar("T")
 
 
-async def retry_transient(name: str, fn: Callable[[], Awaitable[T]], *, retries: int) -> T:
-    """Run one client call, retrying UNAVAILABLE / DEADLINE_EXCEEDED with exponential backoff (0.2 s doubling to
-    5 s), so that a service restart costs the caller a pause, not its work. Other errors propagate at once."""
+def describe_unavailable(exc: aio.AioRpcError) -> str:
+    """What a transient failure says is down: the service itself (no answer) or what it depends on (it answered
+    UNAVAILABLE naming its backend, e.g. the replay buffer's Redis)."""
+    details = (exc.details() or "").strip()
+    return f"{exc.code().name}: {details[:300]}" if details else exc.code().name
+
+
+async def call_through_outage(name: str, fn: Callable[[], Awaitable[T]], outage: Outage) -> T:
+    """Run one client call, riding out an outage of the service (UNAVAILABLE / DEADLINE_EXCEEDED) with exponential
+    backoff (0.2 s doubling to 2 s), so that a restart costs the caller a pause, not its work. `outage` is shared by
+    every call to the same service: it logs the outage once, and raises `ServiceDown` past its bound. Other errors
+    propagate at once."""
     delay = 0.2
-    for attempt in range(retries + 1):
+    while True:
         try:
-            return await fn()
+            result = await fn()
         except aio.AioRpcError as exc:
-            if exc.code() not in _TRANSIENT or attempt == retries:
+            if exc.code() not in _TRANSIENT:
+                outage.recovered()  # it answered: whatever it said, it is up
                 raise
-            log.warning("%s: %s; retrying in %.1fs", name, exc.code().name, delay)
+            log.debug("%s: %s; retrying in %.1fs", name, exc.code().name, delay)
+            outage.failed(describe_unavailable(exc))
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
+            delay = min(delay * 2, _MAX_DELAY_S)
+            continue
+        outage.recovered()
+        return result
