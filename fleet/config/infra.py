@@ -156,6 +156,34 @@ class SandboxConfig(Section):
     """Finished results are forgotten after this long."""
     sessions: SandboxSessionConfig = Field(default_factory=SandboxSessionConfig)
     """Interactive sessions (agent mode): a tree at `base_commit` that commands run in, graded on finish."""
+    runtime: Literal["bwrap", "bwrap-image", "docker"] = "bwrap-image"
+    """How tasks that name an `image` run: `bwrap-image` (daemonless: the image pulled with skopeo, unpacked once
+    into the host's cache with umoci, each run in bubblewrap over its own writable layer), `docker` (one container
+    per task through the Docker API, `DOCKER_HOST` or `docker_url`), or `bwrap` (host interpreter only: image tasks
+    are refused as infra errors). Tasks without an image always run on the host interpreter."""
+    image_cache_dir: str | None = None
+    """Unpacked-image cache shared by every executor of the host (None: /var/cache/grpo-fleet/images as root,
+    ~/.cache/grpo-fleet/images otherwise). Run layers live beside it, in `../runs`."""
+    image_cache_gb: float = Field(200.0, gt=0)
+    """Size budget of the image cache; least recently used images not in use are evicted past it (SWE-bench
+    Verified's 500 images need ~190 GB as published, less here since shared layers are stored once)."""
+    image_registry: str = "docker.io"
+    """Registry of image names without a host part (`swebench/sweb.eval...` -> `docker.io/swebench/...`)."""
+    image_namespace: str = "swebench"
+    """Namespace of derived SWE-bench image names (rows without `image`): `<namespace>/sweb.eval.x86_64.<id>`."""
+    image_tls_verify: bool = True
+    """Verify the registry's TLS certificate (false for a plain-HTTP registry on loopback)."""
+    image_source: Literal["registry", "docker-daemon"] = "registry"
+    """Where `bwrap-image` gets images: a registry, or the local Docker engine's images (`docker-daemon:`)."""
+    image_pulls_in_flight: int = Field(4, ge=1)
+    """Pulls one executor runs at once."""
+    image_pulls_per_min: float = Field(60.0, gt=0)
+    """Pull starts per minute per executor (the hub limits anonymous pulls); refused pulls back off and retry."""
+    image_layers: Literal["auto", "overlay", "copy"] = "auto"
+    """Per-run writable layer: `overlay` (a mount per run, needs root), `copy` (cp --reflink=auto of the rootfs),
+    `auto` (overlay when it works)."""
+    docker_url: str | None = None
+    """`runtime: docker` only: the engine's URL (None: DOCKER_HOST or the default socket)."""
 
 
 class CheckpointingConfig(Section):

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from fleet.config.infra import SandboxConfig
 from services.sandbox import grading
+from services.sandbox.images.service import ImageTasks
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
 from services.sandbox.model import TaskSpec, TaskStatus, Verdict, check_spec
 from services.sandbox.process import RunResult, run_limited
@@ -51,6 +52,9 @@ class Executor:
         self._own_work_root = False
         self._uids: UidRange | None = None
         self.start_error: str | None = None
+        self.images: ImageTasks | None = None
+        """Tasks that name an image (`services/sandbox/images`); None with `sandbox.runtime: bwrap`."""
+        self.image_error: str | None = None
         self.running = self.queued = self.completed = self.infra_errors = 0
 
     async def __aenter__(self) -> Executor:
@@ -67,6 +71,7 @@ class Executor:
                 return
             try:
                 self._policy = await self._setup()
+                await self._start_images()
                 self.start_error = None
             except Exception as exc:
                 self.start_error = str(exc)
@@ -120,7 +125,22 @@ class Executor:
             raise RuntimeError(f"the sandbox does not start on this host (exit {result.exit_code}): "
                                f"{result.stderr.text()[-500:].strip()}")
 
+    async def _start_images(self) -> None:
+        if self.cfg.runtime == "bwrap" or self.images is not None:
+            return
+        try:
+            images = ImageTasks(self.cfg)
+            await images.start()
+        except Exception as exc:  # host tasks still run; image tasks answer infra_error with this reason
+            self.image_error = f"image runtime {self.cfg.runtime} unavailable: {exc}"
+            log.warning("%s", self.image_error)
+            return
+        self.images, self.image_error = images, None
+
     async def close(self) -> None:
+        if self.images is not None:
+            await self.images.close()
+            self.images = None
         if self._own_work_root and self._work_root is not None:
             await asyncio.to_thread(shutil.rmtree, self._work_root, True)
         if self._uids is not None:
@@ -141,6 +161,8 @@ class Executor:
             "sandbox": "bwrap" if self.cfg.use_bwrap else "none",
             "slot_uids": [policy.uid_for_slot(0), policy.uid_for_slot(self.pool_size - 1)]
             if policy and policy.uid_for_slot(0) is not None else None,
+            "runtime": self.cfg.runtime, "image_error": self.image_error,
+            **(self.images.health() if self.images is not None else {}),
         }
 
     async def run(self, spec: TaskSpec, *, on_start: Callable[[], None] | None = None) -> Verdict:
@@ -151,6 +173,8 @@ class Executor:
         except Exception as exc:
             self.infra_errors += 1
             return Verdict(status="infra_error", error=f"sandbox could not start: {exc}")
+        if spec.image is not None and self.images is not None:
+            self.images.prefetch(spec.image)  # the pull overlaps the wait for a slot
         t0 = time.monotonic()
         self.queued += 1
         try:
@@ -191,6 +215,11 @@ class Executor:
         return verdict
 
     async def _execute(self, spec: TaskSpec, slot: int, ws: Workspace, timings: dict[str, float]) -> Verdict:
+        if spec.image is not None:
+            if self.images is None:
+                why = self.image_error or "sandbox.runtime is bwrap (host interpreter only)"
+                return Verdict(status="infra_error", error=f"image {spec.image}: {why}")
+            return await self.images.run(spec, timings)
         t = time.monotonic()
         repo = resolve_repo(spec.repo_url, self.cfg)
         await ws.checkout(repo, spec.base_commit)

@@ -39,6 +39,14 @@ class TaskSpec:
     timeout: float = 300.0
     integrity_check: bool = True
     """Refuse a patch touching tests or the test runner (`env.code.integrity_check`; the client sends it)."""
+    image: str | None = None
+    """Environment image of the task (SWE-bench 5 `image`): the task runs inside it, `/testbed` its tree."""
+    eval_script: str | None = None
+    """SWE-bench 5 `eval_script` (image tasks; None: one of the same shape is made from test_patch and the tests)."""
+    log_parser: str | None = None
+    """Key of swebench's PARSER_REGISTRY that reads the eval log (image tasks; None: `parse_log_pytest`)."""
+    eval_type: str | None = None
+    """SWE-bench 5 `eval_type`: `pass_and_fail` (None) or `fail_only`."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +96,7 @@ class SpecError(ValueError):
 
 
 _SPEC_KEYS = {"repo_url", "base_commit", "patch", "test_patch", "test_command", "fail_to_pass", "pass_to_pass",
-              "reference_patch", "timeout", "integrity_check"}
+              "reference_patch", "timeout", "integrity_check", "image", "eval_script", "log_parser", "eval_type"}
 # Labels seed clients send along; accepted and ignored so that a misspelt key is still an error.
 _IGNORED_KEYS = {"instance_id", "metadata"}
 
@@ -135,6 +143,25 @@ def _timeout(data: dict[str, Any], max_timeout: float) -> float:
     return float(value)
 
 
+_EVAL_TYPES = ("pass_and_fail", "fail_only")
+
+
+def _image_fields(data: dict[str, Any]) -> dict[str, str | None]:
+    image = _string(data, "image", default=None) or None
+    if image is not None and (any(c.isspace() for c in image) or image.startswith("-")):
+        raise SpecError("image", f"must be an image reference like repo/name:tag, got {image!r}")
+    fields_ = {"image": image, "eval_script": _string(data, "eval_script", default=None) or None,
+               "log_parser": _string(data, "log_parser", default=None) or None,
+               "eval_type": _string(data, "eval_type", default=None) or None}
+    if image is None:
+        given = [k for k in ("eval_script", "log_parser", "eval_type") if fields_[k] is not None]
+        if given:
+            raise SpecError(given[0], "only applies to a task with an image (send `image` too)")
+    if fields_["eval_type"] is not None and fields_["eval_type"] not in _EVAL_TYPES:
+        raise SpecError("eval_type", f"must be one of {', '.join(_EVAL_TYPES)}, got {fields_['eval_type']!r}")
+    return fields_
+
+
 def spec_from_json(data: Any, *, max_timeout: float = 3600.0) -> TaskSpec:
     """Validate a `POST /task/submit` body (or any dict) into a TaskSpec; `SpecError` names the bad field."""
     if not isinstance(data, dict):
@@ -161,6 +188,7 @@ def spec_from_json(data: Any, *, max_timeout: float = 3600.0) -> TaskSpec:
         reference_patch=_string(data, "reference_patch", default=None),
         timeout=_timeout(data, max_timeout),
         integrity_check=_flag(data, "integrity_check", True),
+        **_image_fields(data),
     )
     check_spec(spec)
     return spec
@@ -168,7 +196,7 @@ def spec_from_json(data: Any, *, max_timeout: float = 3600.0) -> TaskSpec:
 
 def check_spec(spec: TaskSpec) -> None:
     """Rules every spec obeys, whether it came over HTTP or from in-process callers."""
-    if spec.test_command is None and not spec.fail_to_pass and not spec.pass_to_pass:
+    if spec.test_command is None and spec.eval_script is None and not spec.fail_to_pass and not spec.pass_to_pass:
         raise SpecError("test_command", "either test_command or fail_to_pass/pass_to_pass must be given")
     if not spec.timeout > 0:
         raise SpecError("timeout", f"must be positive, got {spec.timeout}")
