@@ -43,7 +43,8 @@ def _client(url: str) -> Redis:
     """A client whose failures surface fast (as UNAVAILABLE, through the servicer guard) rather than hanging calls.
     One retry on a fresh connection covers a Redis that restarted between two calls (the pooled connection is
     stale); longer outages are the RedisWatch's to ride out, not each command's."""
-    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1)
+    # Only connection errors: a timeout is not a stale connection, and retrying it would double a hung call.
+    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1, supported_errors=(RedisConnectionError,))
     return Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30, retry=retry)
 
 

@@ -36,6 +36,7 @@ class Outage:
         self.log = logger or log
         self.started: float | None = None
         self.detail = ""
+        self.first_detail = ""  # e.g. the buffer naming its Redis, before the buffer itself went away too
         self.outages = 0  # how many outages this process has seen (for tests and summaries)
         self.last_duration_s = 0.0
         self._reported_at = 0.0
@@ -54,6 +55,7 @@ class Outage:
         self.detail = detail
         if self.started is None:
             self.started = self._reported_at = now
+            self.first_detail = detail
             self.outages += 1
             self.log.warning(
                 "%s is unavailable (%s); waiting for it, up to %.0f s (%s)",

@@ -57,6 +57,13 @@ def test_scalable_rollout_has_no_fixed_host_port_or_name() -> None:
     assert not any("container_name" in s for s in COMPOSE["services"].values())
 
 
+def test_services_restart_on_their_own_and_the_trainer_on_failure() -> None:
+    services = COMPOSE["services"]
+    for name in ("redis", "replay-buffer", "sandbox", "rollout"):
+        assert services[name]["restart"] == "unless-stopped", name
+    assert services["trainer"]["restart"].startswith("on-failure")  # a finished run (exit 0) stays finished
+
+
 def test_redis_keeps_an_append_only_file_on_a_volume() -> None:
     redis = COMPOSE["services"]["redis"]
     assert "--appendonly" in redis["command"] and "yes" in redis["command"]
