@@ -25,8 +25,9 @@ from fleet.config import MasterConfig
 from services.runtime.server import GrpcService
 from trainer.batch import Group
 from trainer.buffer import BufferClient, Starvation
-from trainer.data import PromptFeeder, TaskSource, validation_groups
+from trainer.data import PromptFeeder, TaskSource
 from trainer.status import TrainerState, start_status_service
+from trainer.validation import run_validation
 from trainer.weights import (
     GrpcTransport,
     NcclTransport,
@@ -185,23 +186,8 @@ class Coordinator:
             self._last_report = (s.reason, now)
 
     def validate(self, step: int) -> dict[str, float]:
-        if self.val_source is None:
-            return {}
-        t0 = time.monotonic()
-        prompts = validation_groups(self.val_source, step, self.cfg.grpo.max_val_samples)
-        self.call(self.buffer.enqueue(prompts))
-        try:
-            groups = self.collect(step, len(prompts), validation=True)
-        except StarvationError as exc:
-            log.error("validation at step %d incomplete: %s", step, exc)
-            return {"val/incomplete": 1.0}
-        trajs = [t for g in groups for t in g.trajectories]
-        return {
-            "val/accuracy": sum(t.resolved for t in trajs) / max(1, len(trajs)),
-            "val/reward_mean": sum(t.reward for t in trajs) / max(1, len(trajs)),
-            "val/tasks": float(len(groups)),
-            "timing/validation_s": time.monotonic() - t0,
-        }
+        """A validation round with its verdict breakdown (trainer/validation.py)."""
+        return run_validation(self, step)
 
 
 def push_metrics(results: list[PushResult], seconds: float) -> dict[str, float]:

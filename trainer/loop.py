@@ -73,6 +73,7 @@ class TrainLoop:
     _stop_signal: str = ""
     _last_saved: int = -1
     _pending_metrics: dict[str, float] = field(default_factory=dict)
+    _last_validation: dict[str, float] = field(default_factory=dict)
 
     # -- entry --------------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -113,7 +114,7 @@ class TrainLoop:
             r0.metrics.log(s.step, metrics)
             if self.cfg.grpo.val_at_start:
                 r0.state.set_phase("validating")
-                r0.metrics.log(s.step, r0.coordinator.validate(s.step))
+                self._validate(s.step, s.step)
 
     def _prepare(self, step: int) -> StepMessage:
         """Rank 0: enqueue ahead, wait for this step's groups, build the batch."""
@@ -154,7 +155,7 @@ class TrainLoop:
         if self.cfg.grpo.val_period and s.step % self.cfg.grpo.val_period == 0 and self.rank0 is not None:
             self._wait_push()  # validate the weights just trained, not the previous version
             self.rank0.state.set_phase("validating")
-            self.rank0.metrics.log(msg.batch.step, self.rank0.coordinator.validate(s.step))
+            self._validate(msg.batch.step, s.step)
         if self.cfg.checkpointing.enabled and s.step % self.cfg.checkpointing.save_period == 0:
             self._save(s)
 
@@ -190,10 +191,19 @@ class TrainLoop:
         self._pending_metrics = {}
         r0.metrics.log(batch.step, merged)
         r0.metrics.histogram(batch.step, "age/histogram", [float(a) for a in batch.ages])
-        r0.state.metrics = merged
+        r0.state.metrics = {**self._last_validation, **merged}
         with (r0.log_dir / "trained_groups.jsonl").open("a") as fh:
             fh.write(json.dumps({"step": batch.step, "epoch": coord.epoch, "groups": batch.group_ids}) + "\n")
         r0.progress.update(merged, coord.buffer_stats() if self.cfg.logger.progress_bar else None)
+
+    def _validate(self, log_step: int, weights_step: int) -> None:
+        """A validation round of the weights after `weights_step` steps, logged at `log_step`; GetStatus keeps
+        showing its metrics (verdict breakdown included) until the next round."""
+        assert self.rank0 is not None
+        metrics = self.rank0.coordinator.validate(weights_step)
+        self.rank0.metrics.log(log_step, metrics)
+        self._last_validation = {k: v for k, v in metrics.items() if k.startswith("val/")}
+        self.rank0.state.metrics = {**self.rank0.state.metrics, **self._last_validation}
 
     def _save(self, s: TrainerCheckpoint) -> None:
         if self.ckpt is None or s.step == self._last_saved:

@@ -48,6 +48,9 @@ class GrpoConfig(Section):
     """Validation tasks per validation."""
     val_temperature: float = Field(0.0, ge=0)
     """Sampling temperature for validation (0 = greedy)."""
+    val_timeout_s: float | None = Field(None, gt=0)
+    """Longest a validation round waits for its tasks (None: grpo.sample_timeout_s). A task not back by then (its
+    scoring infrastructure kept failing, so the buffer dead-lettered it) counts as an infrastructure error."""
     sample_timeout_s: float = Field(3600.0, gt=0)
     """Longest the trainer waits for one step's groups before failing the run with a starvation report."""
     sample_deadline_s: float = Field(10.0, gt=0)

@@ -52,6 +52,7 @@ def test_sync_loop_trains_each_step_on_fresh_weights(tmp_path: Path, tiny_model_
     [val] = [r for r in read_jsonl(run / "logs" / "metrics.jsonl") if "val/accuracy" in r]
     # Logged after step index 1 (2 steps trained): val_period=2.
     assert val["step"] == 1 and val["val/tasks"] == 3 and 0.0 <= val["val/accuracy"] <= 1.0
+    assert val["val/verdict/resolved"] + val["val/verdict/tests_failed"] == 3  # the fake's verdicts all ran tests
     assert stats["validation_ready"] == 0
 
 

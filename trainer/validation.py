@@ -1,0 +1,116 @@
+"""Validation rounds: the first `grpo.max_val_samples` tasks of the validation split, one generation each at
+`grpo.val_temperature` (greedy by default), scored like training answers and never trained.
+
+A round reports `val/accuracy` = FULL resolutions / graded tasks, and the verdict of every task it asked for
+(`val/verdict/<kind>`, counts that add up to `val/tasks`): resolved, tests failed, patch did not apply, no patch,
+timeout, integrity refused, infrastructure error. Infrastructure failures never become verdicts (the worker retries
+them, then gives the lease back, and the buffer dead-letters a group after `replay_buffer.max_deliveries` leases):
+a task that is not back within `grpo.val_timeout_s` is counted as an infrastructure error and left out of the
+accuracy, so a sandbox outage does not read as a model that got worse.
+
+The coordinator calls `run_validation`; the Sample call is made here, not through `BufferClient.sample`, because the
+verdicts must be read from the scored groups before they are converted to `trainer.batch.Group`s, which carry only
+`resolved`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from trainer.data import validation_groups
+
+if TYPE_CHECKING:
+    from trainer.buffer import BufferClient
+    from trainer.coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+
+# Metric suffix -> how `grpo-fleet status` names it. Every task of a round gets exactly one of these.
+VERDICT_KINDS: dict[str, str] = {
+    "resolved": "resolved",
+    "tests_failed": "tests failed",
+    "patch_not_applied": "patch did not apply",
+    "no_patch": "no patch",
+    "timeout": "timeout",
+    "integrity_refused": "integrity refused",
+    "infra_error": "infrastructure error",
+}
+
+_BY_STATUS = {
+    common_pb2.VERDICT_STATUS_FORMAT_ERROR: "no_patch",
+    common_pb2.VERDICT_STATUS_PATCH_NOT_APPLIED: "patch_not_applied",
+    common_pb2.VERDICT_STATUS_INTEGRITY_REFUSED: "integrity_refused",
+    common_pb2.VERDICT_STATUS_TIMEOUT: "timeout",
+}
+
+
+def verdict_kind(verdict: common_pb2.Verdict) -> str:
+    """The breakdown bucket of one verdict. Tests that ran count as resolved only on a FULL resolution (all of
+    FAIL_TO_PASS and PASS_TO_PASS pass); an unspecified status is no verdict the model earned, so infrastructure."""
+    if verdict.status == common_pb2.VERDICT_STATUS_COMPLETED:
+        return "resolved" if verdict.resolution == common_pb2.RESOLUTION_FULL else "tests_failed"
+    return _BY_STATUS.get(verdict.status, "infra_error")
+
+
+def summarize(trajectories: list[common_pb2.Trajectory], tasks: int) -> dict[str, float]:
+    """A round's metrics from the trajectories that came back; the `tasks - len(trajectories)` missing ones are
+    infrastructure errors."""
+    kinds = Counter(verdict_kind(t.verdict) for t in trajectories)
+    kinds["infra_error"] += max(0, tasks - len(trajectories))
+    graded = tasks - kinds["infra_error"]
+    out = {f"val/verdict/{k}": float(kinds[k]) for k in VERDICT_KINDS}
+    out.update({"val/tasks": float(tasks), "val/graded": float(graded)})
+    if graded > 0:
+        out["val/accuracy"] = kinds["resolved"] / graded
+        out["val/reward_mean"] = sum(t.reward for t in trajectories) / max(1, len(trajectories))
+    if kinds["infra_error"]:
+        out["val/incomplete"] = 1.0
+    return out
+
+
+def run_validation(coord: Coordinator, step: int) -> dict[str, float]:
+    """Enqueue a round for `step`, wait for it (at most `grpo.val_timeout_s`), and summarise it."""
+    if coord.val_source is None:
+        return {}
+    g = coord.cfg.grpo
+    t0 = time.monotonic()
+    prompts = validation_groups(coord.val_source, step, g.max_val_samples)
+    coord.call(coord.buffer.enqueue(prompts))
+    wanted = {p.group_id for p in prompts}
+    timeout_s = g.val_timeout_s if g.val_timeout_s is not None else g.sample_timeout_s
+    got: dict[str, common_pb2.ScoredGroup] = {}
+    last_log = 0.0
+    while len(got) < len(wanted) and time.monotonic() - t0 < timeout_s:
+        if coord.stop_requested():
+            raise InterruptedError("stop requested while validating")
+        deadline = min(g.sample_deadline_s, max(0.1, timeout_s - (time.monotonic() - t0)))
+        groups, starving = coord.call(_sample(coord.buffer, step, len(wanted) - len(got), deadline))
+        for group in groups:
+            if group.prompt.group_id in wanted:
+                got[group.prompt.group_id] = group
+            else:  # scored after an earlier round had given up on it: it says nothing about these weights
+                log.info("validation at step %d: dropping %s, left over from an earlier round", step,
+                         group.prompt.group_id)
+        if len(got) < len(wanted) and starving and time.monotonic() - last_log >= 10.0:
+            log.info("validation at step %d waiting (%d/%d tasks): %s", step, len(got), len(wanted), starving)
+            last_log = time.monotonic()
+    if len(got) < len(wanted):
+        log.error("validation at step %d: %d of %d tasks not back after %.0f s (grpo.val_timeout_s); counted as "
+                  "infrastructure errors", step, len(wanted) - len(got), len(wanted), timeout_s)
+    trajectories = [t for group in got.values() for t in group.trajectories[:1]]
+    return {**summarize(trajectories, len(wanted)), "val/step": float(step),
+            "timing/validation_s": time.monotonic() - t0}
+
+
+async def _sample(buffer: BufferClient, step: int, num_groups: int,
+                  deadline_s: float) -> tuple[list[common_pb2.ScoredGroup], str]:
+    """One validation Sample through the buffer client's retrying call; (scored groups, starvation reason)."""
+    req = replay_buffer_pb2.SampleRequest(step=step, num_groups=num_groups, deadline_ms=int(deadline_s * 1000),
+                                          min_groups=1, validation=True, request_id=uuid.uuid4().hex)
+    r = await buffer._call("Sample", lambda: buffer.stub.Sample(req, timeout=deadline_s + buffer.timeout))
+    return list(r.groups), r.starvation.reason
