@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer.agent_metrics import OBSERVATION_VERSION, agent_stats
 from trainer.grpo import compute_advantages
 from trainer.logprobs import PackedInputs, pack
 
@@ -36,6 +37,20 @@ class Trajectory:
     reward: float
     finish_reason: str = ""
     resolved: bool = False
+    observation_spans: list[tuple[int, int]] = field(default_factory=list)
+    """Agent mode: (start, length) runs of observation tokens (also marked by token version -1)."""
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    def loss_mask(self) -> list[float] | None:
+        """1.0 on generated tokens, 0.0 on observation tokens (version -1 or inside an observation span); None when
+        every token was generated (single-shot)."""
+        observed = {i for i, v in enumerate(self.token_versions) if v == OBSERVATION_VERSION}
+        for start, n in self.observation_spans:
+            observed.update(range(start, start + n))
+        if not observed:
+            return None
+        return [0.0 if i in observed else 1.0 for i in range(len(self.response_ids))]
 
 
 @dataclass
@@ -57,8 +72,9 @@ class TrainSample:
     generation_logprobs: list[float]
     advantage: float
     reward: float
-    version: int  # oldest weight version among the sample's tokens
+    version: int  # oldest weight version among the sample's generated tokens
     valid: bool = True  # False: a contract violation (logprob count != token count); masked out, counted
+    loss_mask: list[float] | None = None  # agent mode: 0 on observation tokens; None: every token trained
 
     @property
     def length(self) -> int:
@@ -97,9 +113,11 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
         for t, a in zip(g.trajectories, adv, strict=True):
             resp, gen_lp, valid = _clip(g, t, max_len)
             clipped += int(len(resp) < len(t.response_ids))
-            version = min(t.token_versions) if t.token_versions else g.min_version
+            generated = [v for v in t.token_versions if v != OBSERVATION_VERSION]
+            version = min(generated) if generated else g.min_version
+            mask = t.loss_mask()
             samples.append(TrainSample(g.group_id, list(g.prompt_ids), list(resp), gen_lp, float(a),
-                                       float(t.reward), version, valid))
+                                       float(t.reward), version, valid, mask[: len(resp)] if mask else None))
             rewards_all.append(float(t.reward))
             adv_all.append(float(a))
     r = torch.tensor(rewards_all or [0.0], dtype=torch.float64)
@@ -117,6 +135,7 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
         "data/clipped_samples": float(clipped), "data/invalid_samples": float(sum(not s.valid for s in samples)),
         "data/truncated_frac": sum(t.finish_reason == "length" for g in groups for t in g.trajectories)
         / max(1, len(samples)),
+        **agent_stats([t for g in groups for t in g.trajectories]),
     }
     ages = [step - g.min_version for g in groups]
     return StepBatch(step, samples, [g.group_id for g in groups], stats, ages)
@@ -156,6 +175,8 @@ def make_micro_batch(samples: list[TrainSample], *, row_tokens: int, packing: bo
         n = len(s.response_ids)
         gen[i, :n] = torch.tensor(s.generation_logprobs[:n], dtype=torch.float32)
         mask[i, :n] = float(s.valid)
+        if s.loss_mask is not None:  # observation tokens: in the context, never in the loss
+            mask[i, :n] *= torch.tensor(s.loss_mask[:n], dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return MicroBatch(packed, gen, mask, adv, 0 if dummy else sum(s.length for s in samples), dummy)
 
