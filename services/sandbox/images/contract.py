@@ -1,0 +1,221 @@
+"""SWE-bench 5's eval contract for a task that names an image, on any `ImageRuntime`.
+
+In order, each step a command inside the task's environment (so the image's own git, shell and Python do the work,
+as in the SWE-bench harness):
+  1. history: `/testbed` at `base_commit`, and nothing after it reachable (refs, reflogs, stash: agents were found
+     reading the fix through `git log`); a tree that still shows a later commit after scrubbing is an infra error.
+  2. the agent patch, through swebench's own apply chain (`GIT_APPLY_CMDS`, the tree reset between attempts, then
+     the reverse check); nothing applies -> `not_applied`. Then the integrity check of `integrity.py`.
+  3. the eval script: the row's `eval_script` through `make_test_spec(row)` (which records the test command's exit
+     code after the end marker), or one in the same shape made from the row's test patch and test files; run with
+     stderr merged into stdout (the markers are `set -x` lines, on stderr).
+  4. grading with swebench's functions: `get_logs_eval` (PARSER_REGISTRY[log_parser] on the marked slice; a log
+     that claims success over a failing exit code is not graded), `get_eval_tests_report`, `get_resolution_status`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from functools import cache
+from pathlib import PurePosixPath
+from typing import Any
+
+from services.sandbox.images.runtime import IO_DIR, WORKDIR, ImageEnv
+from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
+from services.sandbox.model import TaskSpec, TaskStatus, Verdict
+from services.sandbox.workspace import InfraError, parse_numstat, rename_sources
+
+EVAL_LOG_CAP = 16 << 20
+"""Eval output kept for grading: the parsers need the whole marked slice, not a tail."""
+_STEP_LIMIT_S = 300.0
+_GIT = "git -c safe.directory=* -c core.hooksPath=/dev/null -c core.fsmonitor=false"
+_HEREDOC = "EOF_114329324912"
+
+
+@cache
+def _swebench() -> Any:
+    from swebench.harness import grading, utils
+    from swebench.harness.constants import END_TEST_OUTPUT, FAIL_TO_PASS, PASS_TO_PASS, START_TEST_OUTPUT, EvalType
+    from swebench.harness.run_evaluation import GIT_APPLY_CMDS
+
+    return {"grading": grading, "make_test_spec": utils.make_test_spec, "apply": GIT_APPLY_CMDS,
+            "F2P": FAIL_TO_PASS, "P2P": PASS_TO_PASS, "start": START_TEST_OUTPUT, "end": END_TEST_OUTPUT,
+            "EvalType": EvalType}
+
+
+def load() -> None:
+    _swebench()
+
+
+def scrub_script(base_commit: str) -> str:
+    """Bring /testbed to `base_commit` and drop every ref, reflog and stash that reaches past it."""
+    base = shlex.quote(base_commit)
+    return f"""set -u
+cd {WORKDIR} || {{ echo "GRPO_ERROR no {WORKDIR} in the image"; exit 3; }}
+g="{_GIT}"
+base=$($g rev-parse --verify --quiet {base}^{{commit}}) || {{ echo "GRPO_ERROR base_commit not in {WORKDIR}"; exit 3; }}
+[ "$($g rev-parse HEAD)" = "$base" ] || $g checkout --quiet --force --detach "$base" || exit 4
+n=$($g rev-list --all --reflog --not "$base" --count)
+if [ "$n" != 0 ]; then
+  head_ref=$($g symbolic-ref --quiet HEAD || true)
+  $g for-each-ref --format='%(refname)' | while read -r ref; do
+    [ "$ref" = "$head_ref" ] || $g update-ref -d "$ref"
+  done
+  [ -z "$head_ref" ] || $g update-ref "$head_ref" "$base"
+  $g reflog expire --expire=now --all && $g gc --quiet --prune=now
+fi
+echo "GRPO_FUTURE_BEFORE $n"
+echo "GRPO_FUTURE_AFTER $($g rev-list --all --reflog --not "$base" --count)"
+"""
+
+
+def apply_script() -> str:
+    """swebench's apply chain over the agent patch, the tree reset between attempts."""
+    patch = f"{IO_DIR}/patch.diff"
+    lines = [f"cd {WORKDIR}"]
+    for i, command in enumerate(_swebench()["apply"]):
+        if i:
+            lines.append(f"{_GIT} checkout -- . ; {_GIT} clean -fdq")
+        prefix = command.replace("git ", f"{_GIT} ", 1) if command.startswith("git ") else command
+        lines.append(f"{prefix} {patch} && {{ echo GRPO_APPLIED; exit 0; }}")
+    lines.append(f"{_GIT} apply --check --reverse {patch} && {{ echo GRPO_APPLIED; exit 0; }}")
+    lines.append("exit 1")
+    return "\n".join(lines) + "\n"
+
+
+def _test_files(spec: TaskSpec) -> list[str]:
+    return sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
+
+
+def derived_eval_script(spec: TaskSpec, test_paths: list[str]) -> str:
+    """An eval script of SWE-bench 5's shape for rows that carry none (SWE-Gym, SWE-smith, R2E-Gym, older rows)."""
+    start, end = _swebench()["start"], _swebench()["end"]
+    base = shlex.quote(spec.base_commit)
+    files = " ".join(shlex.quote(p) for p in test_paths)
+    command = spec.test_command or "pytest -rA " + " ".join(shlex.quote(p) for p in _test_files(spec))
+    lines = ["#!/bin/bash", "set -uxo pipefail",
+             "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; "
+             "conda activate testbed; fi", f"cd {WORKDIR}"]
+    if test_paths:
+        lines.append(f"{_GIT} checkout {base} -- {files} 2>/dev/null || true")
+    if spec.test_patch.strip():
+        body = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
+        lines.append(f"{_GIT} apply --verbose - <<'{_HEREDOC}'\n{body}{_HEREDOC}")
+    lines += [f": '{start}'", command, f": '{end}'"]
+    if test_paths:
+        lines.append(f"{_GIT} checkout {base} -- {files} 2>/dev/null || true")
+    return "\n".join(lines) + "\n"
+
+
+def test_spec(spec: TaskSpec, test_paths: list[str]) -> Any:
+    """swebench's TestSpec of the task (its eval script records the test exit code)."""
+    row = {"instance_id": spec.image or "task", "image": spec.image, "repo": spec.repo_url,
+           "version": "", "FAIL_TO_PASS": list(spec.fail_to_pass), "PASS_TO_PASS": list(spec.pass_to_pass),
+           "log_parser": spec.log_parser or "parse_log_pytest", "eval_type": spec.eval_type or "pass_and_fail",
+           "eval_script": spec.eval_script or derived_eval_script(spec, test_paths)}
+    return _swebench()["make_test_spec"](row)
+
+
+async def _paths(env: ImageEnv, name: str, text: str) -> list[str] | None:
+    env.put(name, text if text.endswith("\n") else text + "\n")
+    result = await env.exec(["/bin/sh", "-c", f"{_GIT} apply --numstat -z {IO_DIR}/{name}"], limit_s=_STEP_LIMIT_S)
+    if result.exit_code != 0:
+        return None
+    return sorted({*parse_numstat(result.stdout.text()), *rename_sources(text)})
+
+
+async def _read(env: ImageEnv, argv: list[str]) -> str | None:
+    result = await env.exec(argv, limit_s=_STEP_LIMIT_S)
+    return result.stdout.text() if result.exit_code == 0 else None
+
+
+async def _integrity(env: ImageEnv, paths: list[str], test_paths: list[str]) -> str | None:
+    configs = [p for p in paths if PurePosixPath(p).name in CONFIG_FILES]
+    before = {p: await _read(env, ["/bin/sh", "-c", f"{_GIT} show HEAD:{shlex.quote(p)}"]) for p in configs}
+    after = {p: await _read(env, ["cat", "--", p]) for p in configs}
+    return check_patch(paths, test_paths, before.get, after.get)
+
+
+async def prepare_history(env: ImageEnv, base_commit: str) -> int:
+    """Step 1; returns how many later commits the image showed (0 for a well-built image)."""
+    result = await env.exec(["/bin/sh", "-c", scrub_script(base_commit)], limit_s=_STEP_LIMIT_S)
+    out = result.stdout.text()
+    if result.exit_code != 0 or "GRPO_FUTURE_AFTER" not in out:
+        why = next((line for line in out.splitlines() if line.startswith("GRPO_ERROR")), out[-300:])
+        raise InfraError(f"image {env.ref}: preparing /testbed at {base_commit[:12]} failed (exit "
+                         f"{result.exit_code}): {why} {result.stderr.text()[-300:]}")
+    counts = dict(line.split()[:2] for line in out.splitlines() if line.startswith("GRPO_FUTURE_"))
+    if counts.get("GRPO_FUTURE_AFTER") != "0":
+        raise InfraError(f"image {env.ref}: commits after base_commit still reachable after scrubbing")
+    return int(counts.get("GRPO_FUTURE_BEFORE", "0"))
+
+
+async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> Verdict:
+    """Steps 1-4 on a prepared environment."""
+    import time
+
+    t = time.monotonic()
+    scrubbed = await prepare_history(env, spec.base_commit)
+    timings["history_s"] = time.monotonic() - t
+    t = time.monotonic()
+    test_paths: list[str] = []
+    if spec.test_patch.strip():
+        found = await _paths(env, "test.diff", spec.test_patch)
+        if found is None or any(unsafe_path(p) for p in found):
+            raise InfraError(f"image {env.ref}: the task's test_patch is malformed or leaves the tree")
+        test_paths = found
+    if spec.patch.strip():
+        paths = await _paths(env, "patch.diff", spec.patch)
+        applied = await env.exec(["/bin/sh", "-c", apply_script()], limit_s=_STEP_LIMIT_S)
+        if applied.exit_code != 0 or "GRPO_APPLIED" not in applied.stdout.text():
+            return Verdict(status="not_applied", error=f"patch does not apply: {applied.stdout.text()[-1500:]}")
+        if spec.integrity_check:
+            reason = await _integrity(env, paths or [], test_paths)
+            if reason is not None:
+                return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
+    timings["apply_s"] = time.monotonic() - t
+    ts = test_spec(spec, test_paths)
+    env.put("eval.sh", ts.eval_script)
+    t = time.monotonic()
+    result = await env.exec(["/bin/bash", "-c", f"exec /bin/bash {IO_DIR}/eval.sh 2>&1"], limit_s=spec.timeout,
+                            output_cap=EVAL_LOG_CAP)
+    timings["tests_s"] = time.monotonic() - t
+    if not result.started:
+        raise InfraError(f"image {env.ref}: sandbox did not start (exit {result.exit_code}): "
+                         f"{result.stderr.text()[-500:]}")
+    verdict = grade(spec, ts, result.stdout.text(), timed_out=result.timed_out)
+    verdict.stderr_tail = result.stderr.text()[-4000:]
+    if scrubbed:
+        verdict.error = "; ".join(filter(None, [verdict.error, f"scrubbed {scrubbed} commit(s) after base_commit"]))
+    return verdict
+
+
+def grade(spec: TaskSpec, ts: Any, log: str, *, timed_out: bool = False) -> Verdict:
+    """swebench's verdict on an eval log."""
+    sb = _swebench()
+    grading = sb["grading"]
+    with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as f:
+        f.write(log)
+        f.flush()
+        status_map, ok = grading.get_logs_eval(ts, f.name)
+    exit_code = grading.parse_test_exit_code(log)
+    gold = {sb["F2P"]: list(spec.fail_to_pass), sb["P2P"]: list(spec.pass_to_pass)}
+    report = grading.get_eval_tests_report(status_map, gold, eval_type=sb["EvalType"](ts.eval_type))
+    resolution = grading.get_resolution_status(report).removeprefix("RESOLVED_")
+    notes = [] if ok else ["eval log not gradable (no markers, an error marker, or an exit code that contradicts "
+                           "the log)"]
+    status: TaskStatus = "completed"
+    if timed_out:
+        status, resolution = "timeout", "NO"
+        notes.insert(0, f"tests ran past the {spec.timeout:g} s limit and were killed")
+    if not ok:
+        resolution = "NO"
+    values = list(status_map.values())
+    return Verdict(
+        status=status, patch_applied=True, test_patch_applied=True, tests_passed=sum(v in ("PASSED", "XFAIL")
+                                                                                       for v in values),
+        tests_failed=sum(v in ("FAILED", "ERROR") for v in values), exit_code=exit_code, test_status=status_map,
+        resolution=resolution if resolution in ("FULL", "PARTIAL", "NO") else "NO",
+        stdout_tail=log[-(256 << 10):], error="; ".join(notes),
+        report={k: v for k, v in report.items() if k in (sb["F2P"], sb["P2P"])}, stdout_bytes=len(log))

@@ -1,0 +1,70 @@
+"""Session fixtures: a loopback registry holding small SWE-bench-style images built from the sandbox tests' repo.
+
+Built once per session: the Debian base (cached on disk across sessions by `envs.swe.images.base_tarball`), then
+two instance images of the `calc` repository -- one well built, one whose /testbed still holds a later commit
+(the fix) on a branch, for the future-commit check.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox"))
+
+from image_helpers import ImageSet, git, local_registry  # noqa: E402
+from sandbox_helpers import CalcRepo, make_calc_repo  # noqa: E402
+
+from envs.swe.images import OciBuilder, base_tarball, make_testbed  # noqa: E402
+from fleet.config.infra import SandboxConfig  # noqa: E402
+
+_TOOLS = ("bwrap", "skopeo", "umoci", "docker-registry")
+_CANNOT = os.geteuid() != 0 or any(shutil.which(t) is None for t in _TOOLS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _CANNOT:
+        return
+    here = Path(__file__).parent
+    skip = pytest.mark.skip(reason=f"image tests need root and {', '.join(_TOOLS)} (scripts/setup.sh installs them)")
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageSet]:
+    root = tmp_path_factory.mktemp("images")
+    repo = make_calc_repo(root / "calc")
+    builder = OciBuilder(root / "oci")
+    builder.base(base_tarball())
+    builder.instance("calc", _testbed(repo, root / "tb"))
+    future_tb = root / "tb-future"
+    make_testbed(repo.path, repo.base, future_tb)
+    git(future_tb, "checkout", "-q", "-b", "fix")
+    (future_tb / "calc" / "core.py").write_text((repo.path / "calc" / "core.py").read_text().replace("a - b", "a + b"))
+    git(future_tb, "commit", "-qam", "THE FIX")
+    future = git(future_tb, "rev-parse", "HEAD")
+    git(future_tb, "checkout", "-q", "main")
+    builder.instance("calc-future", future_tb)
+    with local_registry(root / "registry") as reg:
+        for tag in ("calc", "calc-future"):
+            builder.push(tag, f"{reg.host}/swe/{tag}:v1")
+        yield ImageSet(reg.host, repo, "swe/calc:v1", "swe/calc-future:v1", future, builder)
+
+
+def _testbed(repo: CalcRepo, dest: Path) -> Path:
+    make_testbed(repo.path, repo.base, dest)
+    return dest
+
+
+@pytest.fixture
+def image_cfg(images: ImageSet, tmp_path: Path) -> SandboxConfig:
+    return SandboxConfig(pool_size=2, work_root=str(tmp_path / "work"), memory_mb=2048, cpu_s=60, max_processes=128,
+                         image_cache_dir=str(tmp_path / "cache" / "images"), image_registry=images.registry,
+                         image_tls_verify=False, result_ttl_s=600)

@@ -1,0 +1,69 @@
+"""Image tasks through a real executor: pulled from a loopback registry, run in bubblewrap over the image's rootfs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from image_helpers import ImageSet, tree_digest
+
+from fleet.config.infra import SandboxConfig
+from services.sandbox.executor import Executor
+
+
+async def test_gold_patch_resolves_full_and_empty_patch_no(images: ImageSet, image_cfg: SandboxConfig) -> None:
+    async with Executor(image_cfg) as ex:
+        gold = await ex.run(images.spec(images.repo.gold))
+        empty = await ex.run(images.spec(""))
+    assert gold.status == "completed", gold.error + gold.stdout_tail[-2000:]
+    assert gold.resolution == "FULL", gold.test_status
+    assert gold.exit_code == 0
+    assert empty.status == "completed" and empty.resolution == "NO", empty.error
+    assert empty.exit_code not in (None, 0)
+
+
+async def test_image_unchanged_after_a_task_that_deletes_files(images: ImageSet, image_cfg: SandboxConfig) -> None:
+    async with Executor(image_cfg) as ex:
+        assert ex.images is not None
+        image = await ex.images.cache.ensure(ex.images.ref(images.image))
+        before = tree_digest(image.rootfs)
+        spec = images.spec("", eval_script="#!/bin/bash\nrm -rf /testbed /usr/lib/python3* /etc\n"
+                                          ": '>>>>> Start Test Output'\n: '>>>>> End Test Output'\n")
+        verdict = await ex.run(spec)
+        again = await ex.run(images.spec(images.repo.gold))
+    assert verdict.status == "completed" and verdict.resolution == "NO"
+    assert tree_digest(image.rootfs) == before
+    assert again.resolution == "FULL", again.error
+
+
+async def test_missing_image_is_an_infra_error_naming_it(images: ImageSet, image_cfg: SandboxConfig) -> None:
+    async with Executor(image_cfg) as ex:
+        verdict = await ex.run(images.spec(images.repo.gold, image="swe/no-such-image:v1"))
+    assert verdict.status == "infra_error"
+    assert "swe/no-such-image:v1" in verdict.error and "not found" in verdict.error
+
+
+async def test_future_commits_are_gone_before_the_patch_applies(images: ImageSet, image_cfg: SandboxConfig) -> None:
+    probe = ("#!/bin/bash\ncd /testbed\n: '>>>>> Start Test Output'\n"
+             f"git -c safe.directory='*' cat-file -e {images.future_commit} && echo 'FAILED leak::found' "
+             "|| echo 'PASSED leak::found'\n"
+             "git -c safe.directory='*' log --all --format=%s | grep -q 'THE FIX' && echo 'FAILED leak::log' "
+             "|| echo 'PASSED leak::log'\n: '>>>>> End Test Output'\n")
+    async with Executor(image_cfg) as ex:
+        verdict = await ex.run(images.spec("", image=images.future_image, eval_script=probe,
+                                           fail_to_pass=["leak::found", "leak::log"], pass_to_pass=[]))
+    assert verdict.status == "completed", verdict.error
+    assert verdict.test_status == {"leak::found": "PASSED", "leak::log": "PASSED"}, verdict.stdout_tail[-1500:]
+    assert "scrubbed 1 commit(s)" in verdict.error
+
+
+async def test_executor_restart_removes_what_a_killed_one_left(images: ImageSet, image_cfg: SandboxConfig,
+                                                               tmp_path: Path) -> None:
+    runs = Path(str(image_cfg.image_cache_dir)).parent / "runs"
+    stale = runs / "dead-executor" / "run1" / "merged"
+    stale.mkdir(parents=True)
+    (runs / "dead-executor.lock").write_text("")
+    async with Executor(image_cfg) as ex:
+        assert ex.images is not None
+        assert not (runs / "dead-executor").exists()
+        health = ex.health()
+    assert health["images_held"] == 0 and health["pulls_in_flight"] == 0
