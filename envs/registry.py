@@ -124,7 +124,7 @@ _PREPARERS: dict[str, str] = {
     "swe_embedded": "envs.swe.taskset:prepare_embedded_dataset",
 }
 _ENVIRONMENTS: dict[str, str | EnvFactory] = {
-    "swe": "envs.swe.env:make_swe_environment",
+    "swe": "envs.swe_agent:make_swe_environment_for_mode",  # single-shot, or agent mode (env.code.mode)
     "arith": "envs.arith:make_arith_environment",
 }
 

@@ -18,6 +18,7 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from rollout.agent.runner import AgentRunner
 from rollout.buffer_client import BufferClient
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
 from rollout.scoring import Scorer, ScoringUnavailable, to_proto_verdict
@@ -75,6 +76,8 @@ class RolloutWorker:
         self.scorer = scorer
         self.buffer = buffer
         self.decode = decode
+        # Agent mode: SWE samples are multi-turn episodes in sandbox sessions owned by this worker.
+        self.agent = AgentRunner(cfg, engine, decode.tokenizer, worker_id) if cfg.env.code.mode == "agent" else None
         self.version = -1
         self.epoch = -1
         self.state = "starting"
@@ -206,9 +209,11 @@ class RolloutWorker:
         payload = json.loads(prompt.env_payload or b"{}")
         sampling = self._sampling(prompt)
         n = prompt.num_generations or self.cfg.grpo.num_generations_per_prompt
-        trajectories = await asyncio.gather(
-            *(self._one_sample(prompt, payload, sampling, i) for i in range(n)))
-        versions = [v for t in trajectories for v in t.token_versions] or [self.version]
+        agent = self.agent is not None and AgentRunner.handles(self.cfg, prompt.env_name)
+        sample = self._agent_sample if agent else self._one_sample
+        trajectories = await asyncio.gather(*(sample(prompt, payload, sampling, i) for i in range(n)))
+        # Observation tokens (agent mode) carry version -1: no weights made them, they do not age a group.
+        versions = [v for t in trajectories for v in t.token_versions if v >= 0] or [self.version]
         return common_pb2.ScoredGroup(
             prompt=prompt, trajectories=trajectories, worker_id=self.worker_id, min_version=min(versions),
             max_version=max(versions), submitted_at_ms=int(time.time() * 1000),
@@ -231,6 +236,13 @@ class RolloutWorker:
             timings=common_pb2.SampleTimings(generation_s=t1 - t0, scoring_s=time.monotonic() - t1),
         )
 
+    async def _agent_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
+                            sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
+        assert self.agent is not None
+        trajectory = await self.agent.sample(prompt, payload, sampling, index)
+        self.stats.tokens_generated += trajectory.episode.generated_tokens
+        return trajectory
+
     # ---- drain ----------------------------------------------------------------------------------------------
     async def drain(self, timeout_s: float) -> tuple[int, int]:
         """Stop leasing, let the groups in flight finish (up to timeout_s), give back the rest."""
@@ -242,6 +254,8 @@ class RolloutWorker:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        if self.agent is not None:
+            await self.agent.close()  # its sessions go now, not when their lease runs out
         return len(done), len(pending)
 
 

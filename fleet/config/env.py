@@ -6,8 +6,38 @@ from pydantic import Field
 
 from fleet.config.base import Section
 
+AGENT_SYSTEM_PROMPT = (
+    "You are a software engineer fixing an issue in the repository you are in. Look around with the tools, change "
+    "the code (not the tests), check your change, then call submit."
+)
+
+
+class AgentConfig(Section):
+    max_turns: int = Field(8, ge=1)
+    """Model turns per episode; the episode ends after the last one (`max_turns`)."""
+    max_total_tokens: int | None = Field(None, ge=16)
+    """Prompt + generated + observation tokens of an episode (None: `policy.max_total_sequence_length`); an
+    episode ends (`context_full`) before its next turn or observation would not fit."""
+    max_new_tokens_per_turn: int | None = Field(None, ge=1)
+    """Tokens one turn may generate (None: `policy.generation.max_new_tokens`)."""
+    max_observation_tokens: int = Field(512, ge=16)
+    """Tool output tokens appended per turn; longer output is cut in the middle, with a marker saying so."""
+    episode_timeout_s: float = Field(600.0, gt=0)
+    """Wall clock of one episode (generation and tools; grading comes after); past it the episode ends
+    (`timeout`) with the turns it completed, so one straggler never holds its group back."""
+    command_timeout_s: float = Field(30.0, gt=0)
+    """Wall-clock limit of one shell command in the sandbox session (at most `sandbox.sessions.max_exec_timeout_s`)."""
+    system_prompt: str = AGENT_SYSTEM_PROMPT
+    """System message of an episode's prompt (the tool descriptions are added by the chat template)."""
+
 
 class CodeEnvConfig(Section):
+    mode: Literal["single_shot", "agent"] = "single_shot"
+    """single_shot: one answer holding a patch per sample (the seed's mode). agent: each sample is a multi-turn
+    episode of tool calls (shell, file editor, submit) in a sandbox session, graded on submit like a patch
+    (`env.code.agent`; docs/agent-mode.md)."""
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    """Agent-mode budgets and prompt."""
     sandbox_urls: list[str] = Field(default_factory=lambda: ["http://localhost:9090"])
     """Sandbox executors; the client spreads tasks over them (least outstanding first)."""
     reward_mode: Literal["binary", "pass_rate"] = "binary"

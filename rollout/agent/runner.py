@@ -1,0 +1,113 @@
+"""Agent-mode samples for the rollout worker: one sandbox session per episode, graded on finish.
+
+`RolloutWorker.process_group` hands a SWE group's samples here when `env.code.mode` is `agent`; the G episodes of a
+group, and those of every group in flight, run concurrently on the worker's one engine (its batching spans them).
+The session belongs to the worker (`owner` = worker id): if the worker is killed, its heartbeats stop and the
+executor removes the session. A sandbox failure at any point raises `ScoringUnavailable`, so the group goes back
+to the queue: it never becomes a zero reward.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from grpofleet.v1 import common_pb2
+from rollout.agent.chat import ChatFormat
+from rollout.agent.episode import Episode, EpisodeLimits, run_episode
+from rollout.agent.tools import ToolBox
+from rollout.engine.base import SamplingSpec
+from rollout.scoring import ScoringUnavailable, to_proto_verdict
+from sandbox_client import reward_from_verdict
+from sandbox_client.results import SandboxError
+from sandbox_client.sessions import SessionClient
+from services.sandbox.model import TaskStatus, Verdict
+
+if TYPE_CHECKING:
+    from fleet.config import MasterConfig
+    from rollout.engine.base import GenerationEngine
+
+log = logging.getLogger(__name__)
+AGENT_ENVS = frozenset({"swe"})
+
+
+def limits_from_config(cfg: MasterConfig) -> EpisodeLimits:
+    a = cfg.env.code.agent
+    return EpisodeLimits(
+        max_turns=a.max_turns, max_total_tokens=a.max_total_tokens or cfg.policy.max_total_sequence_length,
+        max_new_tokens_per_turn=a.max_new_tokens_per_turn or cfg.policy.generation.max_new_tokens,
+        max_observation_tokens=a.max_observation_tokens, episode_timeout_s=a.episode_timeout_s)
+
+
+class AgentRunner:
+    def __init__(self, cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any, owner: str) -> None:
+        self.cfg, self.engine = cfg, engine
+        self.fmt = ChatFormat(tokenizer)
+        self.sessions = SessionClient.from_config(cfg, owner)
+        self.limits = limits_from_config(cfg)
+        self.end_reasons: Counter[str] = Counter()
+        self.tool_calls = self.tool_errors = 0
+
+    @staticmethod
+    def handles(cfg: MasterConfig, env_name: str) -> bool:
+        return cfg.env.code.mode == "agent" and env_name in AGENT_ENVS
+
+    async def close(self) -> None:
+        await self.sessions.close()
+
+    def summary(self) -> dict[str, Any]:
+        return {"episodes": sum(self.end_reasons.values()), "end_reasons": dict(self.end_reasons),
+                "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
+
+    async def sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
+                     index: int) -> common_pb2.Trajectory:
+        from envs.swe.payload import payload_to_spec
+
+        spec = payload_to_spec(payload, "", timeout=self.cfg.env.code.task_timeout)
+        t0 = time.monotonic()
+        try:
+            session = await self.sessions.open(spec)
+            try:
+                tools = ToolBox(session, command_timeout_s=self.cfg.env.code.agent.command_timeout_s)
+                episode = await run_episode(self.engine.generate, self.fmt, tools, prompt.prompt_token_ids, sampling,
+                                            self.limits, f"{prompt.group_id}/{index}/{time.monotonic_ns()}")
+                t1 = time.monotonic()
+                verdict, patch = await session.finish(total_s=self.cfg.env.code.task_timeout + 120)
+            finally:
+                await session.close()
+        except SandboxError as exc:
+            raise ScoringUnavailable(f"sandbox session failed during an episode: {exc}") from exc
+        if not episode.token_ids:
+            raise ScoringUnavailable("the episode timed out before its first turn ended (env.code.agent."
+                                     "episode_timeout_s is too short for this engine)")
+        if verdict.is_infra_failure:
+            raise ScoringUnavailable(f"grading the episode failed: {verdict.error}")
+        if not patch.strip():  # the episode changed nothing: no answer, as a single-shot reply without a patch
+            verdict = Verdict(status=_FORMAT_ERROR, error="format error (the episode changed no file)")
+        self._count(episode)
+        mode, format_error_reward = self.cfg.env.reward_settings(prompt.env_name)
+        return _trajectory(episode, verdict, reward_from_verdict(verdict, mode, format_error_reward),
+                           t1 - t0, time.monotonic() - t1)
+
+    def _count(self, episode: Episode) -> None:
+        self.end_reasons[episode.end_reason] += 1
+        self.tool_calls += episode.tool_calls
+        self.tool_errors += episode.tool_errors
+
+
+_FORMAT_ERROR: TaskStatus = "format_error"
+
+
+def _trajectory(ep: Episode, verdict: Verdict, reward: float, episode_s: float,
+                grading_s: float) -> common_pb2.Trajectory:
+    return common_pb2.Trajectory(
+        response_token_ids=ep.token_ids, generation_logprobs=ep.logprobs, token_versions=ep.versions,
+        reward=reward, verdict=to_proto_verdict(verdict), finish_reason=ep.end_reason,
+        timings=common_pb2.SampleTimings(generation_s=episode_s, scoring_s=grading_s),
+        observation_spans=[common_pb2.TokenSpan(start=s, length=n) for s, n in ep.observation_spans],
+        episode=common_pb2.EpisodeInfo(turns=ep.turns, tool_calls=ep.tool_calls, tool_errors=ep.tool_errors,
+                                       end_reason=ep.end_reason, generated_tokens=ep.generated_tokens,
+                                       observation_tokens=ep.observation_tokens),
+    )
