@@ -74,9 +74,11 @@ class SandboxSession:
     async def write_file(self, path: str, content: str) -> None:
         await self.client.call(self, "PUT", "file", json={"path": path, "content": content})
 
-    async def finish(self, *, total_s: float = 900.0) -> tuple[Verdict, str]:
-        """(verdict of the session's diff graded in a fresh tree, the diff). The session is gone afterwards."""
-        data = await self.client.call(self, "POST", "finish", total_s=total_s)
+    async def finish(self, *, total_s: float = 900.0, grade_unchanged: bool = True) -> tuple[Verdict, str]:
+        """(verdict of the session's diff graded in a fresh tree, the diff). The session is gone afterwards.
+        `grade_unchanged=False`: an unchanged tree is not run; its verdict is `format_error`."""
+        data = await self.client.call(self, "POST", "finish", json={"grade_unchanged": grade_unchanged},
+                                      total_s=total_s)
         self.closed = True
         self.client.forget(self)
         patch = str(data.pop("patch", ""))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from rollout.scoring import ScoringUnavailable, to_proto_verdict
 from sandbox_client import reward_from_verdict
 from sandbox_client.results import SandboxError
 from sandbox_client.sessions import SessionClient
-from services.sandbox.model import TaskStatus, Verdict
+from services.sandbox.model import Verdict
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig
@@ -45,7 +46,8 @@ class AgentRunner:
     def __init__(self, cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any, owner: str) -> None:
         self.cfg, self.engine = cfg, engine
         self.fmt = ChatFormat(tokenizer)
-        self.sessions = SessionClient.from_config(cfg, owner)
+        # One owner per process: a restarted worker of the same id must not keep its predecessor's sessions alive.
+        self.sessions = SessionClient.from_config(cfg, f"{owner}/{uuid.uuid4().hex[:12]}")
         self.limits = limits_from_config(cfg)
         self.end_reasons: Counter[str] = Counter()
         self.tool_calls = self.tool_errors = 0
@@ -74,7 +76,8 @@ class AgentRunner:
                 episode = await run_episode(self.engine.generate, self.fmt, tools, prompt.prompt_token_ids, sampling,
                                             self.limits, f"{prompt.group_id}/{index}/{time.monotonic_ns()}")
                 t1 = time.monotonic()
-                verdict, patch = await session.finish(total_s=self.cfg.env.code.task_timeout + 120)
+                verdict, _ = await session.finish(total_s=self.cfg.env.code.task_timeout + 120,
+                                                      grade_unchanged=False)
             finally:
                 await session.close()
         except SandboxError as exc:
@@ -84,8 +87,6 @@ class AgentRunner:
                                      "episode_timeout_s is too short for this engine)")
         if verdict.is_infra_failure:
             raise ScoringUnavailable(f"grading the episode failed: {verdict.error}")
-        if not patch.strip():  # the episode changed nothing: no answer, as a single-shot reply without a patch
-            verdict = Verdict(status=_FORMAT_ERROR, error="format error (the episode changed no file)")
         self._count(episode)
         mode, format_error_reward = self.cfg.env.reward_settings(prompt.env_name)
         return _trajectory(episode, verdict, reward_from_verdict(verdict, mode, format_error_reward),
@@ -96,8 +97,6 @@ class AgentRunner:
         self.tool_calls += episode.tool_calls
         self.tool_errors += episode.tool_errors
 
-
-_FORMAT_ERROR: TaskStatus = "format_error"
 
 
 def _trajectory(ep: Episode, verdict: Verdict, reward: float, episode_s: float,

@@ -8,7 +8,8 @@
                                   *_truncated, timed_out, wall_s}   (request_id: never run twice)
   GET    /session/{id}/file?path= -> {path, content, size, truncated}
   PUT    /session/{id}/file       {path, content} -> {path, size}
-  POST   /session/{id}/finish     -> {session_id, patch, **Verdict}    (graded in a fresh tree; idempotent)
+  POST   /session/{id}/finish     {grade_unchanged?} -> {session_id, patch, **Verdict}   (graded in a fresh tree;
+                                  idempotent; grade_unchanged=false: an unchanged tree is `format_error`, not run)
   DELETE /session/{id}            -> {session_id, deleted}
 
 A removed session answers 404 saying why (`reason`: owner_lost, idle, lifetime, finished, deleted,
@@ -126,7 +127,11 @@ class SessionRoutes:
         return web.json_response({"path": path, "size": len(raw)})
 
     async def finish(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.m.finish(request.match_info["sid"]))
+        data = await _body(request) if request.can_read_body else {}
+        grade = data.get("grade_unchanged", True)
+        if not isinstance(grade, bool):
+            raise SessionError("grade_unchanged: must be true or false", field="grade_unchanged")
+        return web.json_response(await self.m.finish(request.match_info["sid"], grade_unchanged=grade))
 
     async def delete(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]

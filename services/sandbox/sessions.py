@@ -341,9 +341,10 @@ class SessionManager:
             await asyncio.to_thread(write_tree_file, session.tree, path, data, session.uid)
 
     # -- finish --------------------------------------------------------------------------------------------------
-    async def finish(self, sid: str) -> dict[str, Any]:
+    async def finish(self, sid: str, *, grade_unchanged: bool = True) -> dict[str, Any]:
         """Grade the session's diff in a fresh tree (`Executor.run`) and remove the session. Idempotent: a retry
-        gets the same answer."""
+        gets the same answer. `grade_unchanged=False`: a session that changed nothing is not run (its verdict is
+        `format_error`, as for an answer without a patch)."""
         ended = self.ended.get(sid)
         if ended is not None and ended[1] is not None:
             return ended[1]
@@ -355,6 +356,8 @@ class SessionManager:
                 patch, problem = "", "reading the session's changes took too long"
         if problem is not None:
             verdict = Verdict(status="not_applied", error=problem)
+        elif not patch.strip() and not grade_unchanged:
+            verdict = Verdict(status="format_error", error="format error (the session changed no file)")
         else:
             spec = TaskSpec(**{**session.spec.to_json(), "patch": patch})
             verdict = await self._track(session, self.executor.run(spec))
