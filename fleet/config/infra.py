@@ -140,6 +140,32 @@ class SandboxConfig(Section):
     hidden_paths: list[str] = Field(default_factory=lambda: ["/root", "/home", "/run"])
     """Host folders replaced by an empty tmpfs inside the sandbox (the test interpreter's own folders are bound
     back)."""
+    visible_paths: list[str] = Field(
+        default_factory=lambda: ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"])
+    """The only host folders the sandbox sees (read-only), besides the test interpreter's, the trusted runner's and
+    the task's tree: the task set, gold patches and every other file of the host stay out of sight."""
+    isolated_site: bool = True
+    """Tests run on the base interpreter with no site-packages (`python -S`), seeing only the standard library,
+    `runner_packages` and the tree, and every site-packages folder is hidden: an installed copy of a task's upstream
+    package cannot stand in for the tree's. False: the interpreter's own site-packages (trusted debugging)."""
+    runner_packages: list[str] = Field(
+        default_factory=lambda: ["pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py"])
+    """Top-level modules copied from `python`'s site-packages into the trusted runner folder (isolated mode): the
+    only third-party code the tests can import. Add a task suite's test-only dependencies here."""
+    task_memory_mb: int = Field(4096, ge=64)
+    """Memory of one task, all its processes together (a cgroup; `memory_mb` still bounds each process)."""
+    cgroups: Literal["auto", "required", "off"] = "auto"
+    """Per-task cgroup (v1 memory + pids controllers) for `task_memory_mb` and `max_processes`: `auto` uses it when
+    the executor is root and the controllers are mounted, `required` refuses to start without it."""
+    tree_mb: int = Field(2048, ge=16)
+    """Size of one task's tree, checkout and patch and test writes together (a tmpfs of this size when the executor
+    is root; a patch that does not fit is `not_applied`)."""
+    tree_files: int = Field(200_000, ge=1000)
+    """Files and folders one task's tree may hold (the tmpfs's inode count)."""
+    max_test_cases: int = Field(20_000, ge=100)
+    """Test cases kept in a verdict's status map (the expected ones always are; the rest are counted)."""
+    max_report_mb: int = Field(64, ge=1)
+    """Largest report stream read from the test runner; a longer one is an integrity violation."""
     python: str | None = None
     """Interpreter of the tests: `python` on the sandbox PATH and the default pytest command (None: the
     executor's)."""

@@ -2,8 +2,10 @@
 
 One task: resolve the repository (`repos.py`), materialise a fresh tree at `base_commit` (`workspace.py`), apply the
 agent patch (`not_applied` if git cannot), refuse it if it touches tests (`integrity.py`), force-apply the test patch,
-run the tests in bubblewrap under limits (`sandbox.py`, `process.py`), read pytest's junit report and grade it with
-swebench (`grading.py`). A bounded pool (`pool_size` slots) runs tasks concurrently; each slot has its own uid.
+restore every test file and runner input to pristine, run the tests through the trusted runner (`trusted.py`,
+`runner/`) in bubblewrap under limits and a per-task cgroup (`sandbox.py`, `process.py`, `cgroups.py`), read its
+signed report and grade it with swebench (`verdicts.py`, `grading.py`). A bounded pool (`pool_size` slots) runs
+tasks concurrently; each slot has its own uid.
 Anything that is not the patch's doing -- missing repository, git or disk failure, a sandbox that did not start, a
 bug here -- becomes an `infra_error` verdict, never a failed patch.
 """
@@ -14,9 +16,7 @@ import asyncio
 import logging
 import math
 import os
-import shlex
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -24,17 +24,20 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from fleet.config.infra import SandboxConfig
-from services.sandbox import grading
+from services.sandbox import grading, verdicts
+from services.sandbox.cgroups import CgroupRoot, TaskCgroup
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
-from services.sandbox.model import TaskSpec, TaskStatus, Verdict, check_spec
-from services.sandbox.process import RunResult, run_limited
+from services.sandbox.model import TaskSpec, Verdict, check_spec
+from services.sandbox.process import ReportPipe, RunResult, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
+from services.sandbox.runner.protocol import KEY_BYTES
+from services.sandbox.runner.testpaths import is_protected
 from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter
-from services.sandbox.workspace import InfraError, PatchError, Workspace, read_regular
+from services.sandbox.trusted import TrustedRunner, pytest_command
+from services.sandbox.workspace import InfraError, PatchError, TreeFull, TreeLimits, Workspace
 
 log = logging.getLogger(__name__)
-_JUNIT_LIMIT = 64 << 20
 
 
 class Executor:
@@ -51,6 +54,9 @@ class Executor:
         self._work_root: Path | None = None
         self._own_work_root = False
         self._uids: UidRange | None = None
+        self._runner: TrustedRunner | None = None
+        self._cgroups: CgroupRoot | None = None
+        self._tree_limits: TreeLimits | None = None
         self.start_error: str | None = None
         self.images: ImageTasks | None = None
         """Tasks that name an image (`services/sandbox/images`); None with `sandbox.runtime: bwrap`."""
@@ -89,7 +95,9 @@ class Executor:
         if os.geteuid() == 0 and self.cfg.use_bwrap and self._uids is None:
             self._uids = UidRange(self.cfg.uid_base, self.pool_size)
         uid_base = self._uids.base if self._uids else None
-        policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size, found, uid_base)
+        await self._setup_integrity(interpreter.python, interpreter.prefixes, found["prlimit"])
+        policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size, found, uid_base,
+                               runner=self._runner)
         await asyncio.to_thread(grading.load_grader)
         await self._preflight(policy)
         if not policy.as_root and self.cfg.use_bwrap:
@@ -98,6 +106,23 @@ class Executor:
                  "bwrap" if self.cfg.use_bwrap else "NONE (trusted debugging)", uid_base, interpreter.python,
                  work_root)
         return policy
+
+    async def _setup_integrity(self, python: str, prefixes: tuple[str, ...], prlimit: str) -> None:
+        """The trusted runner folder, per-task cgroups and size-limited trees (see docs/services/sandbox.md)."""
+        cfg = self.cfg
+        if self._runner is None:
+            self._runner = await TrustedRunner.build(python, prefixes, isolated=cfg.isolated_site,
+                                                     packages=cfg.runner_packages)
+        if cfg.cgroups != "off" and cfg.use_bwrap and self._cgroups is None:
+            self._cgroups = CgroupRoot.detect()
+            if self._cgroups is None and cfg.cgroups == "required":
+                raise RuntimeError("sandbox.cgroups=required but the cgroup v1 memory/pids controllers are not "
+                                   "usable (root and /sys/fs/cgroup/{memory,pids} needed)")
+        if os.geteuid() == 0 and cfg.use_bwrap:
+            # git apply under the test limits: a small binary patch must not inflate past the tree or the memory.
+            apply = (prlimit, f"--as={cfg.memory_mb << 20}", f"--fsize={cfg.max_file_mb << 20}",
+                     f"--cpu={cfg.cpu_s}", "--")
+            self._tree_limits = TreeLimits(cfg.tree_mb, cfg.tree_files, apply)
 
     def _make_work_root(self) -> Path:
         if self.cfg.work_root:
@@ -117,7 +142,8 @@ class Executor:
             ws.root.mkdir(mode=0o711)
             ws.tree.mkdir()
             ws.seal(policy.uid_for_slot(0))
-            result = await self._sandboxed(policy, ws.tree, [policy.interpreter.python, "-c", "print('ok')"],
+            python = policy.runner.python if policy.runner else policy.interpreter.python
+            result = await self._sandboxed(policy, ws.tree, [python, "-c", "print('ok')"],
                                            slot=0, hide=[], env={}, limit_s=60)
         finally:
             await asyncio.to_thread(ws.remove)
@@ -146,6 +172,12 @@ class Executor:
         if self._uids is not None:
             self._uids.release()
             self._uids = None
+        if self._runner is not None:
+            await asyncio.to_thread(self._runner.remove)
+            self._runner = None
+        if self._cgroups is not None:
+            self._cgroups.remove()
+            self._cgroups = None
         self._policy = None
 
     def health(self) -> dict[str, object]:
@@ -196,7 +228,7 @@ class Executor:
     async def _run_in_slot(self, spec: TaskSpec, slot: int, timings: dict[str, float]) -> Verdict:
         assert self._work_root is not None
         t0 = time.monotonic()
-        ws = Workspace(self._work_root / uuid.uuid4().hex)
+        ws = Workspace(self._work_root / uuid.uuid4().hex, self._tree_limits)
         try:
             verdict = await self._execute(spec, slot, ws, timings)
         except (InfraError, RepoNotFound) as exc:
@@ -241,51 +273,66 @@ class Executor:
                 raise InfraError(f"the task's test_patch is malformed: {exc}") from exc
             if any(unsafe_path(p) for p in test_paths):
                 raise InfraError("the task's test_patch touches paths outside the tree")
-        if spec.patch.strip():
-            try:
-                paths = await ws.patch_paths("agent.diff", spec.patch)
-                await ws.apply("agent.diff", spec.patch)
-            except PatchError as exc:
-                return Verdict(status="not_applied", error=f"patch does not apply: {exc}")
-            if spec.integrity_check:
-                reason = await self._integrity(ws, paths, test_paths)
-                if reason is not None:
-                    return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
-        if test_paths:
-            await ws.force_apply("test.diff", spec.test_patch, test_paths)
+        try:
+            if spec.patch.strip():
+                try:
+                    paths = await ws.patch_paths("agent.diff", spec.patch)
+                    await ws.apply("agent.diff", spec.patch)
+                except PatchError as exc:
+                    return Verdict(status="not_applied", error=f"patch does not apply: {exc}")
+                if spec.integrity_check:
+                    reason = await self._integrity(ws, paths, test_paths)
+                    if reason is not None:
+                        return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
+            if test_paths:
+                await ws.force_apply("test.diff", spec.test_patch, test_paths)
+        except TreeFull as exc:  # the agent's files filled the task's tree: its doing, a verdict
+            return Verdict(status="not_applied", patch_applied=False, error=str(exc))
         return None
 
-    @staticmethod
-    async def _integrity(ws: Workspace, paths: list[str], test_paths: list[str]) -> str | None:
+    async def _integrity(self, ws: Workspace, paths: list[str], test_paths: list[str]) -> str | None:
+        """Why the patch is refused (None: accepted); either way every test file and runner input it touched goes
+        back to its pristine content, so the run never depends on what this check's parsers make of them."""
         # What git read from the patch, plus what actually changed on disk (renames, modes, symlinks included).
         touched = sorted({*paths, *await ws.changed_paths()})
         configs = [p for p in touched if PurePosixPath(p).name in CONFIG_FILES]
         before = {p: await ws.base_text(p) for p in configs}
-        return check_patch(touched, test_paths, before.get, ws.read_text)
+        reason = check_patch(touched, test_paths, before.get, ws.read_text)
+        if reason is None:
+            names = self._runner.config_names if self._runner else frozenset()
+            await ws.restore_pristine([p for p in touched if is_protected(p, names) or (names and
+                                       PurePosixPath(p).name in names)])
+        return reason
 
-    def _command(self, spec: TaskSpec, junit: Path) -> tuple[list[str], dict[str, str]]:
-        assert self._policy is not None
-        env = {"SANDBOX_JUNITXML": str(junit)}
-        junit_opts = [f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    def _command(self, spec: TaskSpec, tree: Path, key_fd: int, report_fd: int) -> tuple[list[str], dict[str, str],
+                                                                                     bool]:
+        """(argv, environment, whether the run streams a report): pytest through the trusted runner, or a shell
+        command that is not of the task-set form (graded by exit status)."""
+        runner = self._runner
+        assert runner is not None
         if spec.test_command is not None:
-            # Any pytest the command starts writes the report: PYTEST_ADDOPTS reaches nested invocations too.
-            env["PYTEST_ADDOPTS"] = shlex.join(junit_opts)
-            return ["/bin/sh", "-c", spec.test_command], env
-        if self.cfg.disable_plugin_autoload:
-            env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+            parsed = pytest_command(spec.test_command)
+            if parsed is None:  # any pytest the shell starts loads the report plugin (weaker: see runner/shell.py)
+                env = {"PYTEST_ADDOPTS": "-p grpo_runner.shell", "GRPO_RUNNER_FDS": f"{key_fd},{report_fd}"}
+                return ["/bin/sh", "-c", spec.test_command], env, True
+            argv = runner.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths, args=parsed.args)
+            return argv, runner.start_env(parsed.env), True
+        env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if self.cfg.disable_plugin_autoload else {}
         files = sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
-        argv = [self._policy.interpreter.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
-                "--tb=short", *junit_opts, *files]
-        return argv, env
+        args = ["-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", *files]
+        return runner.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=[], args=args), env, True
 
     async def _sandboxed(self, policy: SandboxPolicy, tree: Path, command: list[str], *, slot: int,
-                         hide: list[Path], env: dict[str, str], limit_s: float) -> RunResult:
+                         hide: list[Path], env: dict[str, str], limit_s: float, report: ReportPipe | None = None,
+                         cgroup: TaskCgroup | None = None) -> RunResult:
         status_pipe = os.pipe() if self.cfg.use_bwrap else None
         fd = status_pipe[1] if status_pipe else -1
         cpu_s = max(1, min(self.cfg.cpu_s, math.ceil(limit_s)))
         argv = policy.argv(tree, command, slot=slot, hide=hide, status_fd=fd, cpu_s=cpu_s)
+        if cgroup is not None:
+            argv = cgroup.wrap(argv)
         return await run_limited(argv, env=policy.env(env), cwd=str(tree), limit_s=limit_s,
-                                 output_cap=self.cfg.max_output_kb << 10, status_pipe=status_pipe)
+                                 output_cap=self.cfg.max_output_kb << 10, status_pipe=status_pipe, report=report)
 
     @property
     def work_root(self) -> Path | None:
@@ -313,53 +360,33 @@ class Executor:
                          timings: dict[str, float]) -> Verdict:
         policy = self._policy
         assert policy is not None
-        # A fresh random name: a patch cannot plant a report that a crashed run would leave in place.
-        junit = ws.tree / f".sandbox-junit-{uuid.uuid4().hex}.xml"
         await asyncio.to_thread(ws.seal, policy.uid_for_slot(slot))
-        command, env = self._command(spec, junit)
+        # The key reaches the runner through a pipe it reads before any code of the tree runs; the report comes
+        # back on another, read while the tests run: nothing in the tree is ever read back as a result.
+        key = os.urandom(KEY_BYTES)
+        key_read, key_write = os.pipe()
+        os.write(key_write, key)
+        os.close(key_write)
+        report_read, report_write = os.pipe()
+        pipe = ReportPipe(report_read, report_write, self.cfg.max_report_mb << 20, inherit=(key_read,))
+        command, env, reported = self._command(spec, ws.tree, key_read, report_write)
         hide = [repo, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
+        cgroup = self._cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self._cgroups else None
         t = time.monotonic()
-        result = await self._sandboxed(policy, ws.tree, command, slot=slot, hide=hide, env=env,
-                                       limit_s=spec.timeout)
+        try:
+            result = await self._sandboxed(policy, ws.tree, command, slot=slot, hide=hide, env=env,
+                                           limit_s=spec.timeout, report=pipe, cgroup=cgroup)
+            stats = cgroup.stats() if cgroup else None
+        finally:
+            if cgroup is not None:
+                await cgroup.remove()
         timings["tests_s"] = time.monotonic() - t
         if not result.started:
             raise InfraError(f"sandbox did not start (exit {result.exit_code}): {result.stderr.text()[-500:]}")
         t = time.monotonic()
-        verdict = self._grade(spec, junit, ws.tree, result)
+        limits = verdicts.Limits(self.cfg.cpu_s, self.cfg.memory_mb, self.cfg.task_memory_mb if cgroup else None,
+                                 self.cfg.max_test_cases)
+        shell = spec.test_command is not None and command[0] == "/bin/sh"
+        verdict = verdicts.grade_run(spec, result, key if reported else None, limits, stats, shell=shell)
         timings["grade_s"] = time.monotonic() - t
         return verdict
-
-    def _grade(self, spec: TaskSpec, junit: Path, tree: Path, result: RunResult) -> Verdict:
-        notes: list[str] = []
-        expected = [*spec.fail_to_pass, *spec.pass_to_pass]
-        try:
-            status = grading.parse_junit(read_regular(junit, _JUNIT_LIMIT), expected, tree)
-        except FileNotFoundError:
-            status = {}
-            if expected:
-                notes.append("no junit report (pytest did not run to the end)")
-        except (OSError, SyntaxError) as exc:  # ET.ParseError is a SyntaxError
-            status = {}
-            notes.append(f"junit report unreadable: {exc}")
-        passed, failed = grading.count(status)
-        code = result.exit_code
-        status_name: TaskStatus = "completed"
-        if result.timed_out:
-            status_name = "timeout"
-            notes.insert(0, f"tests ran past the {spec.timeout:g} s limit and were killed")
-        elif code in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
-            status_name = "timeout" if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "completed"
-            notes.insert(0, f"killed by a resource limit (exit {code}: cpu {self.cfg.cpu_s} s / memory "
-                            f"{self.cfg.memory_mb} MB)")
-        report: dict[str, dict[str, list[str]]] = {}
-        if expected:
-            resolution, report = grading.grade(status, spec.fail_to_pass, spec.pass_to_pass)
-        else:
-            resolution = "FULL" if code == 0 else "NO"
-        if status_name == "timeout":
-            resolution = "NO"
-        return Verdict(
-            status=status_name, patch_applied=True, test_patch_applied=True, tests_passed=passed,
-            tests_failed=failed, exit_code=code, test_status=status, resolution=resolution,
-            stdout_tail=result.stdout.text(), stderr_tail=result.stderr.text(), error="; ".join(notes),
-            report=report, stdout_bytes=result.stdout.total, stderr_bytes=result.stderr.total)

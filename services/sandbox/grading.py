@@ -18,7 +18,7 @@ from typing import Any
 
 from services.sandbox.model import ResolutionName
 
-PASSING = frozenset({"PASSED", "XFAIL"})
+PASSING = frozenset({"PASSED", "XFAIL", "XPASS"})
 FAILING = frozenset({"FAILED", "ERROR"})
 _RANK = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}
 # As _pytest.junitxml.bin_xml_escape (DEL included), so that names match what pytest wrote.
@@ -128,3 +128,16 @@ def grade(
         raise ValueError(f"unexpected swebench resolution {resolution!r}")
     kept = {k: v for k, v in report.items() if k in (f2p_key, p2p_key)}
     return resolution, kept
+
+
+def strict_status(status: dict[str, str], fail_to_pass: Iterable[str]) -> dict[str, str]:
+    """The status map swebench grades: a FAIL_TO_PASS test must PASS, so its XFAIL or XPASS (an expected failure
+    the patch or the code under test arranged) is a FAILED; elsewhere an XPASS is a pass (swebench has no XPASS)."""
+    f2p = set(fail_to_pass)
+    out: dict[str, str] = {}
+    for nodeid, value in status.items():
+        if nodeid in f2p and value in ("XFAIL", "XPASS"):
+            out[nodeid] = "FAILED"
+        else:
+            out[nodeid] = "PASSED" if value == "XPASS" else value
+    return out

@@ -1,12 +1,16 @@
 """Integrity check: an agent patch may change the code under test, never the tests or how they are run.
 
+This check is the policy signal (a patch that tries gets `refused`), not the protection: whatever it lets through,
+the executor restores every test file and runner input to its pristine content before the tests run
+(`runner.testpaths.is_protected`, `Workspace.restore_pristine`), so no parser here decides what pytest reads.
+
 Refused: any file the task's test patch touches; test files (`tests/` or `test/` folders, `test_*.py`, `*_test.py`,
 `conftest.py`); files that would replace the runner (`pytest.py`, `_pytest/`, `pytest/` at the top level or under
 `src/`, `sitecustomize.py`, `usercustomize.py`); `pytest.ini`; and any change to the pytest section of `setup.cfg`,
 `tox.ini` or `pyproject.toml` (the rest of those files stays editable). Paths come from git's own reading of the patch
 (`git apply --numstat`), so quoting, renames and mode changes cannot hide a file.
 
-Not covered (documented limit): code under test runs in the pytest process and could patch pytest at import time.
+Code under test running inside the pytest process is the trusted runner's concern (`runner/plugin.py`).
 """
 
 from __future__ import annotations
@@ -17,20 +21,13 @@ from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
 from typing import Any
 
-TEST_DIRS = frozenset({"tests", "test"})
-RUNNER_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "sitecustomize.py", "usercustomize.py"})
+from services.sandbox.runner.testpaths import TEST_DIRS, is_test_path
+
+__all__ = ["CONFIG_FILES", "TEST_DIRS", "check_patch", "is_test_path", "unsafe_path"]
+RUNNER_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
+                          "sitecustomize.py", "usercustomize.py"})
 RUNNER_MODULES = frozenset({"pytest.py", "_pytest", "pytest", "py.py"})
 CONFIG_FILES = frozenset({"setup.cfg", "tox.ini", "pyproject.toml"})
-
-
-def is_test_path(path: str) -> bool:
-    p = PurePosixPath(path)
-    name = p.name
-    if any(part in TEST_DIRS for part in p.parts[:-1]):
-        return True
-    if name == "conftest.py":
-        return True
-    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
 def _runner_reason(path: str) -> str | None:

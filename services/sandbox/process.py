@@ -39,6 +39,25 @@ class TailBuffer:
         return self._buf.decode(errors="replace")
 
 
+class HeadBuffer:
+    """The first `cap` bytes of a stream (a report is read from its start), and whether there was more."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.total = 0
+        self.data = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+
+    @property
+    def overflow(self) -> bool:
+        return self.total > self.cap
+
+
 @dataclass
 class RunResult:
     exit_code: int | None
@@ -49,9 +68,11 @@ class RunResult:
     stderr: TailBuffer
     wall_s: float
     status: list[dict[str, object]] = field(default_factory=list)
+    report: HeadBuffer | None = None
+    """What the test process wrote on the report pipe (when one was given)."""
 
 
-async def _drain(stream: asyncio.StreamReader | None, sink: TailBuffer) -> None:
+async def _drain(stream: asyncio.StreamReader | None, sink: TailBuffer | HeadBuffer) -> None:
     if stream is None:
         return
     while chunk := await stream.read(_CHUNK):
@@ -86,14 +107,33 @@ def _read_status(fd: int) -> list[dict[str, object]]:
     return docs
 
 
+@dataclass
+class ReportPipe:
+    """A pipe the test process writes its report on, read while it runs, plus fds the child only reads (a key
+    pipe). `run_limited` closes all of them."""
+
+    read_fd: int
+    write_fd: int
+    cap: int
+    inherit: tuple[int, ...] = ()
+
+
+async def _open_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_CHUNK)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    return reader, transport
+
+
 async def run_limited(argv: list[str], *, env: dict[str, str], cwd: str, limit_s: float, output_cap: int,
-                      status_pipe: tuple[int, int] | None = None) -> RunResult:
+                      status_pipe: tuple[int, int] | None = None, report: ReportPipe | None = None) -> RunResult:
     """Run `argv` to completion or for `limit_s` seconds of wall-clock time.
 
-    `status_pipe` is the (read, write) pipe of bwrap's --json-status-fd; this function closes both ends.
+    `status_pipe` is the (read, write) pipe of bwrap's --json-status-fd; this function closes both ends, and every fd
+    of `report`.
     """
     try:
-        result = await _run(argv, env, cwd, limit_s, output_cap, status_pipe[1] if status_pipe else None)
+        result = await _run(argv, env, cwd, limit_s, output_cap, status_pipe[1] if status_pipe else None, report)
         if status_pipe:
             result.status = _read_status(status_pipe[0])
             result.started = any("child-pid" in doc for doc in result.status)
@@ -104,17 +144,27 @@ async def run_limited(argv: list[str], *, env: dict[str, str], cwd: str, limit_s
 
 
 async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, output_cap: int,
-               status_fd: int | None) -> RunResult:
+               status_fd: int | None, report: ReportPipe | None) -> RunResult:
     out, err = TailBuffer(output_cap), TailBuffer(output_cap)
+    sink = HeadBuffer(report.cap) if report else None
+    child_fds = (*(() if status_fd is None else (status_fd,)), *((report.write_fd, *report.inherit) if report else ()))
     t0 = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True, pass_fds=() if status_fd is None else (status_fd,))
+            env=env, cwd=cwd, start_new_session=True, pass_fds=child_fds)
+    except BaseException:
+        if report:
+            os.close(report.read_fd)
+        raise
     finally:
-        if status_fd is not None:
-            os.close(status_fd)  # ours only: the write end must close when bwrap exits, or the read never ends
+        for fd in child_fds:
+            os.close(fd)  # ours only: the write ends must close when bwrap exits, or the reads never end
     readers = [asyncio.create_task(_drain(proc.stdout, out)), asyncio.create_task(_drain(proc.stderr, err))]
+    transport = None
+    if report and sink:
+        stream, transport = await _open_reader(report.read_fd)
+        readers.append(asyncio.create_task(_drain(stream, sink)))
     timed_out = False
     try:
         try:
@@ -132,4 +182,6 @@ async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, o
                 await asyncio.shield(asyncio.wait_for(proc.wait(), _DRAIN_GRACE_S))
         for reader in readers:
             reader.cancel()
-    return RunResult(proc.returncode, timed_out, True, out, err, time.monotonic() - t0)
+        if transport is not None:
+            transport.close()
+    return RunResult(proc.returncode, timed_out, True, out, err, time.monotonic() - t0, report=sink)

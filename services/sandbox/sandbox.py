@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.config.infra import SandboxConfig
+from services.sandbox.trusted import TrustedRunner
 
 SANDBOX_HOME = "/tmp/home"
 _UID_STEP = 1000
@@ -99,8 +100,10 @@ class SandboxPolicy:
     """Builds the argv and environment of a sandboxed run from `SandboxConfig`."""
 
     def __init__(self, cfg: SandboxConfig, interpreter: Interpreter, work_root: Path, pool_size: int,
-                 tools: dict[str, str] | None = None, uid_base: int | None = None) -> None:
+                 tools: dict[str, str] | None = None, uid_base: int | None = None,
+                 runner: TrustedRunner | None = None) -> None:
         self.cfg = cfg
+        self.runner = runner
         self.uid_base = cfg.uid_base if uid_base is None else uid_base
         self.interpreter = interpreter
         # Absolute paths found on the executor's PATH: the sandbox's own PATH is a clean, fixed one.
@@ -134,31 +137,60 @@ class SandboxPolicy:
         # A folder inside another hidden one is hidden already.
         return sorted(p for p in set(keep) if not any(_under(p, q) and p != q for q in keep))
 
+    def _visible(self) -> list[tuple[str, str | None]]:
+        """(path, symlink target or None) of each `visible_paths` entry that exists: the only host folders, with the
+        interpreter's and the runner's, that the sandbox sees (a merged-/usr `/bin` stays a link)."""
+        out: list[tuple[str, str | None]] = []
+        for path in dict.fromkeys(os.path.normpath(p) for p in self.cfg.visible_paths):
+            if os.path.islink(path):
+                out.append((path, os.readlink(path)))
+            elif os.path.isdir(path):
+                out.append((os.path.realpath(path), None))
+        return out
+
     @staticmethod
-    def _parents(path: str, covered: tuple[str, ...]) -> list[str]:
-        """`--dir` for `path`'s parents that bwrap creates inside a tmpfs: otherwise 0700 root, not traversable."""
+    def _parents(path: str, covered: tuple[str, ...], bound: tuple[str, ...] = ()) -> list[str]:
+        """`--dir` for `path`'s parents that bwrap creates (inside a tmpfs, or in its own root outside every bound
+        folder): otherwise 0700 root, not traversable."""
         args: list[str] = []
         for parent in reversed(Path(path).parents):
             p = str(parent)
-            if any(_under(p, c) and p != c for c in covered):
+            if p == "/":
+                continue
+            if any(_under(p, c) and p != c for c in covered) or not any(_under(p, b) for b in bound):
                 args += ["--perms", "0755", "--dir", p]
         return args
 
     def _mounts(self, tree: Path, hide: list[Path]) -> list[str]:
-        args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--perms", "1777", "--size", str(self.cfg.tmpfs_mb << 20), "--tmpfs", "/tmp"]
-        hidden = self._hidden(hide)
+        visible = self._visible()
+        bound = tuple(p for p, target in visible if target is None)
+        args: list[str] = []
+        for path, target in visible:
+            args += ["--symlink", target, path] if target else ["--ro-bind", path, path]
+        args += ["--dev", "/dev", "--proc", "/proc",
+                 "--perms", "1777", "--size", str(self.cfg.tmpfs_mb << 20), "--tmpfs", "/tmp"]
+        # Only what a bound folder made visible needs covering.
+        hidden = [h for h in self._hidden(hide) if any(_under(h, b) for b in bound)]
         covered = (*hidden, "/tmp")
         for path in hidden:
             args += ["--size", str(_HIDDEN_TMPFS_BYTES), "--tmpfs", path]
-        prefixes = self.interpreter.prefixes
+        prefixes = self.runner.prefixes if self.runner else self.interpreter.prefixes
+        binds = [*bound, "/tmp"]
         for prefix in prefixes:
             inside_another = any(_under(prefix, p) and prefix != p for p in prefixes)
-            if not inside_another and any(_under(prefix, c) for c in covered):
-                args += [*self._parents(prefix, covered), "--ro-bind", prefix, prefix]
-        args += [*self._parents(str(tree), covered), "--perms", "0777", "--dir", SANDBOX_HOME,
+            seen = any(_under(prefix, b) for b in bound) and not any(_under(prefix, c) for c in covered)
+            if not inside_another and not seen:
+                args += [*self._parents(prefix, covered, tuple(binds)), "--ro-bind", prefix, prefix]
+                binds.append(prefix)
+        sites = [s for s in (self.runner.hidden_site if self.runner else []) if any(_under(s, b) for b in binds)]
+        for path in sites:
+            args += ["--size", str(_HIDDEN_TMPFS_BYTES), "--tmpfs", path]
+        if self.runner is not None:
+            root = str(self.runner.root)
+            args += [*self._parents(root, covered, tuple(binds)), "--ro-bind", root, root]
+        args += [*self._parents(str(tree), covered, tuple(binds)), "--perms", "0777", "--dir", SANDBOX_HOME,
                  "--bind", str(tree), str(tree)]
-        for path in hidden:
+        for path in [*hidden, *sites]:
             args += ["--remount-ro", path]
         return [*args, "--chdir", str(tree)]
 
@@ -182,9 +214,14 @@ class SandboxPolicy:
 
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         """A clean environment: nothing of the executor's (tokens included) reaches the tests."""
-        path = f"{self.interpreter.bin_dir}:/usr/local/bin:/usr/bin:/bin"
+        bin_dir = self.runner.bin_dir if self.runner else self.interpreter.bin_dir
+        path = f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
         base = {"PATH": path, "HOME": SANDBOX_HOME, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                 "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+        if self.runner is not None:
+            # A plain `python -m pytest` (a shell test_command, a session) finds the runner's report plugin, and in
+            # the isolated mode (no site-packages) its copies of pytest; the runner's boot rebuilds sys.path itself.
+            base["PYTHONPATH"] = str(self.runner.site)
         if not self.cfg.use_bwrap:
             base["HOME"] = base["TMPDIR"] = "/tmp"
         return {**base, **extra}

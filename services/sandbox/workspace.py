@@ -9,10 +9,12 @@ All git commands run here, as the executor's user, before the tree is handed to 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import os
 import shutil
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,20 @@ class PatchError(Exception):
     """The agent's patch is malformed or does not apply (a verdict, `not_applied`)."""
 
 
+class TreeFull(PatchError):
+    """The tree's size-limited filesystem is full: the agent's patch made it so (a verdict, `not_applied`)."""
+
+
+@dataclass(frozen=True)
+class TreeLimits:
+    """A tree on its own tmpfs (`size_mb`, `files` inodes), and the rlimits `git apply` runs under (a small binary
+    patch can inflate to gigabytes)."""
+
+    size_mb: int
+    files: int
+    apply_prefix: tuple[str, ...] = ()
+
+
 @dataclass
 class GitResult:
     code: int
@@ -43,9 +59,10 @@ class GitResult:
     err: str
 
 
-async def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None) -> GitResult:
+async def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
+              prefix: Sequence[str] = ()) -> GitResult:
     proc = await asyncio.create_subprocess_exec(
-        "git", *_GIT_OPTS, *args, cwd=cwd, env=_GIT_ENV, stdin=asyncio.subprocess.PIPE,
+        *prefix, "git", *_GIT_OPTS, *args, cwd=cwd, env=_GIT_ENV, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(stdin), GIT_TIMEOUT_S)
@@ -100,14 +117,27 @@ def rename_sources(text: str) -> list[str]:
 class Workspace:
     """`root/` holds patch files; `root/tree/` is the working tree (the only thing the sandbox can write)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, limits: TreeLimits | None = None) -> None:
         self.root = root
         self.tree = root / "tree"
         self.commit = ""
+        self.limits = limits
+        self._mounted = False
+
+    def _mount(self) -> None:
+        """`root` becomes a tmpfs of `limits.size_mb`: checkout, patches and test writes all count against it."""
+        assert self.limits is not None
+        opts = f"size={self.limits.size_mb}m,nr_inodes={self.limits.files},mode=0711".encode()
+        if _libc().mount(b"tmpfs", str(self.root).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
+            code = ctypes.get_errno()
+            raise InfraError(f"cannot mount the tree's tmpfs on {self.root}: {os.strerror(code)}")
+        self._mounted = True
 
     async def checkout(self, repo: Path, base_commit: str) -> str:
         """Materialise `repo`@`base_commit` in `tree`; returns the full commit id."""
         self.root.mkdir(mode=0o711)
+        if self.limits is not None:
+            self._mount()
         found = await git("--git-dir", str(_git_dir(repo)), "rev-parse", "--verify", "--quiet",
                           f"{base_commit}^{{commit}}")
         if found.code != 0:
@@ -129,8 +159,21 @@ class Workspace:
     def _patch_file(self, name: str, text: str) -> Path:
         path = self.root / name
         # git apply rejects a last hunk without its final newline ("corrupt patch").
-        path.write_text(text if text.endswith("\n") else text + "\n")
+        try:
+            # surrogateescape: bytes that JSON carried as lone surrogates go back to the bytes they were.
+            data = (text if text.endswith("\n") else text + "\n").encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as exc:
+            raise PatchError(f"the patch is not encodable text: {exc.reason} at offset {exc.start}") from exc
+        try:
+            path.write_bytes(data)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self._mounted:
+                raise TreeFull(f"the patch does not fit in the task's {self._size_note()}") from exc
+            raise
         return path
+
+    def _size_note(self) -> str:
+        return f"{self.limits.size_mb} MB tree" if self.limits else "tree"
 
     async def patch_paths(self, name: str, text: str) -> list[str]:
         """Every path `text` would touch, as git itself reads the patch (raises PatchError if it cannot)."""
@@ -156,24 +199,39 @@ class Workspace:
         return shown.out if shown.code == 0 else None
 
     async def apply(self, name: str, text: str) -> None:
-        result = await git("apply", "--whitespace=nowarn", str(self._patch_file(name, text)), cwd=self.tree)
+        prefix = self.limits.apply_prefix if self.limits else ()
+        result = await git("apply", "--whitespace=nowarn", str(self._patch_file(name, text)), cwd=self.tree,
+                           prefix=prefix)
+        if self._mounted and ("No space left" in result.err or "Disk quota" in result.err):
+            raise TreeFull(f"the patch does not fit in the task's {self._size_note()}")
         _raise_if_disk(result.err)
         if result.code != 0:
-            raise PatchError(result.err.strip()[-2000:] or "patch does not apply")
+            raise PatchError(result.err.strip()[-2000:] or f"patch does not apply (git exit {result.code})")
 
-    async def force_apply(self, name: str, text: str, paths: list[str]) -> None:
-        """Apply the test patch over whatever the agent did to its files: they go back to base_commit first."""
+    async def restore_pristine(self, paths: list[str]) -> None:
+        """Put `paths` back as they are at base_commit (absent ones removed), whatever the patch made of them or of
+        their folders: a link or a file where a folder was is removed first, so nothing is written through it."""
+        if not paths:
+            return
         tracked = await git("ls-tree", "-r", "-z", "--name-only", self.commit, "--", *paths, cwd=self.tree)
         at_base = set(filter(None, tracked.out.split("\0")))
         for rel in paths:
-            if rel not in at_base:
+            if _clear_parents(self.tree, rel):
                 remove_path(self.tree / rel)
         if at_base:
             restore = await git("checkout", self.commit, "--", *sorted(at_base), cwd=self.tree)
             if restore.code != 0:
+                if self._mounted and "No space left" in restore.err:
+                    raise TreeFull(f"the agent's files leave no room in the task's {self._size_note()}")
                 raise InfraError(f"restoring test files failed: {restore.err.strip()[-300:]}")
+
+    async def force_apply(self, name: str, text: str, paths: list[str]) -> None:
+        """Apply the test patch over whatever the agent did to its files: they go back to base_commit first."""
+        await self.restore_pristine(paths)
         try:
             await self.apply(name, text)
+        except TreeFull:
+            raise
         except PatchError as exc:
             raise InfraError(f"the task's test_patch does not apply at {self.commit[:12]}: {exc}") from exc
 
@@ -196,11 +254,37 @@ class Workspace:
                 os.lchown(os.path.join(dirpath, name), uid, uid)
 
     def remove(self) -> None:
+        if self._mounted:
+            # Lazy: a file still open elsewhere (never the sandbox's: its processes are gone) cannot keep it busy.
+            _libc().umount2(str(self.root).encode(), _MNT_DETACH)
+            self._mounted = False
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _git_dir(repo: Path) -> Path:
     return repo / ".git" if (repo / ".git").is_dir() else repo
+
+
+def _clear_parents(tree: Path, rel: str) -> bool:
+    """Remove the first parent of `rel` that is not a real folder (a link, a file); True if every parent is one."""
+    current = tree
+    for part in Path(rel).parts[:-1]:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(mode):
+            remove_path(current)
+            return False
+    return True
 
 
 def remove_path(path: Path) -> None:

@@ -50,7 +50,9 @@ class Env:
         verdict = await self.run(self.repo.spec(self.repo.gold))
         assert (verdict.status, verdict.resolution) == ("completed", "FULL")
         assert sandbox_pids() == []
-        assert self.cfg.work_root is not None and entries(self.cfg.work_root) == []
+        # The sessions' own folder (`sessions-*`, services/sandbox/sessions.py) lives beside the task trees.
+        assert self.cfg.work_root is not None
+        assert [e for e in entries(self.cfg.work_root) if not e.startswith("sessions-")] == []
 
 
 @pytest.fixture
@@ -282,10 +284,11 @@ async def test_symlinks_out_of_the_tree_lead_nowhere(env: Env) -> None:
     await env.assert_healthy()
 
 
-async def test_junit_report_replaced_by_a_symlink_is_not_followed(env: Env) -> None:
+async def test_no_report_file_of_the_tree_is_read_back(env: Env) -> None:
+    # The report comes over a pipe (issue 16): a junit file, or a link to a secret, planted in the tree is ignored.
     secret = "/etc/shadow" if exists("/etc/shadow") else "/etc/passwd"
-    spec = env.repo.spec(env.repo.gold, test_command=f'ln -sf {secret} "$SANDBOX_JUNITXML"')
+    spec = env.repo.spec(env.repo.gold, test_command=f"ln -sf {secret} report.xml && ln -sf {secret} junit.xml")
     v = await env.run(spec)
     assert (v.status, v.resolution, v.test_status) == ("completed", "NO", {})
-    assert "junit report unreadable" in v.error and "root:" not in json.dumps(v.to_json())
+    assert "did not run to the end" in v.error and "root:" not in json.dumps(v.to_json())
     await env.assert_healthy()

@@ -1,0 +1,69 @@
+"""The report stream between the trusted runner (inside the sandbox) and the executor (outside).
+
+One record per line: `SEQ<TAB>MAC<TAB>JSON`. SEQ counts from 0 with no gaps; MAC is HMAC-SHA256 (first 32 hex digits)
+of `SEQ<TAB>JSON` under a key the executor hands the runner through a pipe that is read and closed before any code of
+the tree is imported. A line written by anything but the runner (a test that found the fd, a child process) fails
+the MAC or breaks the sequence: the executor reports it as an integrity violation rather than trusting it.
+
+The encoder uses C functions bound at import (before the tree's code runs), so code under test cannot change what a
+record says by monkeypatching `json`, `hmac` or `hashlib`.
+"""
+
+from __future__ import annotations
+
+import json
+from _hashlib import hmac_digest as _hmac_digest
+from json.encoder import c_encode_basestring_ascii as _c_escape  # type: ignore[attr-defined]
+from typing import Any
+
+KEY_BYTES = 32
+_escape = _c_escape or json.encoder.encode_basestring_ascii
+
+
+def mac(key: bytes, seq: int, payload: str) -> str:
+    return bytes.hex(_hmac_digest(key, f"{seq}\t{payload}".encode(), "sha256"))[:32]
+
+
+def _dump(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, str):
+        return str(_escape(value))
+    if isinstance(value, list):
+        return "[" + ",".join(_dump(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_escape(str(k))}:{_dump(v)}" for k, v in value.items()) + "}"
+    return "null"
+
+
+def encode(key: bytes, seq: int, record: dict[str, Any]) -> bytes:
+    payload = _dump(record)
+    return f"{seq}\t{mac(key, seq, payload)}\t{payload}\n".encode()
+
+
+def decode(key: bytes, expected_seq: int, line: bytes) -> dict[str, Any]:
+    """The record of one line; ValueError says why the line is not the runner's."""
+    try:
+        seq_text, tag, payload = line.decode("ascii").rstrip("\n").split("\t", 2)
+        seq = int(seq_text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError("a line that is not a runner record") from exc
+    if seq != expected_seq:
+        raise ValueError(f"record {seq} where {expected_seq} was due")
+    if not _compare(tag, mac(key, seq, payload)):
+        raise ValueError(f"record {seq} does not carry the runner's signature")
+    try:
+        record = json.loads(payload)
+    except ValueError as exc:
+        raise ValueError(f"record {seq} is not JSON") from exc
+    if not isinstance(record, dict) or not isinstance(record.get("k"), str):
+        raise ValueError(f"record {seq} is not a runner record")
+    return record
+
+
+def _compare(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a, b)
