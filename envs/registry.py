@@ -118,10 +118,13 @@ EnvFactory = Callable[..., Environment]
 _DATASETS: dict[str, str | DatasetLoader] = {
     "swe_embedded": "envs.swe.taskset:load_embedded_dataset",
     "swebench": "envs.swe.loaders:load_swebench_dataset",
+    "swe_gym": "envs.swe.formats:load_swe_gym_dataset",
+    "swe_smith": "envs.swe.formats:load_swe_smith_dataset",
+    "r2e_gym": "envs.swe.formats:load_r2e_gym_dataset",
     "arith": "envs.arith:load_arith_dataset",
 }
 _PREPARERS: dict[str, str] = {
-    "swe_embedded": "envs.swe.taskset:prepare_embedded_dataset",
+    "swe_embedded": "envs.swe.builder:prepare_embedded_dataset",
 }
 _ENVIRONMENTS: dict[str, str | EnvFactory] = {
     "swe": "envs.swe_agent:make_swe_environment_for_mode",  # single-shot, or agent mode (env.code.mode)

@@ -2,13 +2,16 @@
 
 FAIL_TO_PASS / PASS_TO_PASS may be lists or JSON-encoded strings (the hub's parquet files use strings). Every
 problem is reported with its row number, instance id and field, all of them at once (up to a limit), so a bad file
-is fixed in one pass.
+is fixed in one pass. SWE-bench 5 rows also carry `image`, `eval_script`, `log_parser`, `eval_type`: the task runs
+in that image. A row with neither `image` nor `repo_url` (the classic hub rows) gets the image SWE-bench publishes
+for it, `sweb.eval.x86_64.<instance_id>` with `__` written `_1776_` (the executor adds `sandbox.image_namespace`,
+`swebench` by default). SWE-Gym, R2E-Gym and SWE-smith rows: `envs/swe/formats.py`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +24,11 @@ REQUIRED_STR = ("instance_id", "repo", "base_commit", "patch", "problem_statemen
 OPTIONAL_STR = ("test_patch", "version", "hints_text", "created_at", "environment_setup_commit", "repo_url",
                 "test_command", "split")
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
+IMAGE_STR = ("image", "eval_script", "log_parser", "eval_type", "setup_patch")
+"""Optional image fields, kept in `Task.metadata` and carried to the sandbox by the task payload."""
+EVAL_TYPES = ("pass_and_fail", "fail_only")
 _MAX_ERRORS = 20
+RowParser = Callable[[Any, int], "tuple[Task | None, list[str]]"]
 
 
 class DatasetFormatError(ValueError):
@@ -80,7 +87,13 @@ def _test_list(value: Any) -> tuple[list[str] | None, str]:
     return value, ""
 
 
-def parse_row(row: Any, row_no: int, *, env_name: str = "swe") -> tuple[Task | None, list[str]]:
+def swebench_image(instance_id: str) -> str:
+    """The instance image SWE-bench publishes (no namespace: the executor adds `sandbox.image_namespace`)."""
+    return f"sweb.eval.x86_64.{instance_id.replace('__', '_1776_')}:latest".lower()
+
+
+def parse_row(row: Any, row_no: int, *, env_name: str = "swe",
+              derive_image: bool = False) -> tuple[Task | None, list[str]]:
     """A Task from one SWE-bench row, or the list of `row N (id): field F: problem` errors."""
     if not isinstance(row, dict):
         return None, [f"row {row_no}: expected an object, got {type(row).__name__}"]
@@ -95,7 +108,7 @@ def parse_row(row: Any, row_no: int, *, env_name: str = "swe") -> tuple[Task | N
             errors.append(f"{where}: field {key}: expected a string, got {type(value).__name__}")
         elif not value.strip() and key != "problem_statement":
             errors.append(f"{where}: field {key}: empty")
-    for key in OPTIONAL_STR:
+    for key in (*OPTIONAL_STR, *IMAGE_STR):
         if row.get(key) is not None and not isinstance(row[key], str):
             errors.append(f"{where}: field {key}: expected a string, got {type(row[key]).__name__}")
     lists: dict[str, list[str]] = {}
@@ -108,6 +121,8 @@ def parse_row(row: Any, row_no: int, *, env_name: str = "swe") -> tuple[Task | N
             errors.append(f"{where}: field {key}: {problem}")
         else:
             lists[key] = parsed
+    if isinstance(row.get("eval_type"), str) and row["eval_type"] not in EVAL_TYPES:
+        errors.append(f"{where}: field eval_type: must be one of {', '.join(EVAL_TYPES)}, got {row['eval_type']!r}")
     if "FAIL_TO_PASS" in lists and not lists["FAIL_TO_PASS"]:
         errors.append(f"{where}: field FAIL_TO_PASS: empty (a task needs at least one failing test)")
     if errors:
@@ -130,15 +145,23 @@ def parse_row(row: Any, row_no: int, *, env_name: str = "swe") -> tuple[Task | N
         split=row.get("split") or "test",
         metadata={k: v for k, v in row.items() if k not in known},
     )
+    if derive_image and not row.get("image") and not row.get("repo_url"):
+        task.metadata["image"] = swebench_image(task.instance_id)
     return task, []
 
 
-def load_swebench_file(path: str | Path, *, env_name: str = "swe") -> list[Task]:
+def load_swebench_file(path: str | Path, *, env_name: str = "swe", derive_image: bool = False,
+                       parse: RowParser | None = None) -> list[Task]:
+    """Every task of the file, or one DatasetFormatError listing every bad row field. `parse`: another format's
+    row parser (`envs/swe/formats.py`), same errors."""
     tasks: list[Task] = []
     errors: list[str] = []
     first_row: dict[str, int] = {}
     for row_no, row in read_rows(path):
-        task, row_errors = parse_row(row, row_no, env_name=env_name)
+        if parse is not None:
+            task, row_errors = parse(row, row_no)
+        else:
+            task, row_errors = parse_row(row, row_no, env_name=env_name, derive_image=derive_image)
         errors += row_errors
         if task is None:
             continue
@@ -181,7 +204,15 @@ def load_swebench_dataset(cfg: DatasetConfig, **_: Any) -> TaskDataset:
         raise ValueError("dataset swebench needs data_path (a SWE-bench .json/.jsonl/.parquet file or folder)")
     path = Path(cfg.data_path).expanduser()
     file = _split_file(path, cfg.split) if path.is_dir() else path
-    tasks = load_swebench_file(file)
+    tasks = load_swebench_file(file, derive_image=True)
     if cfg.max_samples is not None:
         tasks = tasks[: cfg.max_samples]
     return TaskDataset("swebench", "swe", tasks, root=file.parent)
+
+
+def dataset_file(cfg: DatasetConfig, name: str) -> Path:
+    """The task file `data_path` names (a file, or a folder holding the split's file)."""
+    if not cfg.data_path:
+        raise ValueError(f"dataset {name} needs data_path (a .json/.jsonl/.parquet file or a folder of them)")
+    path = Path(cfg.data_path).expanduser()
+    return _split_file(path, cfg.split) if path.is_dir() else path

@@ -12,6 +12,8 @@ from services.sandbox.model import TaskSpec
 
 PAYLOAD_KEYS = ("instance_id", "repo_url", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass",
                 "test_command")
+IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch")
+"""Optional: a task that names its environment image (SWE-bench 5 rows, or the name its loader derived)."""
 
 
 def task_to_payload(task: Task) -> dict[str, Any]:
@@ -23,6 +25,7 @@ def task_to_payload(task: Task) -> dict[str, Any]:
         "fail_to_pass": list(task.fail_to_pass),
         "pass_to_pass": list(task.pass_to_pass),
         "test_command": task.test_command,
+        **{k: task.metadata[k] for k in IMAGE_KEYS if task.metadata.get(k)},
     }
 
 
@@ -40,4 +43,9 @@ def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 300
         fail_to_pass=list(payload["fail_to_pass"]),
         pass_to_pass=list(payload["pass_to_pass"]),
         timeout=timeout,
+        image=payload.get("image") or None,
+        eval_script=payload.get("eval_script") or None,
+        log_parser=payload.get("log_parser") or None,
+        eval_type=payload.get("eval_type") or None,
+        setup_patch=payload.get("setup_patch") or None,
     )

@@ -14,17 +14,14 @@ from typing import Any, Literal
 # completed: tests ran (see resolution). not_applied: the agent patch did not apply. refused: integrity check.
 # timeout: the tests ran past their limit. infra_error: the executor could not do its job (repo missing, disk full,
 # sandbox failed to start) -- never a statement about the patch. format_error: set by the SWE environment when the
-# answer held no usable patch; never produced by the executor. integrity_violation: the run's outcome cannot be
-# believed (a forged or contradictory report, pytest manipulated from code under test): a statement about the patch.
+# answer held no usable patch; never produced by the executor.
 TaskStatus = Literal[
-    "pending", "running", "completed", "not_applied", "refused", "timeout", "infra_error", "format_error",
-    "integrity_violation"
+    "pending", "running", "completed", "not_applied", "refused", "timeout", "infra_error", "format_error"
 ]
 ResolutionName = Literal["FULL", "PARTIAL", "NO"]
 TOKEN_ENV = "GRPO_FLEET_SANDBOX_TOKEN"
 """Environment variable holding the bearer token, read by the executor and the client when the config has none."""
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "not_applied", "refused", "timeout", "infra_error",
-                                            "integrity_violation"})
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "not_applied", "refused", "timeout", "infra_error"})
 
 
 @dataclass(frozen=True)
@@ -50,9 +47,17 @@ class TaskSpec:
     """Key of swebench's PARSER_REGISTRY that reads the eval log (image tasks; None: `parse_log_pytest`)."""
     eval_type: str | None = None
     """SWE-bench 5 `eval_type`: `pass_and_fail` (None) or `fail_only`."""
+    setup_patch: str | None = None
+    """Image tasks: a patch applied to /testbed, and committed as its only commit, before the agent's patch (the
+    bug of a SWE-smith task: its image holds the clean repository)."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        # Image fields only when set: an executor that predates them (the seed's) rejects unknown keys.
+        return {k: v for k, v in data.items() if not (k in IMAGE_KEYS and v is None)}
+
+
+IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch")
 
 
 @dataclass
@@ -99,7 +104,8 @@ class SpecError(ValueError):
 
 
 _SPEC_KEYS = {"repo_url", "base_commit", "patch", "test_patch", "test_command", "fail_to_pass", "pass_to_pass",
-              "reference_patch", "timeout", "integrity_check", "image", "eval_script", "log_parser", "eval_type"}
+              "reference_patch", "timeout", "integrity_check", "image", "eval_script", "log_parser", "eval_type",
+              "setup_patch"}
 # Labels seed clients send along; accepted and ignored so that a misspelt key is still an error.
 _IGNORED_KEYS = {"instance_id", "metadata"}
 
@@ -155,9 +161,10 @@ def _image_fields(data: dict[str, Any]) -> dict[str, str | None]:
         raise SpecError("image", f"must be an image reference like repo/name:tag, got {image!r}")
     fields_ = {"image": image, "eval_script": _string(data, "eval_script", default=None) or None,
                "log_parser": _string(data, "log_parser", default=None) or None,
-               "eval_type": _string(data, "eval_type", default=None) or None}
+               "eval_type": _string(data, "eval_type", default=None) or None,
+               "setup_patch": _string(data, "setup_patch", default=None) or None}
     if image is None:
-        given = [k for k in ("eval_script", "log_parser", "eval_type") if fields_[k] is not None]
+        given = [k for k in ("eval_script", "log_parser", "eval_type", "setup_patch") if fields_[k] is not None]
         if given:
             raise SpecError(given[0], "only applies to a task with an image (send `image` too)")
     if fields_["eval_type"] is not None and fields_["eval_type"] not in _EVAL_TYPES:

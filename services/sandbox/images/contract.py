@@ -70,6 +70,21 @@ echo "GRPO_FUTURE_AFTER $($g rev-list --all --reflog --not "$base" --count)"
 """
 
 
+def setup_script() -> str:
+    """Apply the task's setup patch (a SWE-smith bug) and make the result the tree's only commit: neither
+    `git diff` nor the history shows the clean tree it was made from."""
+    return f"""cd {WORKDIR}
+g="{_GIT}"
+$g apply --whitespace=nowarn {IO_DIR}/setup.diff || {{ echo "GRPO_ERROR setup_patch does not apply"; exit 5; }}
+$g checkout --quiet --orphan grpo-task && $g add --all --force . || exit 6
+$g -c user.name=task -c user.email=task@localhost commit --quiet --no-verify -m task || exit 6
+$g for-each-ref --format='%(refname)' | while read -r ref; do
+  [ "$ref" = refs/heads/grpo-task ] || $g update-ref -d "$ref"
+done
+$g reflog expire --expire=now --all && $g gc --quiet --prune=now && echo GRPO_SETUP_DONE
+"""
+
+
 def apply_script() -> str:
     """swebench's apply chain over the agent patch, the tree reset between attempts."""
     patch = f"{IO_DIR}/patch.diff"
@@ -91,9 +106,10 @@ def _test_files(spec: TaskSpec) -> list[str]:
 def derived_eval_script(spec: TaskSpec, test_paths: list[str]) -> str:
     """An eval script of SWE-bench 5's shape for rows that carry none (SWE-Gym, SWE-smith, R2E-Gym, older rows)."""
     start, end = _swebench()["start"], _swebench()["end"]
-    base = shlex.quote(spec.base_commit)
+    base = shlex.quote("HEAD" if spec.setup_patch else spec.base_commit)
     files = " ".join(shlex.quote(p) for p in test_paths)
-    command = spec.test_command or "pytest -rA " + " ".join(shlex.quote(p) for p in _test_files(spec))
+    # `python3 -m`: the tree on sys.path even where the repository is not installed (and every image has python3).
+    command = spec.test_command or "python3 -m pytest -rA " + " ".join(shlex.quote(p) for p in _test_files(spec))
     lines = ["#!/bin/bash", "set -uxo pipefail",
              "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; "
              "conda activate testbed; fi", f"cd {WORKDIR}"]
@@ -151,12 +167,22 @@ async def prepare_history(env: ImageEnv, base_commit: str) -> int:
     return int(counts.get("GRPO_FUTURE_BEFORE", "0"))
 
 
+async def apply_setup(env: ImageEnv, patch: str) -> None:
+    env.put("setup.diff", patch if patch.endswith("\n") else patch + "\n")
+    result = await env.exec(["/bin/sh", "-c", setup_script()], limit_s=_STEP_LIMIT_S)
+    if "GRPO_SETUP_DONE" not in result.stdout.text():
+        raise InfraError(f"image {env.ref}: the task's setup_patch does not apply (exit {result.exit_code}): "
+                         f"{(result.stdout.text() + result.stderr.text())[-400:]}")
+
+
 async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> Verdict:
     """Steps 1-4 on a prepared environment."""
     import time
 
     t = time.monotonic()
     scrubbed = await prepare_history(env, spec.base_commit)
+    if spec.setup_patch:
+        await apply_setup(env, spec.setup_patch)
     timings["history_s"] = time.monotonic() - t
     t = time.monotonic()
     test_paths: list[str] = []

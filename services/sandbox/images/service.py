@@ -56,6 +56,10 @@ class ImageTasks:
         self._prefetches: dict[str, asyncio.Task[object]] = {}
 
     def ref(self, image: str) -> str:
+        """The pull reference: a bare name (`sweb.eval.x86_64.<id>`) gets `sandbox.image_namespace`, a name without
+        a registry host gets `sandbox.image_registry`."""
+        if "/" not in image and self.cfg.image_namespace:
+            image = f"{self.cfg.image_namespace}/{image}"
         return normalize(image, self.cfg.image_registry)
 
     async def start(self) -> None:

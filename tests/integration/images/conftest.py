@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,10 +53,24 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageSet]:
     future = git(future_tb, "rev-parse", "HEAD")
     git(future_tb, "checkout", "-q", "main")
     builder.instance("calc-future", future_tb)
+    builder.instance("calc-clean", _clean_testbed(repo, root / "tb-clean"))
     with local_registry(root / "registry") as reg:
-        for tag in ("calc", "calc-future"):
+        for tag in ("calc", "calc-future", "calc-clean"):
             builder.push(tag, f"{reg.host}/swe/{tag}:v1")
+        # The names SWE-bench and SWE-Gym publish instance `calc__1` under (same image, so one unpack).
+        builder.push("calc", f"{reg.host}/swebench/sweb.eval.x86_64.calc_1776_1:latest")
+        builder.push("calc", f"{reg.host}/xingyaoww/sweb.eval.x86_64.calc_s_1:latest")
         yield ImageSet(reg.host, repo, "swe/calc:v1", "swe/calc-future:v1", future, builder)
+
+
+def _clean_testbed(repo: CalcRepo, dest: Path) -> Path:
+    """calc with both bugs fixed and the test patch in: a SWE-smith image, whose task applies a bug."""
+    make_testbed(repo.path, repo.base, dest)
+    for patch in (repo.gold, repo.test_patch):
+        subprocess.run(["git", "-C", str(dest), "apply", "-"], input=patch, text=True, check=True)
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "clean")
+    return dest
 
 
 def _testbed(repo: CalcRepo, dest: Path) -> Path:
