@@ -37,5 +37,20 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "[setup] WARNING: bwrap not found; install bubblewrap (the sandbox refuses to run tests without it)" >&2
   fi
 fi
+# Image tasks (services/sandbox/images): skopeo + umoci pull and unpack images; the tests also build images
+# (debootstrap), push them to a registry on loopback (docker-registry) and run the Docker runtime (docker.io).
+IMAGE_PKGS=""
+for pair in skopeo:skopeo umoci:umoci docker-registry:docker-registry dockerd:docker.io debootstrap:debootstrap; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || IMAGE_PKGS="$IMAGE_PKGS ${pair#*:}"
+done
+if [ -n "$IMAGE_PKGS" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing$IMAGE_PKGS (apt)"
+    # shellcheck disable=SC2086
+    apt-get install -y -q --no-install-recommends $IMAGE_PKGS >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $IMAGE_PKGS >/dev/null; }
+  else
+    echo "[setup] WARNING: missing$IMAGE_PKGS; image tasks (and their tests) need them" >&2
+  fi
+fi
 touch .venv/.installed
 echo "[setup] done: $(.venv/bin/python -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)')"
