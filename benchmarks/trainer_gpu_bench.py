@@ -326,11 +326,11 @@ class Report:
 
 def _run_mode(args: argparse.Namespace, ac: str, dist: Dist, report: Report) -> None:
     bench: TrainerBench | None = None
-    failed = False
+    oom_len = 1 << 40
     for seq_len, batch in configs(args):
         row: dict[str, Any] = {"seq_len": seq_len, "batch": batch, "ac": ac}
-        if failed or report.out_of_time():
-            report.add("trainer", {**row, "skipped": "a shorter length ran out of memory" if failed else "budget"})
+        if seq_len > oom_len or report.out_of_time():
+            report.add("trainer", {**row, "skipped": "budget" if seq_len <= oom_len else "a shorter length OOM"})
             continue
         if bench is None:
             bench = TrainerBench(args, ac, dist)
@@ -340,7 +340,7 @@ def _run_mode(args: argparse.Namespace, ac: str, dist: Dist, report: Report) -> 
             return b.run(s, n, p)
 
         row.update(_guarded(measure))
-        failed = bool(row.get("oom"))
+        oom_len = seq_len if row.get("oom") else oom_len
         report.add("trainer", row)
     if bench is not None:
         bench.opt.zero_grad(set_to_none=True)
@@ -364,20 +364,21 @@ def main() -> int:
     if args.attn_bench and dist.is_main:
         report.data["attention"] = attention_bench(SHAPES[args.shape], [int(s) for s in args.attn_bench.split(",")],
                                                    device)
-    for ac in filter(None, args.ac_modes.split(",")):  # "" measures no trainer (e.g. attention kernels only)
-        _run_mode(args, ac, dist, report)
-    failed = args.skip_naive
+    oom_len = 0 if args.skip_naive else 1 << 40  # lengths above a length that ran out of memory are skipped
     for seq_len, batch in configs(args):
         row: dict[str, Any] = {"seq_len": seq_len, "batch": batch}
-        if failed or report.out_of_time():
+        if seq_len > oom_len or report.out_of_time():
             report.add("naive", {**row, "skipped": "skip-naive / shorter OOM / budget"})
             continue
+
         def naive(s: int = seq_len, n: int = batch) -> dict[str, Any]:
             return bench_naive(args, s, n, device)
 
         row.update(_guarded(naive))
-        failed = bool(row.get("oom"))
+        oom_len = seq_len if row.get("oom") else oom_len
         report.add("naive", row)
+    for ac in filter(None, args.ac_modes.split(",")):  # "" measures no trainer (e.g. attention kernels only)
+        _run_mode(args, ac, dist, report)
     if dist.is_main:
         print(f"wrote {report.path}", flush=True)
     dist.close()
