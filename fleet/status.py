@@ -39,7 +39,7 @@ async def _gather(cfg: MasterConfig) -> list[str]:
             mode = "async" if st.async_mode else "sync"
             lines.append(f"trainer   step {st.step}/{st.max_steps}  version {st.weight_version}  epoch {st.epoch}  "
                          f"phase {st.phase}  ({mode}, {st.world_size} ranks)")
-            keys = ("reward/mean", "val/accuracy", "loss/loss", "perf/tokens_per_s", "timing/step_s")
+            keys = ("reward/mean", "loss/loss", "perf/tokens_per_s", "timing/step_s")  # val/*: its own line
             shown = [f"{k} {st.metrics[k]:.4g}" for k in keys if k in st.metrics]
             if shown:
                 lines.append("          " + "  ".join(shown))
