@@ -17,6 +17,7 @@ _STATUS = {
     "not_applied": common_pb2.VERDICT_STATUS_PATCH_NOT_APPLIED,
     "refused": common_pb2.VERDICT_STATUS_INTEGRITY_REFUSED,
     "timeout": common_pb2.VERDICT_STATUS_TIMEOUT,
+    "integrity_violation": common_pb2.VERDICT_STATUS_INTEGRITY_VIOLATION,
 }
 _RESOLUTION = {"FULL": common_pb2.RESOLUTION_FULL, "PARTIAL": common_pb2.RESOLUTION_PARTIAL,
                "NO": common_pb2.RESOLUTION_NO}
@@ -86,5 +87,6 @@ class Scorer:
         if result.infra_error is not None:
             raise ScoringUnavailable(result.infra_error)
         mode, format_error_reward = self.cfg.env.reward_settings(env_name)
-        reward = reward_from_verdict(result.verdict, mode, format_error_reward)
+        reward = reward_from_verdict(result.verdict, mode, format_error_reward,
+                                     integrity_violation_reward=self.cfg.env.code.integrity_violation_reward)
         return result.verdict, reward, counter[0]

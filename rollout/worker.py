@@ -37,6 +37,8 @@ class WorkerStats:
     total_pause_s: float = 0.0
     last_pause_s: float = 0.0
     scoring_retries: int = 0
+    integrity_violations: int = 0
+    """Samples whose verdict was `integrity_violation` (a caught reward hack)."""
     started_at: float = 0.0
     busy_s: float = 0.0
     idle_s: float = 0.0
@@ -63,7 +65,8 @@ class WorkerStats:
         return {"tokens_generated": self.tokens_generated, "tokens_per_s": self.tokens_per_s(),
                 "groups_submitted": self.groups_submitted, "groups_released": self.groups_released,
                 "weight_updates": self.weight_updates, "total_pause_s": self.total_pause_s,
-                "busy_s": self.busy_s, "idle_s": self.idle_s, "scoring_retries": self.scoring_retries}
+                "busy_s": self.busy_s, "idle_s": self.idle_s, "scoring_retries": self.scoring_retries,
+                "integrity_violations": self.integrity_violations}
 
 
 class RolloutWorker:
@@ -230,6 +233,7 @@ class RolloutWorker:
         verdict, reward, retries = await self.scorer.score(prompt.env_name, payload, text,
                                                            truncated=gen.finish_reason == "length")
         self.stats.scoring_retries += retries
+        self.stats.integrity_violations += verdict.status == "integrity_violation"
         return common_pb2.Trajectory(
             response_token_ids=gen.token_ids, generation_logprobs=gen.logprobs, token_versions=gen.token_versions,
             reward=reward, verdict=to_proto_verdict(verdict), finish_reason=gen.finish_reason,

@@ -20,12 +20,16 @@ def _pass_rate(verdict: Verdict) -> float:
     return verdict.tests_passed / ran if ran else float(verdict.resolution == "FULL")
 
 
-def reward_from_verdict(verdict: Verdict, mode: RewardMode = "binary", format_error_reward: float = 0.0) -> float:
+def reward_from_verdict(verdict: Verdict, mode: RewardMode = "binary", format_error_reward: float = 0.0, *,
+                        integrity_violation_reward: float = -1.0) -> float:
     """Reward of one answer.
 
     - no usable patch (`patch_applied` false: a format error, or a patch git could not apply): `format_error_reward`;
     - refused by the integrity check: `min(0, format_error_reward)`, so tampering never pays better than a malformed
       answer;
+    - integrity_violation (the run's outcome could not be believed: a forged report, pytest manipulated from code
+      under test): `integrity_violation_reward` (`env.code.integrity_violation_reward`, default -1), below any
+      honest outcome so that a cheat that is caught never pays;
     - timeout: 0;
     - completed: binary -> 1.0 iff resolution is FULL; pass_rate -> fraction of FAIL_TO_PASS + PASS_TO_PASS tests that
       pass (without those lists, of the tests that ran).
@@ -37,6 +41,8 @@ def reward_from_verdict(verdict: Verdict, mode: RewardMode = "binary", format_er
         raise ValueError(f"env.code.reward_mode must be 'binary' or 'pass_rate', got {mode!r}")
     if verdict.status == "refused":
         return min(0.0, format_error_reward)
+    if verdict.status == "integrity_violation":
+        return integrity_violation_reward
     if not verdict.patch_applied:
         return format_error_reward
     if verdict.status == "timeout":

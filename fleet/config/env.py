@@ -50,6 +50,9 @@ class CodeEnvConfig(Section):
     """Sandbox tasks one rollout worker keeps in flight."""
     format_error_reward: float = 0.0
     """Reward of an answer with no usable patch."""
+    integrity_violation_reward: float = -1.0
+    """Reward of an `integrity_violation` verdict (a forged report, pytest manipulated from code under test): below
+    any honest outcome, so a caught cheat never pays. Counted in the rollout workers' `integrity_violations`."""
     auth_token: str | None = None
     """Bearer token for the sandbox executors (or GRPO_FLEET_SANDBOX_TOKEN)."""
     max_retries: int = Field(5, ge=0)

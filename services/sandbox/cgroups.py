@@ -104,11 +104,18 @@ class TaskCgroup:
     def stats(self) -> TaskStats:
         mem = self.dirs["memory"]
         peak = _read_int(mem / "memory.max_usage_in_bytes")
-        failcnt = _read_int(mem / "memory.failcnt")
+        limit = _read_int(mem / "memory.limit_in_bytes")
+        try:
+            oom = mem.joinpath("memory.oom_control").read_text().split()
+            kills = int(oom[oom.index("oom_kill") + 1]) if "oom_kill" in oom else 0
+        except (OSError, ValueError, IndexError):
+            kills = 0
+        # Kernels differ in which counter they bump (failcnt stays 0 on some): any of them means the limit bit.
+        hit = kills > 0 or _read_int(mem / "memory.failcnt") > 0 or (limit > 0 and peak >= limit)
         events = (self.dirs["pids"] / "pids.events").read_text() if (self.dirs["pids"] / "pids.events").exists() \
             else ""
         pids_hit = any(line.split()[1] != "0" for line in events.splitlines() if line.startswith("max "))
-        return TaskStats(round(peak / 2**20, 1), failcnt > 0, pids_hit)
+        return TaskStats(round(peak / 2**20, 1), hit, pids_hit)
 
     async def remove(self) -> None:
         """Remove the groups; the run's processes are gone, but the kernel may take a moment to say so."""

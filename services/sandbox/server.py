@@ -171,6 +171,8 @@ class SandboxServer:
             body = await request.json()
         except ValueError:
             return _error(400, "body: not valid JSON", field="body")
+        except RecursionError:  # json nests by recursion: a deeply nested body is bad input, not a server failure
+            return _error(400, "body: JSON nested too deeply", field="body")
         try:
             spec = spec_from_json(body, max_timeout=self.cfg.max_timeout_s)
         except SpecError as exc:
