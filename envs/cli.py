@@ -32,12 +32,45 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--recipe", type=Path, default=None, help="recipe YAML (default: envs/swe/recipe.yaml)")
     b.add_argument("--kinds", default="", help="comma-separated bug kinds (default: all)")
     b.add_argument("--verbose", action="store_true", help="log every sandbox run")
+    b.add_argument("--images", action="store_true",
+                   help="build an instance image per task (SWE-bench style), push it to --registry and record it in "
+                        "the rows, so the fleet runs the set on the image path (the set is built first if missing)")
+    b.add_argument("--registry", default="", help="--images: registry to push to, HOST[:PORT] (e.g. 127.0.0.1:5000)")
+    b.add_argument("--namespace", default="grpo-fleet", help="--images: image namespace (default: %(default)s)")
+    b.add_argument("--insecure-registry", action="store_true", help="--images: plain HTTP / unverified TLS")
     ls = sub.add_parser("list", help="counts per repository and bug kind of a built task set")
     ls.add_argument("--data", type=Path, default=default_task_dir(), help="task-set folder (default: %(default)s)")
     return p
 
 
+def _build_images(args: argparse.Namespace) -> int:
+    from envs.swe.image_build import build_task_images
+
+    if not args.registry:
+        print("error: --images needs --registry HOST[:PORT] (where executors will pull the images from)",
+              file=sys.stderr)
+        return 2
+    if not (args.out / "train.jsonl").is_file():
+        code = _build_tasks(args)
+        if code:
+            return code
+    try:
+        report = build_task_images(args.out, args.registry, namespace=args.namespace,
+                                   tls_verify=not args.insecure_registry)
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"built and pushed {report.images} images to {report.registry} in {report.seconds:.0f} s; run the set with "
+          f"sandbox.image_registry={report.registry}" + (" sandbox.image_tls_verify=false"
+                                                         if args.insecure_registry else ""))
+    return 0
+
+
 def _build(args: argparse.Namespace) -> int:
+    return _build_images(args) if args.images else _build_tasks(args)
+
+
+def _build_tasks(args: argparse.Namespace) -> int:
     from envs.swe.builder import BuildOptions, build_taskset
     from envs.swe.mutations import BUG_KINDS
     from envs.swe.taskset import format_summary, summarize

@@ -94,6 +94,14 @@ class OciBuilder:
             return tag
         _run(["umoci", "new", "--image", f"{self.layout}:{tag}"])
         _run(["umoci", "raw", "add-layer", "--image", f"{self.layout}:{tag}", str(tarball)])
+        # `python` as SWE-bench's conda images have it (Debian ships only python3): task commands say `python`.
+        with tempfile.NamedTemporaryFile(suffix=".tar", dir=self.layout.parent) as layer:
+            with tarfile.open(fileobj=layer, mode="w") as tar:
+                link = _reset(tarfile.TarInfo("usr/local/bin/python"))
+                link.type, link.linkname = tarfile.SYMTYPE, "/usr/bin/python3"
+                tar.addfile(link)
+            layer.flush()
+            _run(["umoci", "raw", "add-layer", "--image", f"{self.layout}:{tag}", layer.name])
         _run(["umoci", "config", "--image", f"{self.layout}:{tag}", "--config.workingdir", "/testbed",
               "--config.env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
               "--config.env", "LANG=C.UTF-8", "--config.cmd", "/bin/bash"])
