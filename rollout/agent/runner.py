@@ -22,7 +22,7 @@ from rollout.agent.tools import ToolBox
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, to_proto_verdict
 from sandbox_client import reward_from_verdict
-from sandbox_client.results import SandboxError
+from sandbox_client.results import SandboxUnavailable
 from sandbox_client.sessions import SessionClient
 from services.sandbox.model import Verdict
 
@@ -80,7 +80,7 @@ class AgentRunner:
                                                       grade_unchanged=False)
             finally:
                 await session.close()
-        except SandboxError as exc:
+        except SandboxUnavailable as exc:  # 400/401 (a configuration bug) propagate: the worker logs them loudly
             raise ScoringUnavailable(f"sandbox session failed during an episode: {exc}") from exc
         if not episode.token_ids:
             raise ScoringUnavailable("the episode timed out before its first turn ended (env.code.agent."

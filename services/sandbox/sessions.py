@@ -234,6 +234,9 @@ class SessionManager:
         if not owner:
             raise SessionError("owner: is required (the caller's id; its lease keeps the session alive)",
                                field="owner")
+        if getattr(spec, "image", None):  # an instance image's session needs the image runtime (not wired in yet)
+            raise SessionError("image: sessions run on the host interpreter only; tasks with an image are not "
+                               "supported in sessions yet", field="image")
         if request_id:
             for s in self.sessions.values():
                 if s.owner == owner and s.request_id == request_id:
