@@ -8,6 +8,8 @@ the [T, V] logits (bf16, then an fp32 copy for the softmax: ~2.4 GB for one 4k s
   attention). Padding only fills the tail of the last row segment and *continues* its positions: causal attention
   never lets a real token see a later pad, and a row holding one sample keeps plain `is_causal` attention (the
   flash kernel on GPUs).
+* `trained_only()` drops the positions the loss masks out (an agent trajectory's observation tokens) from the
+  lm_head's work.
 * `linear_logprobs()` takes the final hidden states of the response positions only (prompt positions never reach
   the lm_head), and computes `log softmax(h W^T / temperature)[target]` over chunks of tokens in fp32. The backward
   pass needs d log p / d logits = (onehot(target) - softmax) / temperature for every chunk. Up to `save_bytes` of
@@ -19,7 +21,7 @@ the [T, V] logits (bf16, then an fp32 copy for the softmax: ~2.4 GB for one 4k s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -110,6 +112,20 @@ def pack(
         max_response=max_resp,
         padded_tokens=ids.numel() - sum(lengths),
     )
+
+
+def trained_only(packed: PackedInputs, mask: torch.Tensor) -> PackedInputs:
+    """`packed` with only the response positions the loss trains on (`mask` [B, T] != 0) left for the lm_head.
+
+    An agent trajectory's observation tokens (tool output: most of its tokens) are context for the decoder but never
+    in the loss, so their lm_head forward and backward (a tokens x hidden x vocab matmul each way, plus the softmax
+    passes) would be thrown away; `unpack` gives them log-prob 0, which every loss term masks out. The decoder still
+    runs over every token. Call it on CPU tensors (before `.to(device)`): selecting on the device would sync."""
+    keep = mask.reshape(-1).index_select(0, packed.dest_index) != 0
+    if bool(keep.all()):
+        return packed
+    return replace(packed, gather_index=packed.gather_index[keep], targets=packed.targets[keep],
+                   dest_index=packed.dest_index[keep])
 
 
 def unpack(values: torch.Tensor, packed: PackedInputs) -> torch.Tensor:

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The same table as weightsync.dtypes.DTYPES, kept here: importing weightsync runs its package __init__, which pulls
+# in fleet.config (pydantic) and the gRPC stubs, and the lent GPU machines that run benchmarks/trainer_gpu_bench.py
+# have neither.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rollout engines record RAW log-probs (log_softmax of the unmodified logits, before temperature: the contract in
 # rollout/engine/base.py). pi_theta and pi_old must be the same quantity or the IS weight pi_old/pi_gen is biased.

@@ -20,7 +20,7 @@ import torch
 from trainer.batch import MicroBatch, StepBatch, plan_rank
 from trainer.dist import Dist
 from trainer.grpo import count_valid, grpo_loss
-from trainer.logprobs import PackedInputs
+from trainer.logprobs import PackedInputs, trained_only
 from trainer.model import PolicyModule, autocast, forward_logprobs, packing_supported
 
 if TYPE_CHECKING:  # the config is only read here: the GPU benchmark runs without pydantic if it must
@@ -78,11 +78,12 @@ class StepRunner:
             return
         for minibatch in plan:
             for mb in minibatch:
+                packed = trained_only(mb.packed, mb.mask)  # masked-out tokens skip the lm_head
                 with autocast(self.cfg.policy, self.dist):
                     if policy:
-                        mb.old_logprobs = forward_logprobs(self.policy, mb.packed, self.dist.device).float()
+                        mb.old_logprobs = forward_logprobs(self.policy, packed, self.dist.device).float()
                     if self.reference is not None:
-                        mb.reference_logprobs = forward_logprobs(self.reference, mb.packed, self.dist.device).float()
+                        mb.reference_logprobs = forward_logprobs(self.reference, packed, self.dist.device).float()
 
     def run(self, batch: StepBatch) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -158,7 +159,7 @@ class StepRunner:
         old = None if mb.old_logprobs is None else mb.old_logprobs.to(dev)
         inputs = (old, mb.generation_logprobs.to(dev), mb.advantages.to(dev), mb.mask.to(dev))
         ref = None if mb.reference_logprobs is None else mb.reference_logprobs.to(dev)
-        return mb.packed.to(dev), inputs, ref
+        return trained_only(mb.packed, mb.mask).to(dev), inputs, ref  # masked-out tokens skip the lm_head
 
     def _clip_and_step(self) -> float | torch.Tensor:
         """Clip by global norm and step; a non-finite norm skips the update on every rank (the norm is all-reduced).

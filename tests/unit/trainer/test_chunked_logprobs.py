@@ -1,7 +1,8 @@
-"""The fast log-prob path (packed rows, chunked lm_head + log-softmax, activation checkpointing) against the plain
-one (one sample per forward, full [T, vocab] logits, `log_softmax().gather()`): the same GRPO loss and the same
-gradient of every parameter, on a small Qwen2 and an agent-style mask (alternating generated and observed spans),
-so the long-context path cannot drift from the reference."""
+"""The fast log-prob path (packed rows, chunked lm_head + log-softmax, the lm_head on trained tokens only,
+activation checkpointing) against the plain one (one sample per forward, full [T, vocab] logits,
+`log_softmax().gather()`): the same GRPO loss and the same gradient of every parameter, on a small Qwen2 and an
+agent-style mask (alternating generated and observed spans), so the long-context path cannot drift from the
+reference."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from fleet.config import parse_config
 from trainer.grpo import grpo_loss
-from trainer.logprobs import pack
+from trainer.logprobs import pack, trained_only
 from trainer.model import PolicyModule, apply_activation_checkpointing, forward_logprobs
 
 VOCAB = 300
@@ -78,11 +79,16 @@ def _plain_logprobs(lm: Any, responses: list[list[int]]) -> torch.Tensor:
     return out
 
 
-def _chunked_logprobs(lm: Any, responses: list[list[int]], *, chunk: int, saved_rows: int) -> torch.Tensor:
-    """The fast path: both samples packed in one row, chunked lm_head, `saved_rows` logit-gradient rows kept."""
+def _chunked_logprobs(lm: Any, responses: list[list[int]], *, chunk: int, saved_rows: int,
+                      head_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The fast path: both samples packed in one row, chunked lm_head, `saved_rows` logit-gradient rows kept; with
+    `head_mask`, only its trained positions go through the lm_head (as trainer.step does)."""
     module = PolicyModule(lm, temperature=1.0, chunk_tokens=chunk, saved_grad_bytes=saved_rows * VOCAB * 4)
     packed = pack(PROMPTS, responses, row_tokens=128, packing=True)
     assert packed.input_ids.shape[0] == 1  # one packed row: block-diagonal attention is exercised too
+    if head_mask is not None:
+        packed = trained_only(packed, head_mask)
+        assert packed.targets.numel() == int((head_mask != 0).sum())
     return forward_logprobs(module, packed, torch.device("cpu"))
 
 
@@ -97,16 +103,18 @@ def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
         assert ((a[name] - b[name]).abs().max() / scale).item() < 2e-5, name
 
 
-@pytest.mark.parametrize(("chunk", "saved_rows"), [(7, 0), (8, 16), (64, 70)])
-def test_chunked_path_gives_the_plain_loss_and_gradients_on_a_multi_span_agent_mask(chunk: int,
-                                                                                      saved_rows: int) -> None:
+@pytest.mark.parametrize(("chunk", "saved_rows", "head_on_trained_only"),
+                         [(7, 0, False), (8, 16, False), (64, 70, False), (7, 0, True), (8, 16, True)])
+def test_chunked_path_gives_the_plain_loss_and_gradients_on_a_multi_span_agent_mask(
+        chunk: int, saved_rows: int, head_on_trained_only: bool) -> None:
     responses, mask, gen, adv = _batch()
     plain_lm = _tiny_lm()
     fast_lm = copy.deepcopy(plain_lm)
     plain_lp = _plain_logprobs(plain_lm, responses)
     plain = _loss(plain_lp, gen, adv, mask)
     plain.backward()
-    fast_lp = _chunked_logprobs(fast_lm, responses, chunk=chunk, saved_rows=saved_rows)
+    fast_lp = _chunked_logprobs(fast_lm, responses, chunk=chunk, saved_rows=saved_rows,
+                                head_mask=mask if head_on_trained_only else None)
     fast = _loss(fast_lp, gen, adv, mask)
     fast.backward()
     valid = mask != 0
