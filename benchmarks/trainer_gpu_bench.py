@@ -59,12 +59,14 @@ from trainer_gpu_parts import (  # noqa: E402
     attention_bench,
     flops_per_token,
     logits_memory_gb,
+    logits_sweep,
     observation_spans,
     profile_kernels,
 )
 
 from trainer.batch import Group, Trajectory, build_step_batch  # noqa: E402
 from trainer.dist import Dist, pick_device, read_env  # noqa: E402
+from trainer.logprobs import trained_only  # noqa: E402
 from trainer.model import wrap_policy  # noqa: E402
 from trainer.step import StepRunner, make_optimizer  # noqa: E402
 
@@ -92,6 +94,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--profile", default="", help="LENxBATCH:MODE of one trainer measurement to profile (kernels)")
     p.add_argument("--attn-bench", default="", help="sequence lengths of the attention-kernel microbenchmark")
+    p.add_argument("--logits-sweep", default="", help="token counts: the fused lm_head's memory alone, kept "
+                   "logit gradients 0 and --saved-grad-gb")
     p.add_argument("--budget-s", type=float, default=0.0, help="start no measurement after this many seconds")
     p.add_argument("--out", default=None)
     return p.parse_args()
@@ -126,11 +130,11 @@ def _sync_time(fn: Callable[[], Any], steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def _figures(tokens: int, dt: float, model: Any, seq_len: int) -> dict[str, Any]:
+def _figures(tokens: int, dt: float, model: Any, seq_len: int, head_fraction: float = 1.0) -> dict[str, Any]:
     tps = tokens / dt
-    return {"step_s": dt, "tokens_per_s": tps,
-            "mfu_causal": tps * flops_per_token(model, seq_len, causal=True) / PEAK_FLOPS,
-            "mfu": tps * flops_per_token(model, seq_len, causal=False) / PEAK_FLOPS,
+    return {"step_s": dt, "tokens_per_s": tps, "head_token_fraction": head_fraction,
+            "mfu_causal": tps * flops_per_token(model, seq_len, causal=True, head_fraction=head_fraction) / PEAK_FLOPS,
+            "mfu": tps * flops_per_token(model, seq_len, causal=False, head_fraction=head_fraction) / PEAK_FLOPS,
             "peak_gb": torch.cuda.max_memory_allocated() / GIB}
 
 
@@ -246,16 +250,19 @@ class TrainerBench:
         recompute_s = _sync_time(lambda: runner.recompute(plan), 1)
         torch.cuda.reset_peak_memory_stats()
         dt = _sync_time(lambda: runner._update(plan[0]), args.steps)
-        out: dict[str, Any] = _figures(batch * seq_len, dt, self.lm, seq_len)
+        # The step sends only trained tokens through the lm_head (trainer.logprobs.trained_only).
+        head = sum(trained_only(mb.packed, mb.mask).targets.numel() for mb in plan[0]) / (batch * seq_len)
+        out: dict[str, Any] = _figures(batch * seq_len, dt, self.lm, seq_len, head)
         if profile and dist.is_main:
             out["kernels"] = profile_kernels(lambda: runner._update(plan[0]))
         trained = sum(float((mb.mask != 0).sum()) for mb in plan[0])
         out.update(recompute_s=recompute_s, first_recompute_s=first_recompute_s, warmup_step_s=warm_s,
                    static_gb=static_gb, activations_gb=activations_gb, trained_token_fraction=trained / (
                        batch * (seq_len - 1)), padded_tokens=float(sum(mb.packed.padded_tokens for mb in plan[0])))
-        out["logits_gb"] = logits_memory_gb(
-            self.lm.config.hidden_size, self.lm.config.vocab_size, batch * (seq_len - 1), chunk=args.chunk,
-            saved_bytes=int(args.saved_grad_gb * GIB), device=dist.device)
+        c = self.lm.config
+        out["logits_gb"] = logits_memory_gb(c.hidden_size, c.vocab_size, max(1, int(head * batch * seq_len)),
+                                            chunk=args.chunk, saved_bytes=int(args.saved_grad_gb * GIB),
+                                            device=dist.device)
         out["other_gb"] = out["peak_gb"] - static_gb - (activations_gb or 0.0) - out["logits_gb"]
         return out
 
@@ -364,6 +371,11 @@ def main() -> int:
     if args.attn_bench and dist.is_main:
         report.data["attention"] = attention_bench(SHAPES[args.shape], [int(s) for s in args.attn_bench.split(",")],
                                                    device)
+    if args.logits_sweep and dist.is_main:
+        shape = SHAPES[args.shape]
+        report.data["logits_sweep"] = logits_sweep(shape["hidden_size"], shape["vocab_size"],
+                                                   [int(n) for n in args.logits_sweep.split(",")],
+                                                   [0.0, args.saved_grad_gb], chunk=args.chunk, device=device)
     oom_len = 0 if args.skip_naive else 1 << 40  # lengths above a length that ran out of memory are skipped
     for seq_len, batch in configs(args):
         row: dict[str, Any] = {"seq_len": seq_len, "batch": batch}

@@ -18,14 +18,16 @@ SHAPES: dict[str, dict[str, int]] = {
 GIB = 2**30
 
 
-def flops_per_token(model: Any, seq_len: int, *, causal: bool) -> float:
+def flops_per_token(model: Any, seq_len: int, *, causal: bool, head_fraction: float = 1.0) -> float:
     """6 N (N = all parameters, the tied embedding once: it is the lm_head matmul) + attention 12 L H S, halved when
     `causal`: a causal kernel computes only the lower triangle of QK^T and PV, so the full count credits FLOPs no
-    kernel does. The causal-aware figure is the headline; the full count is the convention of issue 6."""
+    kernel does. The causal-aware figure is the headline; the full count is the convention of issue 6. The lm_head's
+    6 V H counts only on the `head_fraction` of tokens that go through it (the trainer skips masked-out ones)."""
     n = sum(p.numel() for p in model.parameters())
     c = model.config
+    head = c.vocab_size * c.hidden_size
     attn = 12.0 * c.num_hidden_layers * c.hidden_size * seq_len
-    return 6.0 * n + (attn / 2 if causal else attn)
+    return 6.0 * (n - head) + 6.0 * head * head_fraction + (attn / 2 if causal else attn)
 
 
 def observation_spans(n: int, *, seed: int = 0, generated: tuple[int, int] = (64, 768),
@@ -62,6 +64,17 @@ class ActivationProbe:
         for h in self._handles:
             h.remove()
         return (self.after - self.before) / GIB
+
+
+def logits_sweep(hidden: int, vocab: int, lengths: list[int], budgets_gb: list[float], *, chunk: int,
+                 device: torch.device) -> list[dict[str, Any]]:
+    """`logits_memory_gb` at each token count and saved-gradient budget: flat in length once the budget is full."""
+    rows = [{"tokens": n, "saved_grad_gb": b,
+             "logits_gb": logits_memory_gb(hidden, vocab, n, chunk=chunk, saved_bytes=int(b * GIB), device=device)}
+            for b in budgets_gb for n in lengths]
+    for r in rows:
+        print(r, flush=True)
+    return rows
 
 
 def logits_memory_gb(hidden: int, vocab: int, tokens: int, *, chunk: int, saved_bytes: int,
