@@ -1,4 +1,4 @@
-"""Weight push over NCCL on two GPUs: our data plane (rollout.nccl: a stateless NCCL group per rendezvous, per-dtype
+"""Weight push over NCCL on two GPUs: our data plane (weightsync.nccl: a stateless NCCL group per rendezvous, per-dtype
 1 GiB buckets, broadcast from the trainer) against a plain torch.distributed send/recv of the same bytes, measured
 in the same run, for Qwen2-shaped state dicts of ~0.5B and ~1.5B parameters (random bf16 weights).
 
@@ -24,8 +24,8 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout import nccl  # noqa: E402
-from rollout.weights import TensorMeta  # noqa: E402
+from weightsync import nccl  # noqa: E402
+from weightsync.header import TensorMeta  # noqa: E402
 
 SHAPES = {
     "qwen2-0.5b": dict(hidden=896, layers=24, heads=14, kv=2, inter=4864, vocab=151936),

@@ -1,7 +1,7 @@
 """Does a rollout worker's NCCL weight link stay quiet once the trainer that hosted its rendezvous has exited?
 
 Two GPUs: `python benchmarks/nccl_link_check.py` starts a "trainer" (rank 0, hosts the TCPStore) and a "worker"
-(rank 1) over `rollout.nccl`, broadcasts one bucket, lets the trainer exit, and counts the warnings the worker prints
+(rank 1) over `weightsync.nccl`, broadcasts one bucket, lets the trainer exit, and counts the warnings the worker prints
 over the next `--linger` seconds, then aborts its link. Prints one JSON line. `TORCH_NCCL_ENABLE_MONITORING=1
 TORCH_NCCL_DUMP_ON_TIMEOUT=1 python benchmarks/nccl_link_check.py` shows the behaviour without the link's defaults.
 """
@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 def role(rank: int, init: str, linger: float) -> None:
     import torch
 
-    from rollout import nccl
-    from rollout.weights import TensorMeta
+    from weightsync import nccl
+    from weightsync.header import TensorMeta
 
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)

@@ -12,10 +12,11 @@ What runs, per (backend, size, number of workers):
   (`engine_bench.make`; backend `vllm-plain`: the same vLLM engine with `cpu_weight_layout="plain"`), in-flight
   updates on (`grpo.async_grpo.in_flight_weight_updates`). What is left out: the
   lease loop, scoring and the replay buffer; the worker's post-load heartbeat to the buffer goes to a stub.
-- Push: the trainer's own code, `trainer.weights.WeightPusher.publish` over `TcpTransport` (header over gRPC, bytes
-  over one TCP stream per worker, received into the engine's staging memory) or `GrpcTransport` (4 MiB slices),
-  all workers concurrently. `push_s` is the wall time from the `publish()` call until every worker's `GetStatus`
-  reports the pushed version. The first push of a run (a warm-up) is not counted; `push_s` is the median of the rest.
+- Push: the trainer's own code, `trainer.weights.WeightPusher.publish` over `weightsync.tcp.TcpSender` (header over
+  gRPC, bytes over one TCP stream per worker, received into the engine's staging memory) or
+  `weightsync.grpc.GrpcSender` (4 MiB slices), all workers concurrently. `push_s` is the wall time from the
+  `publish()` call until every worker's `GetStatus` reports the pushed version. The first push of a run (a warm-up)
+  is not counted; `push_s` is the median of the rest.
 - Loopback: in the same run, `bytes` (model bytes x workers) sent over one plain TCP socket on 127.0.0.1 from this
   process to a receiver process that `recv_into`s a preallocated buffer (best of 3): the floor the issue's target
   is stated against (`push_s <= 1.5 x bytes / loopback bandwidth`).
@@ -206,7 +207,7 @@ async def push_once(pusher: Any, tensors: dict[str, torch.Tensor], version: int,
                     stubs: list[Any]) -> dict[str, Any]:  # fmt: skip
     """One trainer push; wall time from the call until every worker's GetStatus reports `version`."""
     from grpofleet.v1 import rollout_worker_pb2
-    from trainer.weights import WeightSnapshot
+    from weightsync.header import WeightSnapshot
 
     snap = WeightSnapshot(version, EPOCH, tensors)
     t0 = time.perf_counter()
@@ -235,9 +236,13 @@ async def bench_config(transport_name: str, backend: str, size: str, n_workers: 
     import engine_bench
     from safetensors.torch import load_file
 
+    from fleet.config.policy import GrpcWeightSyncConfig
     from grpofleet.v1 import rollout_worker_pb2_grpc
     from services.runtime.client import make_channel
-    from trainer.weights import GrpcTransport, TcpTransport, WeightPusher, WorkerRef
+    from trainer.weights import WeightPusher
+    from weightsync.base import WeightSender, WorkerRef
+    from weightsync.grpc import GrpcSender
+    from weightsync.tcp import TcpSender
 
     path = engine_bench.model_for(size)
     base = load_file(path / "model.safetensors")
@@ -249,7 +254,8 @@ async def bench_config(transport_name: str, backend: str, size: str, n_workers: 
     workers = [WorkerProc(backend, path, f"{backend}-{size}-{i}", logs / f"{backend}-{size}-{n_workers}-{i}.log")
                for i in range(n_workers)]  # fmt: skip
     cfg = worker_config(path)
-    transport = TcpTransport(cfg) if transport_name == "tcp" else GrpcTransport(cfg)
+    transport: WeightSender = (TcpSender(cfg.policy.weight_sync, cfg.services) if transport_name == "tcp"
+                               else GrpcSender(GrpcWeightSyncConfig(), cfg.services))
     row: dict[str, Any] = {"transport": transport_name, "backend": backend, "size": size, "workers": n_workers,
                            "model_bytes": model_bytes,
                            "bytes": model_bytes * n_workers, "params": sum(t.numel() for t in base.values())}

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from grpc import aio
 
 from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
-from rollout import weights
 from rollout.engine.base import StagedWeights
 from rollout.worker import RolloutWorker
+from weightsync.factory import receive
 
 
 def peer_host(peer: str) -> str:
@@ -33,14 +33,10 @@ class RolloutWorkerServicer(rollout_worker_pb2_grpc.RolloutWorkerServicer):
     ) -> rollout_worker_pb2.PushWeightsResponse:
         t0 = time.monotonic()
         engine = self.worker.engine
-        ws = await weights.receive(request_iterator, engine.weight_spec(), stage=engine.stage,
-                                   on_staged=engine.on_staged, peer_host=peer_host(context.peer()),
-                                   timeout_s=self.worker.cfg.policy.weight_sync.timeout_s)
+        ws = await receive(request_iterator, engine.weight_spec(), stage=engine.stage,
+                           on_staged=engine.on_staged, peer_host=peer_host(context.peer()),
+                           timeout_s=self.worker.cfg.policy.weight_sync.timeout_s)
         try:
-            if ws.transport == "nccl":
-                from rollout.nccl import receive_nccl
-
-                await receive_nccl(ws)
             receive_s = time.monotonic() - t0
             pause_s, load_s = await self.worker.apply_weights(ws)
         finally:

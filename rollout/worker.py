@@ -22,8 +22,8 @@ from rollout.agent.runner import AgentRunner
 from rollout.buffer_client import BufferClient
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
 from rollout.scoring import Scorer, ScoringUnavailable, to_proto_verdict
-from rollout.weights import WeightSet
 from services.runtime.errors import FailedPrecondition
+from weightsync.header import WeightSet
 
 log = logging.getLogger(__name__)
 

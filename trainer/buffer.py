@@ -21,7 +21,7 @@ from services.runtime.client import call_through_outage, make_channel
 from services.runtime.outage import Outage
 from trainer.batch import Group, Trajectory
 from trainer.data import PromptSpec
-from trainer.weights import WorkerRef
+from weightsync.base import WorkerRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

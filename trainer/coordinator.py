@@ -28,15 +28,10 @@ from trainer.buffer import BufferClient, Starvation
 from trainer.data import PromptFeeder, TaskSource
 from trainer.status import TrainerState, start_status_service
 from trainer.validation import run_validation
-from trainer.weights import (
-    GrpcTransport,
-    NcclTransport,
-    PushResult,
-    TcpTransport,
-    WeightPusher,
-    WeightSnapshot,
-    WeightTransport,
-)
+from trainer.weights import WeightPusher
+from weightsync.base import PushResult
+from weightsync.factory import make_senders
+from weightsync.header import WeightSnapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,13 +71,7 @@ class Coordinator:
 
     async def _start(self) -> None:
         self.buffer = BufferClient(self.cfg)
-        ws = self.cfg.policy.weight_sync
-        late: WeightTransport = GrpcTransport(self.cfg) if ws.transport == "grpc" else TcpTransport(self.cfg)
-        main: WeightTransport = late
-        if ws.transport == "nccl":
-            if self.device.type != "cuda":
-                raise ValueError("policy.weight_sync.transport=nccl needs a CUDA trainer; use tcp on CPU")
-            main = NcclTransport(self.cfg, self.device)
+        main, late = make_senders(self.cfg.policy.weight_sync, self.cfg.services, self.device)
         self.pusher = WeightPusher(self.cfg, self.buffer.list_workers, main, late)
         self._status = await start_status_service(self.cfg, self.state)
 

@@ -34,10 +34,11 @@ from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
 from trainer.coordinator import Coordinator
 from trainer.dist import Dist
 from trainer.metrics import Metrics, Progress, age_histogram
-from trainer.model import DTYPES, PolicyModule
+from trainer.model import PolicyModule
 from trainer.status import TrainerState
 from trainer.step import StepRunner
 from trainer.weights import gather_snapshot
+from weightsync.dtypes import DTYPES
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """`policy.*`: the model being trained, how it is trained and how it generates (seed key names kept)."""
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fleet.config.base import Section
 
@@ -82,28 +82,62 @@ class GenerationConfig(Section):
     """Seed compatibility; must stay disabled."""
 
 
-class WeightSyncConfig(Section):
-    transport: Literal["tcp", "grpc", "nccl"] = "tcp"
-    """How weight bytes reach rollout workers (the gRPC `PushWeights` call always carries the header: names, shapes,
-    versions). tcp: each worker reads them from one plain TCP stream that the trainer serves (`stream_port`), at
-    socket speed; grpc: inside the gRPC stream as `WeightChunk`s (only the rollout port needs to be open, several
-    times slower); nccl: one NCCL broadcast from trainer rank 0 (GPU trainer and GPU workers). Workers that join
-    late are synced over tcp with nccl, else over the chosen transport."""
-    stream_port: int = Field(0, ge=0, le=65535)
-    """transport=tcp: the port the trainer serves weight bytes on (0: any free port; it travels in each push)."""
-    stream_host: str | None = None
-    """transport=tcp: the name or address workers reach the trainer's weight stream at (None: the address each
-    worker sees the push call come from)."""
+class _WeightSyncKeys(Section):
+    """Keys every transport has (`transport` is narrowed to one value by each variant)."""
+
+    transport: str
+    """How weight bytes reach rollout workers; the gRPC `PushWeights` call always carries the header (names, shapes,
+    versions). `tcp` (the default), `grpc` or `nccl`: each has its own keys, listed in its section."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """dtype of pushed tensors (auto: `policy.precision`); must match the dtype the rollout engine serves."""
-    chunk_mb: float = Field(4.0, gt=0, le=32)
-    """Largest tensor slice per gRPC message, MiB."""
     timeout_s: float = Field(600.0, gt=0)
     """Deadline of one PushWeights call (receive + pause + load)."""
     join_poll_s: float = Field(1.0, gt=0)
     """How often the trainer lists workers to sync one that joined late or fell behind (join handshake)."""
+
+
+class TcpWeightSyncConfig(_WeightSyncKeys):
+    """transport=tcp: each worker reads the bytes from one plain TCP stream that the trainer serves, at socket
+    speed."""
+
+    transport: Literal["tcp"] = "tcp"
+    """Bytes over one plain TCP stream per worker that the trainer serves (`stream_port`)."""
+    stream_port: int = Field(0, ge=0, le=65535)
+    """The port the trainer serves weight bytes on (0: any free port; it travels in each push)."""
+    stream_host: str | None = None
+    """The name or address workers reach the trainer's weight stream at (None: the address each worker sees the
+    push call come from)."""
+
+
+class GrpcWeightSyncConfig(_WeightSyncKeys):
+    """transport=grpc: the bytes inside the gRPC stream as `WeightChunk`s (only the rollout port needs to be open,
+    several times slower than tcp). Late joiners are synced the same way."""
+
+    transport: Literal["grpc"] = "grpc"
+    """Bytes inside the `PushWeights` call."""
+    chunk_mb: float = Field(4.0, gt=0, le=32)
+    """Largest tensor slice per gRPC message, MiB."""
+
+
+class NcclWeightSyncConfig(_WeightSyncKeys):
+    """transport=nccl: one NCCL broadcast from trainer rank 0 (GPU trainer and GPU workers). Workers that join late
+    are synced over a tcp stream (`stream_port`, `stream_host`)."""
+
+    transport: Literal["nccl"] = "nccl"
+    """Bytes over one NCCL broadcast."""
     nccl_address: str | None = None
     """Host:port of the NCCL rendezvous that workers reach (None: this host's name and a free port)."""
+    stream_port: int = Field(0, ge=0, le=65535)
+    """Late joiners: the port the trainer serves weight bytes on (0: any free port; it travels in each push)."""
+    stream_host: str | None = None
+    """Late joiners: the name or address workers reach the trainer's weight stream at (None: the address each
+    worker sees the push call come from)."""
+
+
+WeightSyncConfig = Annotated[
+    TcpWeightSyncConfig | GrpcWeightSyncConfig | NcclWeightSyncConfig, Field(discriminator="transport")
+]
+"""`policy.weight_sync`, one variant per transport (a key of another transport is an error naming it)."""
 
 
 class PolicyConfig(Section):
@@ -145,7 +179,15 @@ class PolicyConfig(Section):
     logprob_saved_grad_gb: float = Field(8.0, ge=0)
     """GiB (per micro-batch) of lm_head logit gradients the forward pass keeps for the backward (whole chunks) instead
     of recomputing those logits there: saves a tokens x hidden x vocab matmul per backward; 0 = always recompute."""
-    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    weight_sync: WeightSyncConfig = Field(default_factory=TcpWeightSyncConfig)
     """How the trainer pushes weights to rollout workers."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """How rollout workers generate."""
+
+    @field_validator("weight_sync", mode="before")
+    @classmethod
+    def _tcp_unless_named(cls, value: Any) -> Any:
+        """`policy.weight_sync` without a `transport` is tcp, as before the transports had sections of their own."""
+        if isinstance(value, dict) and "transport" not in value:
+            return {**value, "transport": "tcp"}
+        return value

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from fleet.config.loader import _section_type
+from fleet.config.loader import _section_types, _tag
 from fleet.config.schema import MasterConfig
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -40,17 +40,26 @@ def _default(field: FieldInfo) -> str:
     return f"`{json.dumps(value)}`"
 
 
-Section = tuple[str, type[BaseModel], str]
+Section = tuple[str, type[BaseModel], str, str]  # dotted key, model, doc, heading
+
+
+def _variant_sections(dotted: str, field: FieldInfo, subs: list[type[BaseModel]]) -> list[Section]:
+    """One section per variant of a discriminated union (`policy.weight_sync`: one per transport)."""
+    if len(subs) == 1 or not isinstance(field.discriminator, str):
+        return [(dotted, subs[0], field.description or "", f"`{dotted}`")]
+    disc = field.discriminator
+    return [(dotted, m, f"{field.description or ''} {m.__doc__ or ''}", f"`{dotted}` ({disc}: `{_tag(m, disc)}`)")
+            for m in subs]
 
 
 def _rows(model: type[BaseModel], prefix: str, sections: list[Section]) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
         dotted = f"{prefix}{name}"
-        sub = _section_type(field.annotation)
+        subs = _section_types(field.annotation)
         doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
-        if sub is not None and sub is not model:
-            sections.append((dotted, sub, field.description or ""))
+        if subs and subs[0] is not model:
+            sections.extend(_variant_sections(dotted, field, subs))
             if field.default_factory is None:
                 rows.append(f"| `{dotted}` | {_default(field)} | {doc} (section, see below) |")
             continue
@@ -63,8 +72,8 @@ def render() -> str:
     queue: list[Section] = []
     _rows(MasterConfig, "", queue)
     while queue:
-        dotted, model, doc = queue.pop(0)
-        out.append(f"\n## `{dotted}`\n\n{' '.join(doc.split())}\n")
+        dotted, model, doc, heading = queue.pop(0)
+        out.append(f"\n## {heading}\n\n{' '.join(doc.split())}\n")
         out.append("| key | default | meaning |\n|---|---|---|")
         nested: list[Section] = []
         out.extend(_rows(model, f"{dotted}.", nested))

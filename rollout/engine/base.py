@@ -135,9 +135,6 @@ class _Counters:
     last: UpdateStats | None = field(default=None)
 
 
-_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
-
-
 def checkpoint_weight_spec(model_path: str | Path, dtype: str) -> tuple[dict[str, TensorSpec], set[str]]:
     """Names and shapes from the safetensors headers of an HF folder (no tensor is read), with the served dtype.
 

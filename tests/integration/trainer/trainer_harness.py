@@ -1,6 +1,6 @@
 """Harness of the trainer's integration tests: a real replay buffer (`grpo-fleet serve replay-buffer`, embedded Redis),
 the real trainer (`trainer/main.py` as a subprocess), and `FakeRollout`, which stands in for rollout workers ONLY
-here: it registers, receives weight pushes (through the worker's own `rollout.weights.receive`), leases prompt groups
+here: it registers, receives weight pushes (through the worker's own `weightsync.receive`), leases prompt groups
 and submits scored groups through the buffer's gRPC API, with random tokens.
 
 Fixtures stop only the processes they started, through their Popen handles.
@@ -34,8 +34,8 @@ from grpofleet.v1 import (
     rollout_worker_pb2,
     rollout_worker_pb2_grpc,
 )
-from rollout import weights as worker_weights
 from rollout.engine.base import checkpoint_weight_spec
+from weightsync import factory as worker_weights
 
 ROOT = Path(__file__).resolve().parents[3]
 RPC_TIMEOUT = 10.0

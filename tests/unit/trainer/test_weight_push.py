@@ -1,4 +1,4 @@
-"""Weight pushes against the rollout worker's own receiving code (rollout.weights.receive and the spec a worker
+"""Weight pushes against the rollout worker's own receiving code (weightsync.receive and the spec a worker
 derives from its checkpoint), served by a real grpc.aio server: the contract is checked end to end."""
 
 from __future__ import annotations
@@ -15,14 +15,18 @@ import torch
 from grpc import aio
 
 from fleet.config import MasterConfig
+from fleet.config.policy import GrpcWeightSyncConfig
 from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
-from rollout import tcp_stream
-from rollout import weights as worker_weights
 from rollout.engine.base import checkpoint_weight_spec
 from services.runtime.errors import Unavailable
 from trainer.dist import Dist, DistEnv
 from trainer.model import build_policy
-from trainer.weights import GrpcTransport, TcpTransport, WeightPusher, WorkerRef, gather_snapshot
+from trainer.weights import WeightPusher, gather_snapshot
+from weightsync import factory as worker_weights
+from weightsync import tcp as tcp_stream
+from weightsync.base import WorkerRef
+from weightsync.grpc import GrpcSender
+from weightsync.tcp import TcpSender
 
 
 @dataclass
@@ -70,10 +74,10 @@ def snapshot_and_spec(make_cfg):  # type: ignore[no-untyped-def]
 
 async def test_grpc_push_delivers_every_tensor_in_small_slices(snapshot_and_spec) -> None:  # type: ignore[no-untyped-def]
     cfg, snap, spec = snapshot_and_spec
-    cfg.policy.weight_sync.chunk_mb = 0.25
+    cfg.policy.weight_sync = GrpcWeightSyncConfig(chunk_mb=0.25)
     worker = FakeWorker(spec)
     server, address = await _serve(worker)
-    transport = GrpcTransport(cfg)
+    transport = GrpcSender(cfg.policy.weight_sync, cfg.services)
     try:
         [res] = await transport.push(snap, [WorkerRef("w0", address)])
     finally:
@@ -96,7 +100,7 @@ async def test_pusher_syncs_late_joiners_and_reports_dead_workers(snapshot_and_s
         live = [WorkerRef(wid, addr, w.version, w.epoch, w.heartbeat_ms) for wid, (w, addr) in registry.items()]
         return live + dead
 
-    transport = GrpcTransport(cfg)
+    transport = GrpcSender(GrpcWeightSyncConfig(), cfg.services)
     pusher = WeightPusher(cfg, list_workers, transport, transport)
     try:
         results = await pusher.publish(snap)
@@ -118,7 +122,7 @@ async def test_tcp_push_streams_every_tensor_to_each_worker_once(snapshot_and_sp
     cfg, snap, spec = snapshot_and_spec
     workers = [FakeWorker(spec), FakeWorker(spec)]
     served = [await _serve(w) for w in workers]
-    transport = TcpTransport(cfg)
+    transport = TcpSender(cfg.policy.weight_sync, cfg.services)
     try:
         results = await transport.push(snap, [WorkerRef(f"w{i}", a) for i, (_, a) in enumerate(served)])
         again = await transport.push(snap, [WorkerRef("w0", served[0][1])])  # the listener serves later pushes too
@@ -227,7 +231,7 @@ async def test_cancelled_tcp_receive_gives_staging_back_only_after_the_reader_st
             conn.recv(tcp_stream.HELLO.size)
             conn.sendall(bytes([tcp_stream.OK]) + b"\0" * 1000)
             time.sleep(0.5)
-        sender_closed.set()
+            sender_closed.set()  # before the close ends the reader: else the release can win the race to it
 
     thread = threading.Thread(target=sender)
     thread.start()

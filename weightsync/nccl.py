@@ -1,10 +1,13 @@
-"""The GPU data plane of a weight push: one NCCL broadcast from the trainer (rank 0) to every rollout worker.
+"""transport=nccl (GPU trainer and GPU workers): one NCCL broadcast from the trainer (rank 0) to every rollout worker.
 
 The gRPC `PushWeights` call still carries the contract (header: version, epoch, tensor names/shapes/dtypes, and the
 rendezvous `tcp://HOST:PORT`, world size and this worker's rank); only the bytes travel over NCCL. The process group
 is made once per rendezvous with a TCPStore and reused by every later push (creating an NCCL communicator costs
 seconds; a push must not). Tensors are packed into per-dtype flat buckets so that a 0.5B model moves in a few large
 collectives instead of hundreds of small ones.
+
+`NcclSender` (trainer) makes the rendezvous and broadcasts; `NcclReceiver` (worker) joins it and receives the
+buckets onto its GPU. Untested in CI (no GPUs there): benchmarks/gpu_weight_push.py and nccl_link_check.py run it.
 """
 
 from __future__ import annotations
@@ -12,15 +15,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
-from rollout.weights import DTYPES, TensorMeta, WeightSet
+from fleet.config.infra import ServicesConfig
+from fleet.config.policy import NcclWeightSyncConfig
+from grpofleet.v1 import common_pb2
+from weightsync.base import OnStaged, PushResult, Stager, WeightReceiver, WeightSender, WorkerRef, header_only
+from weightsync.dtypes import DTYPES
+from weightsync.header import TensorMeta, WeightSet, WeightSnapshot
 
 log = logging.getLogger(__name__)
 BUCKET_BYTES = 1 << 30
@@ -43,8 +52,8 @@ class NcclLink:
         # up as the push's deadline instead. Read when the PG is made; an explicit setting is kept.
         os.environ.setdefault("TORCH_NCCL_ENABLE_MONITORING", "0")
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
-        self.store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
-                                   timeout=timedelta(seconds=120))
+        store_cls = dist.TCPStore  # type: ignore[attr-defined]
+        self.store = store_cls(url.hostname, url.port, world_size, is_master=rank == 0, timeout=timedelta(seconds=120))
         self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, dist.ProcessGroupNCCL.Options())
 
     def close(self) -> None:
@@ -116,12 +125,67 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-async def receive_nccl(ws: WeightSet, device: torch.device | None = None) -> None:
-    """Fill `ws.tensors` over NCCL (worker side). Runs in a thread: the collective blocks until the trainer sends."""
-    dev = device or torch.device("cuda", torch.cuda.current_device())
+class NcclSender(WeightSender):
+    """Header over gRPC, bytes over one NCCL broadcast (trainer rank 0 = NCCL rank 0, workers 1..N).
 
-    def work() -> dict[str, torch.Tensor]:
-        lk = link(ws.nccl_init_method, ws.nccl_world_size, ws.nccl_rank, dev)
-        return recv(lk, ws.metas)
+    A communicator is made once per worker set and reused (making one costs seconds); a new worker set gets a new
+    rendezvous port. The tcp sender serves late joiners (see `factory.make_senders`)."""
 
-    ws.tensors = await asyncio.to_thread(work)
+    sync: NcclWeightSyncConfig
+
+    def __init__(self, sync: NcclWeightSyncConfig, services: ServicesConfig, device: torch.device) -> None:
+        super().__init__(sync, services)
+        self.device = device
+        self._link_key: tuple[str, ...] = ()
+        self._init_method = ""
+
+    def _rendezvous(self, workers: list[WorkerRef]) -> str:
+        key = tuple(w.worker_id for w in workers)
+        if key != self._link_key:
+            addr = self.sync.nccl_address
+            if addr is None:
+                with socket.socket() as s:
+                    s.bind(("", 0))
+                    addr = f"{socket.gethostname()}:{s.getsockname()[1]}"
+            self._link_key, self._init_method = key, f"tcp://{addr}"
+        return self._init_method
+
+    async def push(self, snapshot: WeightSnapshot, workers: list[WorkerRef]) -> list[PushResult]:
+        init = self._rendezvous(workers)
+        world = len(workers) + 1
+
+        def header(rank: int) -> AsyncIterator[common_pb2.WeightChunk]:
+            return header_only(snapshot.header("nccl", nccl_init_method=init, nccl_world_size=world, nccl_rank=rank))
+
+        calls = [asyncio.ensure_future(self._call(w, header(i + 1))) for i, w in enumerate(workers)]
+        metas = snapshot.metas()
+
+        def broadcast() -> None:
+            send(link(init, world, 0, self.device), metas, snapshot.tensors)
+
+        try:
+            await asyncio.to_thread(broadcast)
+        except Exception as exc:  # the next push makes a fresh rendezvous
+            log.error("NCCL weight broadcast failed: %s", exc)
+            self._link_key = ()
+        return list(await asyncio.gather(*calls))
+
+
+class NcclReceiver(WeightReceiver):
+    """Joins the header's rendezvous and receives the buckets onto this process's GPU (no host staging: the engine
+    copies them in on the device). Runs in a thread: the collective blocks until the trainer sends."""
+
+    def __init__(self, header: common_pb2.WeightSetHeader, *, peer_host: str, timeout_s: float,
+                 device: torch.device | None = None) -> None:
+        super().__init__(header, peer_host=peer_host, timeout_s=timeout_s)
+        self.device = device
+
+    async def receive(self, ws: WeightSet, rest: AsyncIterator[object], stage: Stager,
+                      on_staged: OnStaged | None) -> None:
+        h = self.header
+        dev = self.device or torch.device("cuda", torch.cuda.current_device())
+
+        def work() -> dict[str, torch.Tensor]:
+            return recv(link(h.nccl_init_method, h.nccl_world_size, h.nccl_rank, dev), ws.metas)
+
+        ws.tensors = await asyncio.to_thread(work)

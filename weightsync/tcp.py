@@ -1,4 +1,4 @@
-"""The CPU data plane of a weight push: the tensor bytes over one plain TCP stream per worker.
+"""transport=tcp (the default, the CPU fast path): the tensor bytes over one plain TCP stream per worker.
 
 The gRPC `PushWeights` call carries the contract (header: version, epoch, names/shapes/dtypes) plus where the bytes
 are served and a one-time token. The worker opens a connection there, presents the token and the byte count it
@@ -15,16 +15,30 @@ Blocking sockets on threads: a `sendall` / `recv_into` of a large buffer release
 whereas an asyncio transport would copy whatever the kernel did not take at once into its own buffer. Socket
 buffer sizes are left to the kernel: setting SO_RCVBUF turns off its autotuning, and a fixed 4 MiB measured ~10%
 slower on loopback here.
+
+`TcpSender` (trainer) serves a snapshot's bytes from one `StreamServer` for the life of the transport, under a fresh
+token per worker and push; `TcpReceiver` (worker) reads them with `receive_into`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import socket
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+
+import torch
+
+from fleet.config.infra import ServicesConfig
+from fleet.config.policy import NcclWeightSyncConfig, TcpWeightSyncConfig
+from grpofleet.v1 import common_pb2
+from services.runtime.errors import InvalidArgument, Unavailable
+from weightsync.base import PushResult, StagedReceiver, WeightSender, WorkerRef, header_only
+from weightsync.header import TensorMeta, WeightSnapshot, byte_view
 
 log = logging.getLogger(__name__)
 
@@ -157,3 +171,71 @@ def receive_into(host: str, port: int, token: bytes, buffers: Sequence[memoryvie
                 raise
             raise StreamError(f"{where} failed after {got} of {expected} bytes: {exc}") from exc
     return got
+
+
+class TcpSender(WeightSender):
+    """Header over gRPC, bytes over a plain TCP stream per worker, served from the snapshot without a copy. The
+    listening socket lives as long as the transport; every push gets a fresh token per worker, withdrawn when the
+    call has answered (a worker that never came for its bytes cannot collect them later). Also the late-joiner
+    transport of transport=nccl, whose config carries the same stream keys."""
+
+    sync: TcpWeightSyncConfig | NcclWeightSyncConfig
+
+    def __init__(self, sync: TcpWeightSyncConfig | NcclWeightSyncConfig, services: ServicesConfig) -> None:
+        super().__init__(sync, services)
+        self._server: StreamServer | None = None
+
+    def _serve(self) -> StreamServer:
+        if self._server is None:
+            self._server = StreamServer("", self.sync.stream_port, timeout_s=self.timeout)
+            log.info("serving weight bytes on port %d", self._server.port)
+        return self._server
+
+    async def push(self, snapshot: WeightSnapshot, workers: list[WorkerRef]) -> list[PushResult]:
+        server = self._serve()
+        views = [byte_view(t) for t in snapshot.tensors.values()]
+        host = self.sync.stream_host or ""
+
+        def header(token: bytes) -> AsyncIterator[common_pb2.WeightChunk]:
+            return header_only(snapshot.header("tcp", stream_host=host, stream_port=server.port, stream_token=token))
+
+        tokens = [os.urandom(TOKEN_BYTES) for _ in workers]
+        for token in tokens:
+            server.offer(token, views)
+        try:
+            return list(await asyncio.gather(*(self._call(w, header(t)) for w, t in zip(workers, tokens, strict=True))))
+        finally:
+            for token in tokens:
+                server.withdraw(token)
+
+    async def close(self) -> None:
+        await super().close()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+
+class TcpReceiver(StagedReceiver):
+    """Reads the bytes from the stream the header names (an empty host: the address the call came from)."""
+
+    def __init__(self, header: common_pb2.WeightSetHeader, *, peer_host: str, timeout_s: float) -> None:
+        super().__init__(header, peer_host=peer_host, timeout_s=timeout_s)
+        if not 0 < header.stream_port < 65536 or len(header.stream_token) != TOKEN_BYTES:
+            raise InvalidArgument(f"tcp weight push needs stream_port in 1..65535 and a {TOKEN_BYTES}-byte "
+                                  f"stream_token, got port {header.stream_port} and {len(header.stream_token)} bytes")
+
+    async def fill(self, rest: AsyncIterator[object], metas: list[TensorMeta], views: list[memoryview],
+                   staged: dict[str, torch.Tensor]) -> None:
+        h = self.header
+        reading = asyncio.ensure_future(asyncio.to_thread(
+            receive_into, h.stream_host or self.peer_host, h.stream_port, h.stream_token, views,
+            timeout_s=self.timeout_s, on_tensor=getattr(staged, "tensor_received", None)))
+        try:
+            await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            # The call was cancelled, but the thread still writes into the staging memory: it must end (the
+            # sender finishes or the connection fails) before that memory goes back to the engine.
+            await asyncio.gather(reading, return_exceptions=True)
+            raise
+        except StreamError as exc:
+            raise Unavailable(str(exc)) from exc
