@@ -73,11 +73,11 @@ async def _gather(cfg: MasterConfig) -> list[str]:
 def outage_line(address: str, exc: aio.AioRpcError) -> str:
     """What is down, while it is down: the service itself (no answer at `address`) or what it depends on (the replay
     buffer answers UNAVAILABLE naming its Redis, and for how long it has been away)."""
-    from services.runtime.client import describe_unavailable
+    from services.runtime.client import BACKEND_DOWN, describe_unavailable
 
     if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return f"error at {address} ({describe_unavailable(exc)})"
-    details = exc.details() or ""
+    details = (exc.details() or "").removeprefix(BACKEND_DOWN)
     if details.startswith("redis at "):
         return f"OUTAGE: its Redis is down ({details[:300]})"
     return f"OUTAGE: unreachable at {address} ({describe_unavailable(exc)})"

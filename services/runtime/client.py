@@ -41,6 +41,7 @@ def make_channel(address: str, services: ServicesConfig, token: str | None = Non
     return aio.insecure_channel(address, options=[*channel_options(services), *_RECONNECT], interceptors=interceptors)
 
 
+BACKEND_DOWN = "backend unavailable: "  # services.runtime.interceptors' prefix for a backend's failure
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 # Without these, a channel that failed to connect for a while waits up to gRPC's default 120 s before it tries again,
 # and a restarted service would stay unreached long after it is back.
@@ -57,7 +58,13 @@ def describe_unavailable(exc: aio.AioRpcError) -> str:
     """What a transient failure says is down: the service itself (no answer) or what it depends on (it answered
     UNAVAILABLE naming its backend, e.g. the replay buffer's Redis)."""
     details = (exc.details() or "").strip()
-    return f"{exc.code().name}: {details[:300]}" if details else exc.code().name
+    return f"{exc.code().name}: {details[:600]}" if details else exc.code().name
+
+
+def backend_down(exc: aio.AioRpcError) -> bool:
+    """The service answered, and said that what it depends on is down (the error interceptor's and the replay
+    buffer's `backend unavailable: ...`), rather than not answering at all."""
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and (exc.details() or "").startswith(BACKEND_DOWN)
 
 
 async def call_through_outage(name: str, fn: Callable[[], Awaitable[T]], outage: Outage) -> T:
@@ -73,10 +80,12 @@ async def call_through_outage(name: str, fn: Callable[[], Awaitable[T]], outage:
             if exc.code() not in _TRANSIENT:
                 outage.recovered()  # it answered: whatever it said, it is up
                 raise
-            log.debug("%s: %s; retrying in %.1fs", name, exc.code().name, delay)
-            outage.failed(describe_unavailable(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY_S)
-            continue
-        outage.recovered()
-        return result
+            detail, answered = describe_unavailable(exc), backend_down(exc)
+        else:
+            outage.recovered()
+            return result
+        # Outside the except block: a ServiceDown past the bound is the error, not a consequence of the last one.
+        log.debug("%s: %s; retrying in %.1fs", name, detail, delay)
+        outage.failed(detail, answered=answered)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _MAX_DELAY_S)

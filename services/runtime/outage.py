@@ -36,7 +36,8 @@ class Outage:
         self.log = logger or log
         self.started: float | None = None
         self.detail = ""
-        self.first_detail = ""  # e.g. the buffer naming its Redis, before the buffer itself went away too
+        self.first_detail = ""
+        self.last_answer = ""  # the service's own last word during this outage (e.g. "its Redis is down")
         self.outages = 0  # how many outages this process has seen (for tests and summaries)
         self.last_duration_s = 0.0
         self._reported_at = 0.0
@@ -48,11 +49,14 @@ class Outage:
     def elapsed(self) -> float:
         return 0.0 if self.started is None else time.monotonic() - self.started
 
-    def failed(self, detail: str) -> None:
-        """A call found the dependency down: starts the outage (one log line), or continues it (a line every
-        `report_every_s`). Raises `ServiceDown` once the outage is older than the bound."""
+    def failed(self, detail: str, *, answered: bool = False) -> None:
+        """A call found the dependency down (`answered`: the service itself said so, e.g. that its backend is down):
+        starts the outage (one log line), or continues it (a line every `report_every_s`). Raises `ServiceDown` once
+        the outage is older than the bound."""
         now = time.monotonic()
         self.detail = detail
+        if answered:
+            self.last_answer = detail
         if self.started is None:
             self.started = self._reported_at = now
             self.first_detail = detail
@@ -76,10 +80,14 @@ class Outage:
             return
         self.last_duration_s = time.monotonic() - self.started
         self.started = None
+        self.last_answer = ""
         self.log.info("%s is back after %.1f s of outage", self.what, self.last_duration_s)
 
     def describe_down(self) -> str:
+        # The service's own last answer says most (the buffer naming its Redis, before it went away itself too).
+        earlier = self.last_answer or self.first_detail
+        before = f" (before that: {earlier})" if earlier and earlier != self.detail else ""
         return (
-            f"{self.what} has been down for {self.elapsed():.0f} s, longer than {self.bound_key}="
-            f"{self.tolerance_s:g}: {self.detail}; giving up"
+            f"{self.what} has been down for {self.elapsed():.1f} s, longer than {self.bound_key}="
+            f"{self.tolerance_s:g}: {self.detail}{before}; giving up"
         )

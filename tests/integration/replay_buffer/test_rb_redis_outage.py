@@ -16,7 +16,7 @@ from grpc import aio
 from rb_service_helpers import Client, prompt
 
 from fleet.config import load_config
-from services.replay_buffer.embedded import start_embedded_redis
+from services.replay_buffer.embedded import socket_path_for, start_embedded_redis
 
 CFG = load_config(None, [])
 _ids = itertools.count()
@@ -69,3 +69,25 @@ async def test_buffer_exits_naming_redis_past_the_outage_bound(spawn, tmp_path: 
     text = "".join(svc.log)
     assert rc != 0, text
     assert f"redis at {url} has been down for" in text and "services.outage_tolerance_s=2" in text, text
+
+
+async def test_buffer_started_while_redis_is_down_serves_once_it_is_back(spawn, tmp_path: Path) -> None:
+    data_dir = tmp_path / "redis"
+    url = f"unix://{socket_path_for(data_dir.resolve())}"  # nothing listens there yet (both restarting at once)
+    svc = spawn(f"redis.url={url}", f"redis.key_prefix=late{os.getpid()}x{next(_ids)}")
+    c = Client(svc.address, CFG)
+    redis = None
+    try:
+        with pytest.raises(aio.AioRpcError) as err:
+            await c.call("Stats")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert f"redis at {url} is unavailable" in (err.value.details() or "")
+        url, redis = start_embedded_redis(data_dir)
+        await _wait_for(lambda: _count(svc.log, "is back after") == 1)
+        reply = await c.call("EnqueuePrompts", groups=[prompt("g0")])  # the consumer group was made on contact
+        assert reply.enqueued == 1
+        assert _count(svc.log, "consumer group missing") == 0
+    finally:
+        await c.close()
+        if redis is not None:
+            redis.stop()

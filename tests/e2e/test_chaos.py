@@ -1,0 +1,210 @@
+"""Chaos: the fleet heals itself. One asynchronous run (two rollout workers, max age 2, in-flight pushes) in which the
+replay buffer, then the embedded Redis, then a rollout worker, then the sandbox executor are SIGKILLed, each at a
+later step than the one before and only after the fleet trained a step since the previous kill (so that each kill
+hits a fleet that has healed). The run finishes with exit 0 and every step trains exactly its groups, each once.
+
+And the bound: Redis stopped (SIGSTOP: it holds its socket and answers nothing) for longer than
+`services.outage_tolerance_s` ends the run non-zero with a message that names Redis, and the same command afterwards
+resumes with nothing lost.
+
+What each kill cost (the stall of the training loop) is printed and written to RUN/chaos.json; docs/operations.md
+quotes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fleet_helpers import ROOT, buffer_accounting, fleet_cmd, metrics, pids, step_times, trained_groups
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+STEPS = 10
+PROMPTS_PER_STEP = 2  # fleet_cmd's grpo.num_prompts_per_step
+# (process, kill it once at least this many steps have trained): late enough that the steps after each kill need
+# work done after it (workers run max-age steps ahead), early enough for the killed process to rejoin.
+KILLS = [("replay-buffer", 1), ("redis", 3), ("rollout-1", 5), ("sandbox", 6)]
+ASYNC = ["rollout.num_workers=2", "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20",
+         "services.outage_report_s=5"]
+RUN_TIMEOUT_S = 1500
+
+
+class Killer(threading.Thread):
+    """Kills each process of KILLS in turn, with SIGKILL to its whole process group (a rollout worker's vLLM engine,
+    the sandbox's running tests), when the run has trained enough steps; records when, and when the launcher had
+    started a new one."""
+
+    def __init__(self, run_dir: Path, proc: subprocess.Popen[str]) -> None:
+        super().__init__(daemon=True)
+        self.run_dir, self.proc = run_dir, proc
+        self.kills: list[dict[str, float | str | int]] = []
+
+    def _wait(self, cond) -> bool:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.5)
+        return False
+
+    def run(self) -> None:
+        trained_at_last_kill = 0
+        for name, after in KILLS:
+            need = max(after, trained_at_last_kill + 1)
+            if not self._wait(lambda n=need: len(step_times(self.run_dir)) >= n):  # type: ignore[misc]
+                return
+            pid = pids(self.run_dir).get(name)
+            if pid is None:
+                return
+            trained_at_last_kill = len(step_times(self.run_dir))
+            os.killpg(pid, signal.SIGKILL)
+            at = time.time()
+            record: dict[str, float | str | int] = {"process": name, "pid": pid, "at": at,
+                                                    "steps_before": trained_at_last_kill}
+            self.kills.append(record)
+            if self._wait(lambda n=name, p=pid: pids(self.run_dir).get(n, p) != p):  # type: ignore[misc]
+                record["restarted_after_s"] = round(time.time() - at, 2)
+
+
+def stall_report(run_dir: Path, kills: list[dict[str, float | str | int]]) -> list[dict[str, float | str]]:
+    """Per kill: the gap between the last step that ended before it and the first that ended after it, against the
+    median gap between steps that no kill fell into; the difference is what the kill cost the training loop."""
+    times = step_times(run_dir)
+    ends = [times[s] for s in sorted(times)]
+    gaps = list(zip(ends, ends[1:], strict=False))
+    hit = [next(((a, b) for a, b in gaps if a <= float(k["at"]) < b), None) for k in kills]
+    quiet = [b - a for a, b in gaps if (a, b) not in hit]
+    baseline = statistics.median(quiet) if quiet else 0.0
+    wait = {int(r["step"]): float(r["timing/wait_data_s"]) for r in metrics(run_dir) if "timing/wait_data_s" in r}
+    rows: list[dict[str, float | str]] = []
+    for k, span in zip(kills, hit, strict=True):
+        if span is None:
+            continue
+        gap = span[1] - span[0]
+        step_after = next(s for s in sorted(times) if times[s] == span[1])
+        rows.append({"process": str(k["process"]), "restarted_after_s": float(k.get("restarted_after_s", -1)),
+                     "step_gap_s": round(gap, 1), "median_step_gap_s": round(baseline, 1),
+                     "stall_s": round(max(0.0, gap - baseline), 1),
+                     "wait_data_s_after": round(wait.get(step_after, -1.0), 1)})
+    return rows
+
+
+def assert_each_step_trained_its_groups_once(run_dir: Path, steps: int) -> None:
+    """The last record of each step (a resumed run retrains the steps its checkpoint did not cover) holds whole
+    groups, none of them trained by another step."""
+    last: dict[int, list[str]] = {}
+    for rec in trained_groups(run_dir):
+        last[int(rec["step"])] = list(rec["groups"])  # type: ignore[call-overload]
+    assert sorted(last) == list(range(steps)), sorted(last)
+    every = [g for gs in last.values() for g in gs]
+    assert all(len(gs) == PROMPTS_PER_STEP for gs in last.values()), last
+    assert len(every) == len(set(every)), f"a group trained twice: {last}"
+    states = buffer_accounting(run_dir)
+    assert states.get("sampled", 0) == steps * PROMPTS_PER_STEP, states
+
+
+def outage_lines(log: Path) -> tuple[int, int]:
+    """(outages started, outages ended) in a process's log."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return sum("; waiting for it, up to" in ln for ln in lines), sum("is back after" in ln for ln in lines)
+
+
+def outages_seen(log: Path) -> list[tuple[float, float]]:
+    """(start as seconds of the day, duration) of every outage a process rode out, from its "is back after" lines."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if m := re.match(r"^(\d\d):(\d\d):(\d\d) .* is back after ([\d.]+) s of outage", line):
+            h, mi, sec, duration = int(m[1]), int(m[2]), int(m[3]), float(m[4])
+            out.append((h * 3600 + mi * 60 + sec - duration, duration))
+    return out
+
+
+def add_outages(run_dir: Path, rows: list[dict[str, float | str]], kills: list[dict[str, float | str | int]]) -> None:
+    """For the buffer and Redis kills: how long the trainer and a rollout worker that was not killed waited (the
+    outage each of them logged that began within a few seconds of the kill)."""
+    for name in ("trainer", "rollout-0"):
+        seen = outages_seen(run_dir / "logs" / "processes" / f"{name}.log")
+        for row, kill in zip(rows, kills, strict=False):
+            t = time.localtime(float(kill["at"]))
+            at = t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec
+            near = [d for start, d in seen if -2 <= start - at <= 15]
+            if near:
+                row[f"{name}_outage_s"] = near[0]
+
+
+def test_fleet_heals_buffer_redis_worker_and_sandbox_sigkills(task_slice: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "chaos"
+    cmd = fleet_cmd(run_dir, task_slice, f"grpo.max_num_steps={STEPS}", *ASYNC)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killer = Killer(run_dir, proc)
+    killer.start()
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    killer.join(timeout=5)
+    report = stall_report(run_dir, killer.kills)
+    add_outages(run_dir, report, [k for k in killer.kills if any(k["process"] == r["process"] for r in report)])
+    (run_dir / "chaos.json").write_text(json.dumps({"kills": killer.kills, "stalls": report}, indent=1))
+    print("\nchaos: what each SIGKILL cost\n" + "\n".join(json.dumps(r) for r in report))
+    assert proc.returncode == 0, out[-8000:]
+    assert [k["process"] for k in killer.kills] == [n for n, _ in KILLS], (killer.kills, out[-4000:])
+    assert sorted(step_times(run_dir)) == list(range(STEPS))
+    assert max(r["age/max"] for r in metrics(run_dir) if "age/max" in r) <= 2
+    assert_each_step_trained_its_groups_once(run_dir, STEPS)
+    assert len({int(r["epoch"]) for r in trained_groups(run_dir)}) == 1, "the trainer must not have restarted"
+    for name, _ in KILLS:
+        assert f"{name} exited with -9; restarting (1/3)" in out, name
+    # One line when an outage starts and one when it ends, per outage, in the processes that rode them out.
+    for name in ("trainer", "rollout-0"):
+        started, back = outage_lines(run_dir / "logs" / "processes" / f"{name}.log")
+        assert 1 <= started == back, (name, started, back)
+
+
+def test_redis_down_past_the_bound_stops_the_run_and_the_same_command_resumes(task_slice: Path,
+                                                                             tmp_path: Path) -> None:
+    run_dir = tmp_path / "bound"
+    cmd = fleet_cmd(run_dir, task_slice, "grpo.max_num_steps=2", "services.outage_tolerance_s=20", *ASYNC)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    out: list[str] = []
+    stopped: list[int] = []
+
+    def stop_redis_after_the_first_step() -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if step_times(run_dir) and (pid := pids(run_dir).get("redis")):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=stop_redis_after_the_first_step, daemon=True).start()
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if stopped and line.startswith("grpo-fleet: ") and "exit code" in line:
+                os.kill(stopped[0], signal.SIGCONT)  # the run has failed: let the launcher's SIGTERM stop it cleanly
+        rc = proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if stopped:
+            try:
+                os.kill(stopped[0], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    text = "".join(out)
+    assert stopped, "Redis was never stopped: the test did not test anything\n" + text[-4000:]
+    assert rc != 0, text[-8000:]
+    down = [ln for ln in out if "has been down for" in ln and "services.outage_tolerance_s=20" in ln]
+    assert any("redis at unix://" in ln for ln in down), text[-8000:]  # the message names Redis
+
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-8000:]
+    assert sorted(step_times(run_dir)) == [0, 1]
+    assert_each_step_trained_its_groups_once(run_dir, 2)
