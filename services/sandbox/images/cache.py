@@ -19,19 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import filecmp
 import hashlib
 import json
 import logging
 import os
 import shutil
+import tarfile
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.sandbox.images.pull import Puller, PullError, read_image
+from services.sandbox.images.sharing import LISTED_LAYER_BYTES, layer_paths, share_files, touched
 
 log = logging.getLogger(__name__)
 
@@ -95,33 +97,6 @@ def tree_bytes(path: Path, seen: set[tuple[int, int]] | None = None) -> int:
                     seen.add((st.st_dev, st.st_ino))
                     total += st.st_blocks * 512
     return total
-
-
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_size, a.st_mode, a.st_uid, a.st_gid, int(a.st_mtime)) == \
-        (b.st_size, b.st_mode, b.st_uid, b.st_gid, int(b.st_mtime))
-
-
-def share_files(new: Path, old: Path) -> int:
-    """Hard-link files of `new` that are byte-identical to the same path in `old`; returns bytes saved."""
-    saved = 0
-    for dirpath, _, filenames in os.walk(new):
-        rel = os.path.relpath(dirpath, new)
-        for name in filenames:
-            mine, theirs = os.path.join(dirpath, name), os.path.join(old, rel, name)
-            try:
-                a, b = os.lstat(mine), os.lstat(theirs)
-            except FileNotFoundError:
-                continue
-            if not (os.path.isfile(mine) and not os.path.islink(mine)) or a.st_ino == b.st_ino:
-                continue
-            if not _same_file(a, b) or not os.path.isfile(theirs) or not filecmp.cmp(mine, theirs, shallow=False):
-                continue
-            tmp = f"{mine}.grpo-link"
-            os.link(theirs, tmp)
-            os.replace(tmp, mine)
-            saved += a.st_blocks * 512
-    return saved
 
 
 class ImageCache:
@@ -240,17 +215,45 @@ class ImageCache:
             os.close(lock_fd)
 
     def _finish(self, tmp: Path, layers: list[str]) -> int:
+        self._list_layers(tmp / "oci", layers[1:])
         shutil.rmtree(tmp / "oci")  # the blobs are not needed once unpacked
-        donor = self._donor(layers)
+        donor, shared = self._donor(layers)
         if donor is not None:
-            share_files(tmp / "rootfs", donor / "rootfs")
+            theirs = json.loads((donor / "meta.json").read_text()).get("layers", [])
+            share_files(tmp / "rootfs", donor / "rootfs", self._tail_paths([*layers[shared:], *theirs[shared:]]))
         seen: set[tuple[int, int]] = set()
         if donor is not None:
             tree_bytes(donor / "rootfs", seen)
         return tree_bytes(tmp / "rootfs", seen)
 
-    def _donor(self, layers: list[str]) -> Path | None:
-        """The cached image sharing the longest leading run of layers with `layers` (None: none shares one)."""
+    def _list_layers(self, layout: Path, layers: list[str]) -> None:
+        """Record the paths each small layer touches, once per layer digest on this host (`layers/`)."""
+        (self.root / "layers").mkdir(exist_ok=True)
+        for digest in layers:
+            out = self.root / "layers" / f"{digest.replace(':', '-')}.json"
+            blob = layout / "blobs" / digest.replace(":", "/", 1)
+            if out.exists() or not blob.is_file() or blob.stat().st_size > LISTED_LAYER_BYTES:
+                continue
+            try:
+                paths = layer_paths(blob)
+            except (tarfile.TarError, EOFError, OSError, zlib.error):  # zstd or odd layers: compare their bytes
+                continue
+            tmp = out.with_suffix(f".{uuid.uuid4().hex}.tmp")
+            tmp.write_text(json.dumps(paths))
+            os.replace(tmp, out)
+
+    def _tail_paths(self, layers: list[str]) -> set[str] | None:
+        """Every path the given layers touch (None when one of them was too big to list)."""
+        listings = []
+        for digest in layers:
+            try:
+                listings.append(json.loads((self.root / "layers" / f"{digest.replace(':', '-')}.json").read_text()))
+            except (FileNotFoundError, ValueError):
+                return None
+        return touched(listings)
+
+    def _donor(self, layers: list[str]) -> tuple[Path | None, int]:
+        """The cached image sharing the longest leading run of layers with `layers`, and that run's length."""
         best, best_n = None, 0
         for path in self.images():
             with contextlib.suppress(FileNotFoundError, ValueError):
@@ -259,7 +262,7 @@ class ImageCache:
                          min(len(layers), len(theirs)))
                 if n > best_n:
                     best, best_n = path, n
-        return best
+        return best, best_n
 
     @staticmethod
     def _publish(tmp: Path, final: Path, meta: dict[str, object]) -> None:

@@ -78,8 +78,14 @@ def _testbed(repo: CalcRepo, dest: Path) -> Path:
     return dest
 
 
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One image cache for the executor tests, as one host's executors share it (the cache tests make their own)."""
+    return tmp_path_factory.mktemp("cache") / "images"
+
+
 @pytest.fixture
-def image_cfg(images: ImageSet, tmp_path: Path) -> SandboxConfig:
+def image_cfg(images: ImageSet, tmp_path: Path, shared_cache: Path) -> SandboxConfig:
     return SandboxConfig(pool_size=2, work_root=str(tmp_path / "work"), memory_mb=2048, cpu_s=60, max_processes=128,
-                         image_cache_dir=str(tmp_path / "cache" / "images"), image_registry=images.registry,
+                         image_cache_dir=str(shared_cache), image_registry=images.registry,
                          image_tls_verify=False, result_ttl_s=600)

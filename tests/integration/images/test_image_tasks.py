@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from image_helpers import ImageSet, tree_digest
@@ -56,14 +57,30 @@ async def test_future_commits_are_gone_before_the_patch_applies(images: ImageSet
     assert "scrubbed 1 commit(s)" in verdict.error
 
 
-async def test_executor_restart_removes_what_a_killed_one_left(images: ImageSet, image_cfg: SandboxConfig,
-                                                               tmp_path: Path) -> None:
-    runs = Path(str(image_cfg.image_cache_dir)).parent / "runs"
-    stale = runs / "dead-executor" / "run1" / "merged"
-    stale.mkdir(parents=True)
-    (runs / "dead-executor.lock").write_text("")
+def _mess_of_a_killed_executor(cache: Path) -> tuple[Path, Path]:
+    """What a SIGKILLed executor leaves: a run layer still mounted, its folder, a half-done pull."""
+    dead = cache.parent / "runs" / "dead-executor"
+    run = dead / "run1"
+    for sub in ("lower", "upper", "work", "merged"):
+        (run / sub).mkdir(parents=True)
+    opts = f"lowerdir={run / 'lower'},upperdir={run / 'upper'},workdir={run / 'work'}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(run / "merged")], check=True)
+    (cache.parent / "runs" / "dead-executor.lock").write_text("")
+    (cache / "tmp" / "half-pull" / "rootfs").mkdir(parents=True)  # its lock died with its puller
+    return dead, run / "merged"
+
+
+def _mounted(path: Path) -> bool:
+    return f" {path} " in Path("/proc/self/mountinfo").read_text()
+
+
+async def test_executor_restart_removes_what_a_killed_one_left(images: ImageSet, image_cfg: SandboxConfig) -> None:
+    cache = Path(str(image_cfg.image_cache_dir))
+    dead, merged = _mess_of_a_killed_executor(cache)
+    assert _mounted(merged)
     async with Executor(image_cfg) as ex:
         assert ex.images is not None
-        assert not (runs / "dead-executor").exists()
+        assert not dead.exists() and not (cache / "tmp" / "half-pull").exists()
+        assert not _mounted(merged)
         health = ex.health()
-    assert health["images_held"] == 0 and health["pulls_in_flight"] == 0
+    assert health["pulls_in_flight"] == 0 and health["image_layers"] == "overlay"
