@@ -4,6 +4,7 @@ command run bare (no sandbox, no HTTP, no checkout) in the same run.
     .venv/bin/python benchmarks/sandbox_bench.py                  # pools 1..cores, 4 tasks per slot, 2 rounds
     .venv/bin/python benchmarks/sandbox_bench.py --pools 1,2,4 --tasks-per-slot 6 --rounds 3
     .venv/bin/python benchmarks/sandbox_bench.py --executors 1,2   # scale out: executors of pool 1 behind one client
+    .venv/bin/python benchmarks/sandbox_bench.py --pools 1,2 --baseline /tmp/before  # two versions in one run
 
 Repository: inflection 0.5.1 from PyPI (sdist, 455 tests in `test_inflection.py`), made into a git repository; the
 download is cached under `fleet.paths.cache_dir()/sdists`. Each sandboxed task is the full path a rollout takes:
@@ -12,6 +13,10 @@ test listed in PASS_TO_PASS so the verdict is FULL. The bare run is the exact py
 the same environment switches, in a prepared checkout. Both run `pool` at a time; bare and sandboxed batches
 alternate for `--rounds` rounds and medians are reported, so that load from other processes hits both alike.
 Writes `benchmarks/results/sandbox.json`.
+
+`--baseline TREE` compares two versions of the executor in one run: this checkout's and the one in TREE (e.g.
+`git archive OLD | tar -x -C TREE`), each as its own server process (`grpo-fleet serve sandbox`'s `serve`), with
+bare, this and the baseline batches alternating in every round.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter 
 from services.sandbox.server import SandboxServer  # noqa: E402
 
 PACKAGE, VERSION, SUITE = "inflection", "0.5.1", "test_inflection.py"
-RESULTS = Path(__file__).resolve().parent / "results" / "sandbox.json"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "sandbox.json"
 log = logging.getLogger("sandbox_bench")
 
 
@@ -113,6 +119,78 @@ async def sandbox_batch(client: SandboxClient, spec: TaskSpec, n: int) -> list[d
                 **verdict.timings}
 
     return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+_SERVER = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+from fleet.config.infra import SandboxConfig
+from services.sandbox.server import serve
+cfg = SandboxConfig(pool_size=int(sys.argv[2]), work_root=sys.argv[3], uid_base=int(sys.argv[5]))
+sys.exit(asyncio.run(serve(cfg, "127.0.0.1", int(sys.argv[4]), 0.0)))
+"""
+
+
+async def server_process(tree: Path, pool: int, work: Path, uid_base: int) -> tuple[asyncio.subprocess.Process, str]:
+    """A sandbox server of the executor in `tree`, in its own process; (process, url) once it answers /healthz."""
+    import socket
+
+    import aiohttp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SERVER, str(tree), str(pool), str(work),
+                                                str(port), str(uid_base), cwd=str(tree),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            try:
+                async with session.get(f"{url}/healthz") as resp:
+                    if resp.status == 200:
+                        return proc, url
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the sandbox server of {tree} did not start")
+
+
+async def measure_versions(repo: Path, spec: TaskSpec, pool: int, n: int, rounds: int, work: Path,
+                           baseline: Path) -> dict[str, Any]:
+    """Bare, this checkout's executor and the baseline's, alternating; each executor in a server process."""
+    servers = [await server_process(tree, pool, work / f"{name}-{pool}", uid) for name, tree, uid in
+               (("current", ROOT, 64000), ("baseline", baseline, 65000))]
+    out: dict[str, Any] = {"pool": pool}
+    rows: dict[str, list[dict[str, float]]] = {"bare": [], "current": [], "baseline": []}
+    parts: dict[str, dict[str, list[float]]] = {"current": {}, "baseline": {}}
+    try:
+        clients = [SandboxClient([url], max_concurrency=n, task_timeout=600) for _, url in servers]
+        for client in clients:
+            await sandbox_batch(client, spec, pool)  # warm-up
+        for _ in range(rounds):
+            t0 = time.monotonic()
+            rows["bare"].append(summary(await bare_batch(repo, n, pool), time.monotonic() - t0))
+            for name, client in zip(("current", "baseline"), clients, strict=True):
+                t0 = time.monotonic()
+                tasks = await sandbox_batch(client, spec, n)
+                rows[name].append(summary([t["latency_s"] for t in tasks], time.monotonic() - t0))
+                for t in tasks:
+                    for key, value in t.items():
+                        parts[name].setdefault(key, []).append(value)
+        for client in clients:
+            await client.close()
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+            await proc.wait()
+    for name, values in rows.items():
+        out[name] = _median_round(values)
+    for name in ("current", "baseline"):
+        breakdown = {k: round(statistics.fmean(v), 4) for k, v in sorted(parts[name].items())}
+        out[f"{name}_overhead"] = overheads({"bare": out["bare"], "sandbox_breakdown_mean_s": breakdown})
+    return out
 
 
 async def startup_cost(work: Path, runs: int = 20) -> dict[str, float]:
@@ -240,6 +318,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
                                 "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
                     "tasks_per_executor": args.tasks_per_slot, "rounds": args.rounds, "results": rows}
+        if args.baseline:
+            rows = [await measure_versions(repo, spec, pool, pool * args.tasks_per_slot, args.rounds, work,
+                                           args.baseline) for pool in args.pools]
+            return {"benchmark": "sandbox executor, this checkout vs a baseline, vs bare pytest",
+                    "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                    "repository": f"{PACKAGE} {VERSION} ({len(ids)} tests in {SUITE})",
+                    "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+                                "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+                    "tasks_per_slot": args.tasks_per_slot, "rounds": args.rounds, "results": rows}
         startup = await startup_cost(work)
         log.info("python -c pass: %s", startup)
         rows = []
@@ -278,10 +365,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--executors", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="instead of pools: executor counts (pool 1 each) behind one client, e.g. 1,2")
     parser.add_argument("--out", type=Path, default=None, help="default: results/sandbox.json "
-                        "(sandbox_executors.json with --executors)")
+                        "(sandbox_executors.json with --executors, sandbox_versions.json with --baseline)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of another version: both executors measured in one run")
     args = parser.parse_args()
     if args.out is None:
-        args.out = RESULTS.with_name("sandbox_executors.json") if args.executors else RESULTS
+        args.out = RESULTS.with_name("sandbox_executors.json") if args.executors else \
+            RESULTS.with_name("sandbox_versions.json") if args.baseline else RESULTS
     return args
 
 
@@ -291,7 +381,7 @@ if __name__ == "__main__":
     report = asyncio.run(main(arguments))
     arguments.out.parent.mkdir(parents=True, exist_ok=True)
     arguments.out.write_text(json.dumps(report, indent=2) + "\n")
-    if arguments.executors:
+    if arguments.executors or arguments.baseline:
         print(json.dumps(report["results"], indent=1))
     else:
         print(json.dumps({r["pool"]: {"bare_s": r["bare"]["latency_mean_s"], "overhead": r["overhead"],

@@ -45,6 +45,8 @@ _BY_STATUS = {
     common_pb2.VERDICT_STATUS_FORMAT_ERROR: "no_patch",
     common_pb2.VERDICT_STATUS_PATCH_NOT_APPLIED: "patch_not_applied",
     common_pb2.VERDICT_STATUS_INTEGRITY_REFUSED: "integrity_refused",
+    # A cheat caught while the tests ran (issue 16) is graded like one refused before: not infrastructure.
+    common_pb2.VERDICT_STATUS_INTEGRITY_VIOLATION: "integrity_refused",
     common_pb2.VERDICT_STATUS_TIMEOUT: "timeout",
 }
 

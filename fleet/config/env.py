@@ -16,8 +16,8 @@ class AgentConfig(Section):
     max_turns: int = Field(8, ge=1)
     """Model turns per episode; the episode ends after the last one (`max_turns`)."""
     max_total_tokens: int | None = Field(None, ge=16)
-    """Prompt + generated + observation tokens of an episode (None: `policy.max_total_sequence_length`); an
-    episode ends (`context_full`) before its next turn or observation would not fit."""
+    """Prompt + generated + observation tokens of an episode (None: `policy.max_total_sequence_length`, which it
+    may not exceed); an episode ends (`context_full`) before its next turn or observation would not fit."""
     max_new_tokens_per_turn: int | None = Field(None, ge=1)
     """Tokens one turn may generate (None: `policy.generation.max_new_tokens`)."""
     max_observation_tokens: int = Field(512, ge=16)
@@ -107,6 +107,14 @@ class DatasetConfig(Section):
     """Use at most this many tasks (the first ones of the split)."""
     context: Literal["oracle", "none"] = "oracle"
     """Code context in the prompt: the files the gold patch touches (SWE-bench 'oracle'), or none."""
+    first_run_repos: list[str] | None = Field(default_factory=lambda: ["inflection", "toolz"])
+    """swe_embedded: the recipe repositories (envs/swe/recipe.yaml) that a run builds when `data_path` holds no task
+    set yet -- a small slice, so that a first run trains within minutes. None: every repository. A task set already
+    there is used as it is; the full set builds on demand with `grpo-fleet data build`."""
+    first_run_tasks: int | None = Field(None, ge=1)
+    """swe_embedded: tasks that slice aims for, spread evenly over `first_run_repos` (a repository may yield fewer).
+    None: one distinct prompt per step's slot, `grpo.num_prompts_per_step` x `grpo.max_num_steps`, kept between 8
+    and 16 (a longer run goes over the slice again, as it would over any task set)."""
 
 
 class DataConfig(Section):

@@ -35,9 +35,13 @@ AGENT_ENVS = frozenset({"swe"})
 
 
 def limits_from_config(cfg: MasterConfig) -> EpisodeLimits:
-    a = cfg.env.code.agent
+    a, longest = cfg.env.code.agent, cfg.policy.max_total_sequence_length
+    if a.max_total_tokens is not None and a.max_total_tokens > longest:
+        # The engine's context and the trainer's sequences end there: a longer episode could be neither.
+        raise ValueError(f"env.code.agent.max_total_tokens={a.max_total_tokens} exceeds "
+                         f"policy.max_total_sequence_length={longest}")
     return EpisodeLimits(
-        max_turns=a.max_turns, max_total_tokens=a.max_total_tokens or cfg.policy.max_total_sequence_length,
+        max_turns=a.max_turns, max_total_tokens=a.max_total_tokens or longest,
         max_new_tokens_per_turn=a.max_new_tokens_per_turn or cfg.policy.generation.max_new_tokens,
         max_observation_tokens=a.max_observation_tokens, episode_timeout_s=a.episode_timeout_s)
 

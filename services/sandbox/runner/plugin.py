@@ -111,11 +111,16 @@ class ReportPlugin:
         self._functions: dict[str, tuple[object, object]] = {}
         self._pm: pluggy.PluginManager | None = None
         own = tuple(n for n, v in vars(type(self)).items() if callable(v) and not n.startswith("__"))
-        self._baseline = Baseline([(type(self), own), (protocol, ("encode", "mac", "_dump"))])
+        self._baseline = Baseline([(type(self), own),
+                                   (protocol, ("encode", "encode_payload", "test_payload", "mac", "_dump"))])
         self._emit({"k": "start", "pytest": pytest.__version__, "pid": os.getpid()})
 
-    def _emit(self, record: dict[str, Any]) -> None:
-        data = protocol.encode(self._key, self._seq, record)
+    def _emit(self, record: dict[str, Any] | str) -> None:
+        """Write one record (a dict, or a payload already made by `protocol.test_payload`)."""
+        if isinstance(record, str):
+            data = protocol.encode_payload(self._key, self._seq, record)
+        else:
+            data = protocol.encode(self._key, self._seq, record)
         self._seq += 1
         view = memoryview(data)
         while view:
@@ -169,8 +174,7 @@ class ReportPlugin:
             origin = self._origin(call.excinfo.tb)
             if origin is not None and not is_test_path(origin):
                 self._violation(f"{item.nodeid}: {call.excinfo.typename} raised from {origin}, not from a test")
-        self._emit({"k": "t", "id": report.nodeid, "w": report.when, "o": report.outcome,
-                    "x": hasattr(report, "wasxfail")})
+        self._emit(protocol.test_payload(report.nodeid, report.when, report.outcome, hasattr(report, "wasxfail")))
         return report
 
     def _origin(self, tb: Any) -> str | None:

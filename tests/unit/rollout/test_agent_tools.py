@@ -79,3 +79,17 @@ async def test_viewing_a_folder_lists_it(tmp_path: Path) -> None:
     (tmp_path / "pkg" / "mod.py").write_text("")
     obs = await ToolBox(LocalBackend(tmp_path)).run(ToolCall("file_editor", {"command": "view", "path": "pkg"}))
     assert "pkg/mod.py" in obs.text
+
+
+def test_agent_limits_come_from_the_config_and_never_exceed_the_sequence_length() -> None:
+    from fleet.config import MasterConfig
+    from rollout.agent.runner import limits_from_config
+
+    cfg = MasterConfig()
+    cfg.env.code.agent.max_turns = 5
+    limits = limits_from_config(cfg)
+    assert limits.max_turns == 5 and limits.max_total_tokens == cfg.policy.max_total_sequence_length
+    assert limits.max_new_tokens_per_turn == cfg.policy.generation.max_new_tokens
+    cfg.env.code.agent.max_total_tokens = cfg.policy.max_total_sequence_length + 1
+    with pytest.raises(ValueError, match="env.code.agent.max_total_tokens=.* exceeds policy.max_total_sequence"):
+        limits_from_config(cfg)

@@ -115,3 +115,8 @@ def test_an_integrity_violation_costs_the_configured_reward() -> None:
     caught = Verdict(status="integrity_violation", patch_applied=True, resolution="NO")
     assert reward_from_verdict(caught, "binary") == -1.0
     assert reward_from_verdict(caught, "pass_rate", integrity_violation_reward=-0.25) == -0.25
+
+
+def test_the_fast_test_record_is_the_same_json() -> None:
+    line = protocol.encode_payload(KEY, 0, protocol.test_payload('t["a\\"b"]', "call", "passed", True))
+    assert protocol.decode(KEY, 0, line) == {"k": "t", "id": 't["a\\"b"]', "w": "call", "o": "passed", "x": True}
