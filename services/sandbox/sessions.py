@@ -195,7 +195,7 @@ class SessionManager:
         for s in self.sessions.values():
             if now - self.leases.get(s.owner, s.created) > self.cfg.lease_s:
                 out.append((s.id, "owner_lost"))
-            elif now - s.active > self.cfg.idle_timeout_s:
+            elif now - s.active > self.cfg.idle_timeout_s and not s.work:  # a long command is not idleness
                 out.append((s.id, "idle"))
             elif now - s.created > self.cfg.max_lifetime_s:
                 out.append((s.id, "lifetime"))

@@ -182,4 +182,6 @@ def test_manager_reaps_idle_and_old_sessions_by_policy() -> None:
         m.sessions[sid] = Session(sid, "o", spec, Path(os.devnull), None, 0, created=created, active=active)
     m.leases["o"] = 0.0
     assert sorted(m.reap(0.0)) == [("idle", "idle"), ("old", "lifetime")]
+    m.sessions["idle"].work.add(None)  # type: ignore[arg-type]  # a command still running
+    assert sorted(m.reap(0.0)) == [("old", "lifetime")]
     assert sorted(m.reap(11.0)) == [("fresh", "owner_lost"), ("idle", "owner_lost"), ("old", "owner_lost")]
