@@ -7,8 +7,8 @@ The interface is what the SWE-bench eval contract (`contract.py`) and sandbox se
     # leaving the block removes the layer (and the container, for Docker); the image itself is never changed
 `BwrapImageRuntime` runs each `exec` in bubblewrap with the layer's merged tree as `/`: new pid/net/ipc/uts
 namespaces (no network), every capability dropped, `/proc/sys` read-only and no `/sys`, a private /tmp, the image's
-Env and the working directory `/testbed`; outside it, prlimit (address space, CPU, file size, no core) and a cgroup
-(memory, processes: the run is uid 0, which RLIMIT_NPROC does not bind).
+Env and the working directory `/testbed`; outside it, prlimit (address space, CPU, file size, no core) and the host
+path's per-task cgroup (`task_memory_mb`, `max_processes`: the run is uid 0, which RLIMIT_NPROC does not bind).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fleet.config.infra import SandboxConfig
-from services.sandbox.images import cgroups
+from services.sandbox.cgroups import CgroupRoot
 from services.sandbox.images.cache import CachedImage, ImageCache
 from services.sandbox.images.layers import Layer, RunLayers
 from services.sandbox.process import RunResult, run_limited
@@ -79,7 +79,7 @@ class BwrapImageRuntime:
         self.cfg = cfg
         self.cache = cache
         self.layers = RunLayers(layers_root, cfg.image_layers)
-        self.cgroups = False
+        self.cgroups: CgroupRoot | None = None
         self.tools: dict[str, str] = {}
 
     async def start(self) -> None:
@@ -88,12 +88,15 @@ class BwrapImageRuntime:
             raise RuntimeError(f"missing tools for image tasks: {', '.join(missing)} "
                                "(packages: bubblewrap, util-linux, skopeo, umoci)")
         self.tools = {t: shutil.which(t) or t for t in ("bwrap", "prlimit")}
-        removed = self.layers.start() + self.cache.sweep() + cgroups.sweep()
+        removed = self.layers.start() + self.cache.sweep()
         if removed:
-            log.info("cleaned %d leftovers of killed executors (run layers, pulls, cgroups)", removed)
-        self.cgroups = cgroups.available()
-        if not self.cgroups:
-            log.warning("image runs: no writable memory/pids cgroups here; only rlimits bound them")
+            log.info("cleaned %d leftovers of killed executors (run layers, pulls)", removed)
+        # The host path's per-task cgroups (services/sandbox/cgroups.py), with the same keys.
+        self.cgroups = None if self.cfg.cgroups == "off" else CgroupRoot.detect()
+        if self.cgroups is None and self.cfg.cgroups == "required":
+            raise RuntimeError("sandbox.cgroups=required but the memory/pids cgroups cannot be used here")
+        if self.cgroups is None:
+            log.warning("image runs: no per-task cgroup here; only rlimits bound them")
 
     async def close(self) -> None:
         self.layers.close()
@@ -126,7 +129,7 @@ class BwrapImageRuntime:
 
     async def run_in(self, env: BwrapEnv, argv: list[str], *, limit_s: float, output_cap: int | None,
                      extra: dict[str, str], workdir: str) -> RunResult:
-        group = cgroups.RunCgroup(self.cfg.memory_mb << 20, self.cfg.max_processes) if self.cgroups else None
+        group = self.cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self.cgroups else None
         try:
             command = self.argv(env, argv, workdir)
             command = group.wrap(command) if group else command
@@ -136,13 +139,13 @@ class BwrapImageRuntime:
             cap = output_cap or self.cfg.max_output_kb << 10
             result = await run_limited(command, env=self.environ(env.image, extra), cwd="/", limit_s=limit_s,
                                        output_cap=cap, status_pipe=status)
-            if group is not None and group.oom_killed():
-                result.stderr.feed(b"\n[sandbox] killed: memory limit (sandbox.memory_mb)\n")
+            if group is not None and group.stats().memory_limit_hit:
+                result.stderr.feed(b"\n[sandbox] memory limit of the task reached (sandbox.task_memory_mb)\n")
             return result
         finally:
             if group is not None:
-                group.remove()
+                await group.remove()
 
     def health(self) -> dict[str, object]:
-        return {"image_runtime": self.name, "image_layers": self.layers.mode, "image_cgroups": self.cgroups,
+        return {"image_runtime": self.name, "image_layers": self.layers.mode, "image_cgroups": self.cgroups is not None,
                 **self.cache.stats()}

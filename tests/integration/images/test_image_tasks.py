@@ -84,3 +84,18 @@ async def test_executor_restart_removes_what_a_killed_one_left(images: ImageSet,
         assert not _mounted(merged)
         health = ex.health()
     assert health["pulls_in_flight"] == 0 and health["image_layers"] == "overlay"
+
+
+async def test_image_runs_have_no_network_and_a_process_limit(images: ImageSet, image_cfg: SandboxConfig) -> None:
+    probe = ("#!/bin/bash\n: '>>>>> Start Test Output'\n"
+             "python3 -c \"import socket; socket.create_connection(('10.0.0.1', 80), 2)\" 2>/dev/null "
+             "&& echo 'FAILED limits::network' || echo 'PASSED limits::network'\n"
+             "python3 - <<'EOF'\nimport os, time\nn = 0\nfor _ in range(300):\n    try:\n        pid = os.fork()\n"
+             "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n"
+             "    n += 1\nprint('PASSED' if n < 300 else 'FAILED', 'limits::pids', flush=True)\nEOF\n"
+             ": '>>>>> End Test Output'\n")
+    async with Executor(image_cfg) as ex:
+        assert ex.health()["image_cgroups"] is True
+        verdict = await ex.run(images.spec("", eval_script=probe, fail_to_pass=["limits::network", "limits::pids"],
+                                           pass_to_pass=[]))
+    assert verdict.test_status == {"limits::network": "PASSED", "limits::pids": "PASSED"}, verdict.stdout_tail[-1500:]
