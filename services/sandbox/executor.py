@@ -353,8 +353,13 @@ class Executor:
         cpu_s = max(1, min(self.cfg.cpu_s, math.ceil(limit_s)))
         hidden = [*hide, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
         argv = policy.argv(tree, command, slot=slot, hide=hidden, status_fd=fd, cpu_s=cpu_s)
-        return await run_limited(argv, env=policy.env({}), cwd=str(tree), limit_s=limit_s, output_cap=output_cap,
-                                 status_pipe=status_pipe)
+        cgroup = self._cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self._cgroups else None
+        try:
+            return await run_limited(cgroup.wrap(argv) if cgroup else argv, env=policy.env({}), cwd=str(tree),
+                                     limit_s=limit_s, output_cap=output_cap, status_pipe=status_pipe)
+        finally:
+            if cgroup is not None:
+                await cgroup.remove()
 
     async def _run_tests(self, ws: Workspace, spec: TaskSpec, slot: int, repo: Path,
                          timings: dict[str, float]) -> Verdict:
