@@ -6,7 +6,7 @@ set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-B="benchmarks/trainer_gpu_bench.py"
+B="benchmarks/trainer_gpu_bench.py --mask all"  # every response token trained, as when these rows were measured
 run1() {  # GPU, output name, bench args...
   local gpu=$1 name=$2; shift 2
   CUDA_VISIBLE_DEVICES=$gpu torchrun --standalone --nproc-per-node=1 $B --out "$OUT/$name.json" "$@"
