@@ -164,7 +164,8 @@ class Supervisor:
         return ""
 
     async def stop_all(self, grace_s: float = 60.0) -> None:
-        """Trainer first (SIGTERM -> it checkpoints and exits), then rollout workers, sandbox, replay buffer."""
+        """Trainer first (SIGTERM -> it checkpoints and exits), then rollout workers, sandbox, replay buffer, and the
+        embedded Redis last (SIGTERM: it flushes its AOF)."""
         order = [s.name for s in reversed(self.specs)]
         for name in order:
             proc = self.procs.get(name)
