@@ -24,7 +24,8 @@ policy.activation_checkpointing[_scope]); a mode that runs out of memory at one 
 
 MFU = model FLOPs / time / 989 TFLOP/s (dense bf16, H100/H200 SXM), two ways (trainer_gpu_parts.flops_per_token):
 `mfu_causal` (the headline: attention FLOPs halved, what a causal kernel computes) and `mfu` (issue 6's convention,
-attention counted in full). Activation checkpointing's recomputation is not counted (model FLOPs, not hardware).
+attention counted in full). The lm_head counts only on the tokens that go through it (`head_token_fraction`: the
+trainer skips masked-out ones, the naive loop does all); activation checkpointing's recomputation is not counted.
 Peak memory is split into parameters + gradients + optimizer state (allocated after a step), activations (what the
 decoder's forward leaves allocated, autocast's bf16 weight copies included) and logits (the fused lm_head's own
 peak, measured alone at the same token count); `other_gb` is the rest of the peak.
@@ -57,6 +58,7 @@ from trainer_gpu_parts import (  # noqa: E402
     SHAPES,
     ActivationProbe,
     attention_bench,
+    check_logprob_grads,
     flops_per_token,
     logits_memory_gb,
     logits_sweep,
@@ -282,26 +284,6 @@ def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     finally:
         gc.collect()
         torch.cuda.empty_cache()
-
-
-def check_logprob_grads(device: torch.device) -> dict[str, float]:
-    """The compiled lm_head + log-softmax on this device, logit gradients saved vs recomputed (bf16 autocast over
-    fp32 inputs, as in the step): the largest difference relative to the largest entry, per output."""
-    from trainer.logprobs import linear_logprobs
-
-    g = torch.Generator(device=device).manual_seed(0)
-    h = torch.randn(5000, 896, device=device, generator=g)
-    w = torch.randn(32000, 896, device=device, generator=g) * 0.05
-    t = torch.randint(0, 32000, (5000,), device=device, generator=g)
-    go = torch.randn(5000, device=device, generator=g)
-    res = []
-    for save in (0, 1 << 30):
-        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = linear_logprobs(hh, ww, t, chunk=1024, compiled=True, save_bytes=save)
-        res.append((out.detach(), *torch.autograd.grad(out, (hh, ww), go)))
-    names = ("logprob", "grad_hidden", "grad_weight")
-    return {n: float((a - b).abs().max() / b.abs().max()) for n, a, b in zip(names, res[1], res[0], strict=True)}
 
 
 class Report:

@@ -1,5 +1,6 @@
-"""Pieces of benchmarks/trainer_gpu_bench.py: model shapes, FLOP counts (both MFU conventions), the agent mask, the
-peak-memory split, a kernel profile, and a microbenchmark of the attention kernels torch offers on this GPU."""
+"""Pieces of benchmarks/trainer_gpu_bench.py: model shapes, FLOP counts (both MFU conventions), agent-mode
+observation spans, the peak-memory split, a kernel profile, a microbenchmark of the attention kernels torch offers
+on this GPU, and the on-device check of the fused log-prob's saved vs recomputed logit gradients."""
 
 from __future__ import annotations
 
@@ -168,3 +169,23 @@ def attention_bench(shape: dict[str, int], seq_lens: list[int], device: torch.de
                 rows.append(row)
         torch.cuda.empty_cache()
     return rows
+
+
+def check_logprob_grads(device: torch.device) -> dict[str, float]:
+    """The compiled lm_head + log-softmax on this device, logit gradients saved vs recomputed (bf16 autocast over
+    fp32 inputs, as in the step): the largest difference relative to the largest entry, per output."""
+    from trainer.logprobs import linear_logprobs
+
+    g = torch.Generator(device=device).manual_seed(0)
+    h = torch.randn(5000, 896, device=device, generator=g)
+    w = torch.randn(32000, 896, device=device, generator=g) * 0.05
+    t = torch.randint(0, 32000, (5000,), device=device, generator=g)
+    go = torch.randn(5000, device=device, generator=g)
+    res = []
+    for save in (0, 1 << 30):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = linear_logprobs(hh, ww, t, chunk=1024, compiled=True, save_bytes=save)
+        res.append((out.detach(), *torch.autograd.grad(out, (hh, ww), go)))
+    names = ("logprob", "grad_hidden", "grad_weight")
+    return {n: float((a - b).abs().max() / b.abs().max()) for n, a, b in zip(names, res[1], res[0], strict=True)}
