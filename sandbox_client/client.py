@@ -126,6 +126,21 @@ class SandboxClient:
         return dict(zip([s.url for s in states], await asyncio.gather(*(self._probe(s) for s in states)),
                         strict=True))
 
+    async def prefetch(self, image: str) -> int:
+        """Ask every executor that is up to start pulling `image` now (a task leased, its answer not yet generated);
+        best effort: returns how many accepted. A failed pull surfaces as the task's infra_error, naming the image."""
+        session = self._ensure_session()
+
+        async def one(state: EndpointState) -> bool:
+            try:
+                async with session.post(f"{state.url}/image/prefetch", json={"image": image},
+                                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    return resp.status == 202
+            except _TRANSPORT_ERRORS:
+                return False
+
+        return sum(await asyncio.gather(*(one(s) for s in self.pool.states if s.up)))
+
     def endpoint_states(self) -> list[EndpointState]:
         return [replace(s) for s in self.pool.states]
 

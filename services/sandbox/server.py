@@ -5,6 +5,7 @@
                                (`?wait=S` long-polls up to S seconds, at most 60)
   DELETE /task/{id}            cancels it (the sandbox is killed) and forgets it
   GET    /healthz              200 when ready, 503 when the sandbox cannot start or the server is draining
+  POST   /image/prefetch       {"image"} -> 202: start pulling a task's image now (best effort; `docs/swe-datasets.md`)
 
 Everything but /healthz needs `Authorization: Bearer TOKEN` when a token is set (`sandbox.auth_token` or
 GRPO_FLEET_SANDBOX_TOKEN). A verdict is always a 200, even `infra_error`: 5xx means this server itself failed.
@@ -76,6 +77,7 @@ class SandboxServer:
         app.router.add_get("/task/{task_id}/result", self.result)
         app.router.add_delete("/task/{task_id}", self.delete)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_post("/image/prefetch", self.prefetch)
         SessionRoutes(self.sessions, lambda: self.draining).add_to(app)
         return app
 
@@ -236,6 +238,24 @@ class SandboxServer:
             record.task.cancel()
             await asyncio.gather(record.task, return_exceptions=True)
         return web.json_response({"task_id": record.id, "deleted": True, "state": state})
+
+    async def prefetch(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "body: not valid JSON", field="body")
+        image = body.get("image") if isinstance(body, dict) else None
+        if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
+            return _error(400, "image: must be an image reference like repo/name:tag", field="image")
+        images = self.executor.images
+        if images is None:
+            return _error(503, f"no image runtime: {self.executor.image_error or 'sandbox.runtime is bwrap'}")
+        try:
+            ref = images.ref(image)
+        except ValueError as exc:
+            return _error(400, f"image: {exc}", field="image")
+        images.prefetch(image)
+        return web.json_response({"image": ref, "prefetching": True}, status=202)
 
     async def healthz(self, request: web.Request) -> web.Response:
         health = {**self.executor.health(), **self.sessions.health(), "draining": self.draining,
