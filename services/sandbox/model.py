@@ -14,14 +14,17 @@ from typing import Any, Literal
 # completed: tests ran (see resolution). not_applied: the agent patch did not apply. refused: integrity check.
 # timeout: the tests ran past their limit. infra_error: the executor could not do its job (repo missing, disk full,
 # sandbox failed to start) -- never a statement about the patch. format_error: set by the SWE environment when the
-# answer held no usable patch; never produced by the executor.
+# answer held no usable patch; never produced by the executor. integrity_violation: the run's outcome cannot be
+# believed (a forged or contradictory report, pytest manipulated from code under test): a statement about the patch.
 TaskStatus = Literal[
-    "pending", "running", "completed", "not_applied", "refused", "timeout", "infra_error", "format_error"
+    "pending", "running", "completed", "not_applied", "refused", "timeout", "infra_error", "format_error",
+    "integrity_violation"
 ]
 ResolutionName = Literal["FULL", "PARTIAL", "NO"]
 TOKEN_ENV = "GRPO_FLEET_SANDBOX_TOKEN"
 """Environment variable holding the bearer token, read by the executor and the client when the config has none."""
-FINAL_STATUSES: frozenset[str] = frozenset({"completed", "not_applied", "refused", "timeout", "infra_error"})
+FINAL_STATUSES: frozenset[str] = frozenset({"completed", "not_applied", "refused", "timeout", "infra_error",
+                                            "integrity_violation"})
 
 
 @dataclass(frozen=True)
