@@ -3,6 +3,7 @@
     grpo-fleet config show|check [--config FILE] [overrides...]
     grpo-fleet serve replay-buffer|sandbox|rollout [--config FILE] [overrides...]
     grpo-fleet up [--config FILE] [overrides...]
+    grpo-fleet prepare [--config FILE] [overrides...]
     grpo-fleet data build|list [...]
     grpo-fleet status [--config FILE] [overrides...]
 
@@ -73,6 +74,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return up(cfg, config_path=args.config, overrides=args.overrides)
 
 
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    from fleet.launcher.up import prepare
+
+    prepare(cfg)
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     cfg = _load(args)
     from fleet.status import show_status
@@ -96,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run the whole fleet as local processes")
     _config_args(p)
     p.set_defaults(fn=_cmd_up)
+    p = sub.add_parser("prepare", help="make what the config needs before a run (tiny model, task set), then exit")
+    _config_args(p)
+    p.set_defaults(fn=_cmd_prepare)
     p = sub.add_parser("status", help="show a running fleet's state")
     p.add_argument("--watch", action="store_true", help="refresh every 2 s")
     _config_args(p)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fleet.paths import cache_dir
+
 # envs/swe/paths.py -> the repository root (the checkout, or the source tree of an editable install).
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,13 +15,13 @@ def repo_root() -> Path:
 
 
 def default_task_dir() -> Path:
-    """The built task set of a run: `.cache/tasks` under the repository root (gitignored)."""
-    return _REPO_ROOT / ".cache" / "tasks"
+    """The built task set of a run: `tasks` in the cache (`$GRPO_FLEET_CACHE`, else `.cache/` in the checkout)."""
+    return cache_dir() / "tasks"
 
 
 def default_sdist_cache() -> Path:
-    """Where downloaded sdists are kept between builds."""
-    return _REPO_ROOT / ".cache" / "sdists"
+    """Where downloaded sdists are kept between builds (in the cache, beside the task set)."""
+    return cache_dir() / "sdists"
 
 
 def repos_dir(task_dir: str | Path) -> Path:

@@ -86,9 +86,23 @@ def extract_sdist(archive: Path, dest: str | Path) -> Path:
             zf.extractall(out)
     else:
         with tarfile.open(archive) as tf:
-            # The "data" filter refuses absolute paths, links out of the tree and device files.
-            tf.extractall(out, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                # The "data" filter refuses absolute paths, links out of the tree and device files.
+                tf.extractall(out, filter="data")
+            else:  # Python before 3.11.4 (Debian bookworm's 3.11.2, in the images): the same refusals, by hand
+                _check_members(archive, tf.getmembers())
+                tf.extractall(out)
     tops = [p for p in out.iterdir() if p.is_dir()]
     if len(tops) != 1:
         raise SdistError(f"{archive.name}: expected one top-level folder, found {[p.name for p in tops]}")
     return tops[0]
+
+
+def _check_members(archive: Path, members: list[tarfile.TarInfo]) -> None:
+    for m in members:
+        parts = Path(m.name).parts
+        link = Path(m.name).parent / m.linkname if m.issym() else Path(m.linkname)
+        if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            raise SdistError(f"{archive.name}: unsafe member {m.name!r}")
+        if (m.issym() or m.islnk()) and (m.linkname.startswith("/") or ".." in link.parts):
+            raise SdistError(f"{archive.name}: link {m.name!r} points out of the tree")

@@ -20,7 +20,6 @@ from envs.swe.loaders import load_swebench_file, task_to_row
 from envs.swe.paths import default_task_dir, repos_dir
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
     from fleet.config.env import DatasetConfig
 
 SPLITS = ("train", "validation")
@@ -65,28 +64,6 @@ def load_embedded_dataset(cfg: DatasetConfig, **_: Any) -> TaskDataset:
 
 def task_dir_of(cfg: DatasetConfig) -> Path:
     return Path(cfg.data_path).expanduser() if cfg.data_path else default_task_dir()
-
-
-def prepare_embedded_dataset(cfg: MasterConfig, ds: DatasetConfig, *, max_per_repo: int = 32) -> None:
-    """Build the embedded task set at `ds.data_path` (default `.cache/tasks`) unless one is already there."""
-    folder = task_dir_of(ds)
-    if (folder / "train.jsonl").is_file():
-        print(f"grpo-fleet: SWE task set ready at {folder}", flush=True)
-        return
-    import asyncio
-
-    from envs.swe.builder import BuildOptions, build_taskset
-
-    workers = cfg.sandbox.pool_size or os.cpu_count() or 2
-    print(f"grpo-fleet: building the embedded SWE task set in {folder} (first run only; progress in the log; "
-          f"or build it beforehand: grpo-fleet data build --out {folder}) ...", flush=True)
-    # if_missing: a build already running into the same folder is waited for, not raced.
-    report = asyncio.run(build_taskset(BuildOptions(out=folder, max_per_repo=max_per_repo, seed=0, workers=workers,
-                                                    sandbox=cfg.sandbox, if_missing=True)))
-    if report.reused:
-        print(f"grpo-fleet: SWE task set ready at {folder} (built by another process)", flush=True)
-    else:
-        print(f"grpo-fleet: built {len(report.tasks)} tasks in {report.seconds:.0f} s", flush=True)
 
 
 def summarize(folder: str | Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from fleet.config.loader import write_resolved
 from fleet.launcher.supervisor import FleetFailed, Supervisor
 from fleet.launcher.topology import Ports, ProcessSpec, check_cpu_affinity, embedded_redis_process, fleet_processes
 from fleet.paths import ROOT, resolve_model, run_dir
+from fleet.progress import waiting
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,32 @@ def pick_ports(cfg: MasterConfig) -> Ports:
 
 def prepare(cfg: MasterConfig) -> None:
     """First run: make the tiny model and the task slice the config asks for (idempotent, with progress)."""
-    print(f"grpo-fleet: model {cfg.policy.model_name} ...", flush=True)
-    print(f"grpo-fleet: model ready at {resolve_model(cfg.policy.model_name)}", flush=True)
+    with waiting(f"grpo-fleet: model {cfg.policy.model_name}"):
+        model = resolve_model(cfg.policy.model_name)
+    print(f"grpo-fleet: model ready at {model}", flush=True)
     from envs.registry import prepare_dataset
 
     for ds in [cfg.data.train, cfg.data.validation]:
         if ds is not None:
             prepare_dataset(cfg, ds)
+
+
+def _trained(metrics: Path) -> bool:
+    try:
+        return any('"loss/' in line for line in metrics.read_text().splitlines())
+    except OSError:
+        return False
+
+
+async def _first_step(metrics: Path) -> None:
+    """A line that ticks from "fleet up" to the first trained step: engines starting, the first weights reaching the
+    workers, the first rollouts graded. Later steps are in the log and `grpo-fleet status`."""
+    with waiting("grpo-fleet: first training step (engines start, first weights, first rollouts)"):
+        while True:  # a file another process writes: polled, there is no event to wait on
+            if await asyncio.to_thread(_trained, metrics):
+                break
+            await asyncio.sleep(1.0)
+    print("grpo-fleet: first step trained", flush=True)
 
 
 async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str]) -> int:
@@ -69,7 +89,11 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         print(f"grpo-fleet: fleet up; run directory {rd}; `grpo-fleet status --config ... "
               f"services.replay_buffer.port={ports.replay_buffer} services.trainer.port={ports.trainer}` "
               "shows progress", flush=True)
-        rc = await sup.watch(stop)
+        first_step = asyncio.create_task(_first_step(rd / "logs" / "metrics.jsonl"))
+        try:
+            rc = await sup.watch(stop)
+        finally:
+            first_step.cancel()
         if stop.is_set():
             print("grpo-fleet: stopping (trainer first, it writes a checkpoint) ...", flush=True)
             rc = 0
