@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def advertised_host(cfg: MasterConfig) -> str:
+    """Where the trainer reaches this worker: `rollout.advertise_host`, else the listen host -- unless that is a
+    wildcard (a container or pod listening on every interface), then this host's own address (its hostname resolved:
+    the container's or pod's IP, which compose and Kubernetes put in /etc/hosts)."""
+    host = cfg.rollout.advertise_host or cfg.services.rollout.host
+    if host in ("", "0.0.0.0", "::"):
+        return socket.gethostbyname(socket.gethostname())
+    return host
+
+
 def worker_id(cfg: MasterConfig) -> str:
     return cfg.rollout.worker_id or f"{socket.gethostname()}-{os.getpid()}"
 
@@ -41,7 +51,7 @@ async def serve(cfg: MasterConfig) -> int:
     scorer = Scorer(cfg)
     await engine.start()
     port = service.bind()
-    host = cfg.rollout.advertise_host or cfg.services.rollout.host
+    host = advertised_host(cfg)
     worker = RolloutWorker(cfg, worker_id(cfg), f"{host}:{port}", engine, scorer, buffer, Decoder(tokenizer))
     service.add(rollout_worker_pb2_grpc.add_RolloutWorkerServicer_to_server,
                 RolloutWorkerServicer(worker, cfg.policy.generation.backend), "grpofleet.v1.RolloutWorker")

@@ -16,6 +16,9 @@ ROLE_COMMANDS: dict[str, list[str]] = {
     "rollout": ["-m", "fleet.cli", "serve", "rollout"],
     "trainer": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node={nproc}", "trainer/main.py"],
 }
+# Made once before any service starts (tiny model, task set): in-process for `grpo-fleet up`, a one-shot container
+# or init step elsewhere.
+PREPARE_COMMAND = ["-m", "fleet.cli", "prepare"]
 # Stateless services are restarted when they die, and so is the embedded Redis (from its AOF: nothing acknowledged is
 # lost); the trainer's death ends the run.
 RESTARTABLE = {"redis", "replay-buffer", "sandbox", "rollout"}
@@ -104,3 +107,40 @@ def check_cpu_affinity(cfg: MasterConfig, available: set[int]) -> None:
         if missing:
             raise ConfigError(f"cluster.cpu_affinity.{role}: cores {missing} are not available on this machine "
                               f"(available: {sorted(available)})")
+
+
+# ---- containers and pods: each service its own host, found by its role's name, at a fixed port ----------------------
+# compose.yaml and k8s/ are checked against (k8s/ generated from) what follows: same names, commands and wiring.
+SERVICE_PORTS: dict[str, int] = {"redis": 6379, "replay-buffer": 50051, "sandbox": 9090, "rollout": 50060,
+                                 "trainer": 50052}
+CONTAINER_CONFIG = "examples/configs/grpo_swe_tiny.yaml"
+"""The config the images run by default (compose: `${GRPO_FLEET_CONFIG:-...}`)."""
+TASK_SET = "/cache/tasks"
+"""Where the task set lies in the images' cache volume (GRPO_FLEET_CACHE=/cache)."""
+
+
+def container_wiring(role: str) -> list[str]:
+    """The overrides that wire `role` to the others when every service is a host named after its role."""
+    port = SERVICE_PORTS
+    if role not in ROLE_COMMANDS:
+        return []
+    key = role.replace("-", "_")
+    own = [f"services.{key}.host=0.0.0.0", f"services.{key}.port={port[role]}"]
+    buffer = ["services.replay_buffer.host=replay-buffer", f"services.replay_buffer.port={port['replay-buffer']}"]
+    if role == "replay-buffer":
+        return [f"redis.url=redis://redis:{port['redis']}/0", *own]
+    if role == "sandbox":
+        return [*own, f"sandbox.repos_root={TASK_SET}/repos"]
+    return [*buffer, *own, f"env.code.sandbox_urls=[http://sandbox:{port['sandbox']}]"]
+
+
+def container_command(role: str, config: str, *, torchrun: list[str] | None = None) -> list[str]:
+    """The command of `role` in an image: the `grpo-fleet` script for services and `prepare`, torchrun for the
+    trainer (`torchrun`: its launcher arguments; default one node, one process), then the config and the wiring."""
+    if role == "prepare":
+        head = ["grpo-fleet", *PREPARE_COMMAND[2:]]
+    elif role == "trainer":
+        head = ["torchrun", *(torchrun or ["--standalone", "--nproc-per-node=1"]), "trainer/main.py"]
+    else:
+        head = ["grpo-fleet", *ROLE_COMMANDS[role][2:]]
+    return [*head, "--config", config, *container_wiring(role)]

@@ -1,81 +1,136 @@
-"""compose.yaml, checked without a Docker engine: it parses, runs the roles `grpo-fleet up` runs with the same
-commands, every command's config validates, scalable services have no fixed host ports or names."""
+"""compose.yaml and compose.gpu.yaml, checked without a Docker engine: they run the services of the topology source
+(fleet/launcher/topology.py) with its container commands, which run what `grpo-fleet up` runs; every command's config
+validates; bubblewrap gets the options it needs and no more; the fleet image is built once, lean, from one
+Dockerfile."""
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fleet.config import load_config
-from fleet.launcher.topology import ROLE_COMMANDS
+from fleet.launcher.topology import CONTAINER_CONFIG, PREPARE_COMMAND, ROLE_COMMANDS, container_command
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 GPU = yaml.safe_load((ROOT / "compose.gpu.yaml").read_text())
+SERVICES = COMPOSE["services"]
 FLEET_ROLES = set(ROLE_COMMANDS)
+CONFIG_VAR = "${GRPO_FLEET_CONFIG:-" + CONTAINER_CONFIG + "}"
+FLEET_IMAGE = "grpo-fleet:${GRPO_FLEET_TARGET:-cpu}"
 
 
-def _split(command: list[str]) -> tuple[list[str], str, list[str]]:
-    """compose command -> (role command in launcher form, config path, overrides)."""
-    if command[0] == "grpo-fleet":
-        head = ["-m", "fleet.cli", *command[1:3]]
-        rest = command[3:]
+def _config_and_overrides(command: list[str]) -> tuple[str, list[str]]:
+    i = command.index("--config")
+    config = re.sub(r"^\$\{GRPO_FLEET_CONFIG:-(.*)\}$", r"\1", command[i + 1])
+    return config, command[i + 2:]
+
+
+def test_compose_runs_the_topology_roles_plus_redis_and_prepare() -> None:
+    assert set(SERVICES) == FLEET_ROLES | {"redis", "prepare"}
+
+
+@pytest.mark.parametrize("role", sorted(FLEET_ROLES | {"prepare"}))
+def test_compose_command_is_the_topology_container_command(role: str) -> None:
+    assert SERVICES[role]["command"] == container_command(role, CONFIG_VAR)
+
+
+@pytest.mark.parametrize("role", sorted(FLEET_ROLES | {"prepare"}))
+def test_container_command_runs_what_the_launcher_runs(role: str) -> None:
+    command = container_command(role, "c.yaml")
+    head = command[:command.index("--config")]
+    if role == "trainer":
+        launcher = [p.format(nproc=1) for p in ROLE_COMMANDS[role]]
+        assert ["-m", "torch.distributed.run", *head[1:]] == launcher
     else:
-        assert command[0] == "torchrun"
-        i = command.index("trainer/main.py")
-        head = ["-m", "torch.distributed.run", *command[1:i + 1]]
-        rest = command[i + 1:]
-    assert rest[0] == "--config", f"{command}: --config must follow the role"
-    return head, rest[1], rest[2:]
+        assert ["-m", "fleet.cli", *head[1:]] == (PREPARE_COMMAND if role == "prepare" else ROLE_COMMANDS[role])
 
 
-def test_compose_runs_exactly_the_launcher_roles_plus_redis() -> None:
-    assert set(COMPOSE["services"]) == FLEET_ROLES | {"redis"}
-
-
-@pytest.mark.parametrize("role", sorted(FLEET_ROLES))
-def test_compose_command_matches_launcher(role: str) -> None:
-    head, _, _ = _split(COMPOSE["services"][role]["command"])
-    expected = [p.format(nproc=1) for p in ROLE_COMMANDS[role]]
-    assert head == expected
-
-
-@pytest.mark.parametrize("compose,role", [(COMPOSE, r) for r in sorted(FLEET_ROLES)] + [(GPU, "trainer")])
+@pytest.mark.parametrize("compose,role", [(COMPOSE, r) for r in sorted(FLEET_ROLES | {"prepare"})] + [(GPU, "trainer")])
 def test_compose_command_config_validates(compose: dict, role: str) -> None:
-    _, config, overrides = _split(compose["services"][role]["command"])
+    config, overrides = _config_and_overrides(compose["services"][role]["command"])
     load_config(ROOT / config, overrides)
 
 
-def test_every_service_has_a_healthcheck() -> None:
-    for name, svc in COMPOSE["services"].items():
-        assert "healthcheck" in svc, name
+def test_every_long_running_service_has_a_healthcheck_and_an_init() -> None:
+    for name, svc in SERVICES.items():
+        assert svc.get("init") is True, name  # PID 1 forwards SIGTERM: `down` does not wait out the stop timeout
+        if name != "prepare":
+            assert "healthcheck" in svc, name
+
+
+def test_bubblewrap_gets_what_it_needs_and_no_more() -> None:
+    for name, svc in SERVICES.items():
+        assert not svc.get("privileged"), name
+        if name in ("sandbox", "prepare"):  # prepare validates the task set in the same sandbox
+            assert svc["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]  # namespaces; the task's own loopback
+            assert set(svc["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
+        else:
+            assert "cap_add" not in svc and "security_opt" not in svc, name
 
 
 def test_scalable_rollout_has_no_fixed_host_port_or_name() -> None:
-    rollout = COMPOSE["services"]["rollout"]
+    rollout = SERVICES["rollout"]
     assert "ports" not in rollout and "container_name" not in rollout
-    assert not any("container_name" in s for s in COMPOSE["services"].values())
+    assert not any("container_name" in s for s in SERVICES.values())
 
 
 def test_services_restart_on_their_own_and_the_trainer_on_failure() -> None:
-    services = COMPOSE["services"]
     for name in ("redis", "replay-buffer", "sandbox", "rollout"):
-        assert services[name]["restart"] == "unless-stopped", name
-    assert services["trainer"]["restart"].startswith("on-failure")  # a finished run (exit 0) stays finished
+        assert SERVICES[name]["restart"] == "unless-stopped", name
+    assert SERVICES["trainer"]["restart"].startswith("on-failure")  # a finished run (exit 0) stays finished
+    assert SERVICES["prepare"]["restart"] == "no"
 
 
 def test_redis_keeps_an_append_only_file_on_a_volume() -> None:
-    redis = COMPOSE["services"]["redis"]
+    redis = SERVICES["redis"]
     assert "--appendonly" in redis["command"] and "yes" in redis["command"]
     assert any(v.endswith(":/data") for v in redis["volumes"])
 
 
-def test_gpu_override_reserves_gpus_for_rollout_and_trainer() -> None:
+def test_the_fleet_image_is_built_once_and_used_by_every_fleet_service() -> None:
+    assert [n for n, s in SERVICES.items() if "build" in s] == ["redis", "prepare"]
+    args = SERVICES["prepare"]["build"]["args"]
+    assert set(args) == {"BASE_IMAGE", "PIP_LOCAL"}  # public defaults; scripts/docker-base.sh sets local ones
+    for role in FLEET_ROLES | {"prepare"}:
+        assert SERVICES[role]["image"] == FLEET_IMAGE, role
+        assert SERVICES[role]["pull_policy"] in ("never", "missing"), role  # made here, never pulled
+
+
+def test_gpu_override_reserves_gpus_and_runs_the_trainer_command_on_one_gpu() -> None:
     for role in ("rollout", "trainer"):
         devices = GPU["services"][role]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["capabilities"] == ["gpu"]
+    assert GPU["services"]["trainer"]["command"] == [*SERVICES["trainer"]["command"], "cluster.gpus_per_node=1",
+                                                     "cluster.num_nodes=1"]
 
 
-def test_dockerfile_has_cpu_and_cuda_targets() -> None:
-    text = (ROOT / "Dockerfile").read_text()
-    assert " AS cpu" in text and " AS cuda" in text
+@pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI with the compose plugin")
+def test_gpu_override_renders_one_cuda_image_for_the_whole_fleet() -> None:
+    out = subprocess.run(["docker", "compose", "-f", "compose.yaml", "-f", "compose.gpu.yaml", "config", "--format",
+                          "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0 and "is not a docker command" in out.stderr:
+        pytest.skip("no compose plugin")
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    for role in FLEET_ROLES | {"prepare"}:
+        assert services[role]["image"] == "grpo-fleet:cuda", role
+    build = services["prepare"]["build"]
+    assert build["target"] == "cuda" and set(build["args"]) == {"BASE_IMAGE", "PIP_LOCAL"}
+
+
+def _stages(dockerfile: str) -> dict[str, str]:
+    """Stage name -> its text (FROM line included)."""
+    parts = re.split(r"(?m)^(?=FROM )", dockerfile)
+    return {m.group(1): p for p in parts if (m := re.match(r"FROM \S+ AS (\S+)", p))}
+
+
+def test_dockerfile_has_cpu_cuda_and_redis_targets_without_a_toolchain_in_cpu() -> None:
+    stages = _stages((ROOT / "Dockerfile").read_text())
+    assert {"cpu", "cuda", "redis"} <= set(stages)
+    for name in ("os", "cpu", "redis"):
+        assert not re.search(r"build-essential|\bgcc\b|python3-dev", stages[name]), name
+    assert re.match(r"FROM os AS cpu", stages["cpu"]) and "COPY --from=build-cpu /opt/venv" in stages["cpu"]
