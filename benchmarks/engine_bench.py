@@ -48,9 +48,10 @@ def model_for(size: str) -> Path:
 
 def make(backend: str, path: Path) -> GenerationEngine:
     if backend == "vllm":
+        from fleet.config.policy import VllmConfig
         from rollout.engine.vllm_engine import VllmEngine
 
-        return VllmEngine(path, max_model_len=1024, max_num_seqs=16, cpu_kvcache_space_gb=1.0)
+        return VllmEngine(path, VllmConfig(max_num_seqs=16, cpu_kvcache_space_gb=1.0), max_model_len=1024)
     from rollout.engine.hf_engine import HfEngine
 
     return HfEngine(path, max_model_len=1024, device="cuda" if backend == "hf-cuda" else "cpu")

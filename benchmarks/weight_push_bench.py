@@ -87,10 +87,11 @@ async def worker_main(args: argparse.Namespace) -> None:
     path = Path(args.model)
     cfg = worker_config(path)
     if args.backend == "vllm-plain":  # engine_bench.make's vLLM engine, GEMM weights unpacked
+        from fleet.config.policy import VllmConfig
         from rollout.engine.vllm_engine import VllmEngine
 
-        engine = VllmEngine(path, max_model_len=1024, max_num_seqs=16, cpu_kvcache_space_gb=1.0,
-                            cpu_weight_layout="plain")
+        engine = VllmEngine(path, VllmConfig(max_num_seqs=16, cpu_kvcache_space_gb=1.0, cpu_weight_layout="plain"),
+                            max_model_len=1024)
     else:
         engine = engine_bench.make(args.backend, path)
     await engine.start()

@@ -23,18 +23,9 @@ def make_engine(cfg: MasterConfig, model_path: str | Path, *, initial_version: i
     if g.backend == "vllm":
         from rollout.engine.vllm_engine import VllmEngine
 
-        return VllmEngine(
-            model_path,
-            max_num_seqs=v.max_num_seqs,
-            enable_prefix_caching=v.enable_prefix_caching,
-            enforce_eager=v.enforce_eager,
-            tensor_parallel_size=v.tensor_parallel_size,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            cpu_kvcache_space_gb=v.cpu_kvcache_space_gb,
-            cpu_weight_layout=v.cpu_weight_layout,
-            staging_dir=v.staging_dir,
-            **common,  # type: ignore[arg-type]
-        )
+        return VllmEngine(model_path, v, dtype=cfg.policy.precision, tokenizer=cfg.policy.tokenizer.name,
+                          max_model_len=v.max_model_len or cfg.policy.max_total_sequence_length, seed=cfg.grpo.seed,
+                          initial_version=initial_version)
     if g.backend == "hf":
         from rollout.engine.hf_engine import HfEngine
 

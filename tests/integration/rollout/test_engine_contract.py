@@ -50,11 +50,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def engine(request: pytest.FixtureRequest, tiny_model: Path) -> AsyncIterator[GenerationEngine]:
     if request.param == "vllm":
         pytest.importorskip("vllm")
+        from fleet.config.policy import VllmConfig
         from rollout.engine.vllm_engine import VllmEngine
 
         # stage_min_bytes=0: pushes take the tmpfs-file path that real models use (the tiny one would go inline).
         eng: GenerationEngine = VllmEngine(
-            tiny_model, max_model_len=512, max_num_seqs=16, cpu_kvcache_space_gb=0.25, stage_min_bytes=0
+            tiny_model, VllmConfig(max_num_seqs=16, cpu_kvcache_space_gb=0.25), max_model_len=512, stage_min_bytes=0
         )
     else:
         from rollout.engine.hf_engine import HfEngine

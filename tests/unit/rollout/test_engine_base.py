@@ -114,7 +114,7 @@ def test_staging_files_of_dead_processes_are_removed_at_start(tmp_path: Path) ->
     import subprocess
     import sys
 
-    from rollout.engine.vllm_engine import _remove_orphaned_stages
+    from rollout.engine.vllm_staging import remove_orphaned_stages as _remove_orphaned_stages
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     orphan = tmp_path / f"grpo-fleet-stage-{int(dead.stdout)}-1.bin"
