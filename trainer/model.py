@@ -27,16 +27,13 @@ from torch import nn
 
 from trainer.dist import Dist
 from trainer.logprobs import PackedInputs, linear_logprobs, unpack
+from weightsync.dtypes import DTYPES  # torch only: the GPU bench machines have no pydantic or gRPC stubs
 
 if TYPE_CHECKING:
     from fleet.config.policy import PolicyConfig
 
 log = logging.getLogger(__name__)
 
-# The same table as weightsync.dtypes.DTYPES, kept here: importing weightsync runs its package __init__, which pulls
-# in fleet.config (pydantic) and the gRPC stubs, and the lent GPU machines that run benchmarks/trainer_gpu_bench.py
-# have neither.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rollout engines record RAW log-probs (log_softmax of the unmodified logits, before temperature: the contract in
 # rollout/engine/base.py). pi_theta and pi_old must be the same quantity or the IS weight pi_old/pi_gen is biased.
 LOGPROB_TEMPERATURE = 1.0
