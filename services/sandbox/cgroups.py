@@ -2,7 +2,7 @@
 
 RLIMIT_AS bounds each process, so 200 processes of 2 GB each are 400 GB; a cgroup bounds the task as a whole
 (`sandbox.task_memory_mb`, `sandbox.max_processes`). The groups live under the executor's own cgroup, in a folder of
-its own (`grpo-sandbox-PID`); each task gets a fresh child, removed after the run.
+its own (`grpo-sandbox-PID-ID`, swept when that pid is gone); each task gets a fresh child, removed after the run.
 
 How a run joins its group without `preexec_fn` (unsafe in a threaded process): the command is prefixed with a
 `/bin/sh -c` that writes its own pid into each group's `cgroup.procs` and then `exec`s the real command, so every
@@ -51,8 +51,12 @@ class CgroupRoot:
                 base = MOUNT / controller
                 if not (base / "cgroup.procs").exists():
                     return None
-                mine = base / _own_path(controller).lstrip("/") / f"grpo-sandbox-{os.getpid()}"
-                mine.mkdir(exist_ok=True)
+                parent = base / _own_path(controller).lstrip("/")
+                _sweep(parent)
+                # One folder per executor, even for several executors of one process (tests, the task-set builder):
+                # one that closes must never remove another's.
+                mine = parent / f"grpo-sandbox-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                mine.mkdir()
                 dirs[controller] = mine
         except OSError as exc:
             log.warning("per-task cgroups unavailable: %s", exc)
@@ -135,6 +139,24 @@ class TaskCgroup:
             except OSError:
                 done = False
         return done
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the empty groups of executors that died without removing them (their pid is gone)."""
+    for folder in parent.glob("grpo-sandbox-*"):
+        try:
+            pid = int(folder.name.split("-")[2])
+            os.kill(pid, 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except (ValueError, IndexError, PermissionError):
+            continue
+        for child in folder.glob("task-*"):
+            with contextlib.suppress(OSError):
+                child.rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _read_int(path: Path) -> int:
