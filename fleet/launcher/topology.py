@@ -75,7 +75,7 @@ def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[
     specs = [
         ProcessSpec("replay-buffer", "replay-buffer", role_argv("replay-buffer", cfg, config_path, base),
                     ready=f"{host}:{ports.replay_buffer}"),
-        ProcessSpec("sandbox", "sandbox", role_argv("sandbox", cfg, config_path, base),
+        ProcessSpec("sandbox", "sandbox", role_argv("sandbox", cfg, config_path, [*base, *task_set_wiring(cfg)]),
                     ready=f"http://{host}:{ports.sandbox}/healthz"),
     ]
     for i, port in enumerate(ports.rollout):
@@ -86,6 +86,17 @@ def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[
     for spec in specs:
         spec.cpus = cfg.cluster.cpu_affinity.get(spec.role)  # type: ignore[call-overload]
     return specs
+
+
+def task_set_wiring(cfg: MasterConfig) -> list[str]:
+    """The sandbox resolves `embedded://NAME` in the task set the run trains on, unless `sandbox.repos_root` is set:
+    without it every embedded task would be an infrastructure error."""
+    train = cfg.data.train
+    if cfg.sandbox.repos_root is not None or train.dataset_name != "swe_embedded":
+        return []
+    from envs.swe.taskset import task_dir_of
+
+    return [f"sandbox.repos_root={task_dir_of(train).resolve() / 'repos'}"]
 
 
 def embedded_redis_process(data_dir: Path, appendfsync: str) -> tuple[ProcessSpec, str]:
