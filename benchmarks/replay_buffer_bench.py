@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from fleet.config.infra import ServicesConfig  # noqa: E402
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc  # noqa: E402
-from services.replay_buffer.codec import length_delimited_fields  # noqa: E402
+from services.replay_buffer import codec  # noqa: E402
 from services.replay_buffer.embedded import start_embedded_redis  # noqa: E402
 from services.runtime.client import make_channel  # noqa: E402
 
@@ -187,9 +187,7 @@ async def prepare(stub: Any, groups: list[common_pb2.ScoredGroup]) -> list[repla
         )
         for lease in (await stub.LeasePrompts(lease_req, timeout=TIMEOUT_S)).leases:
             g = by_id[lease.group.group_id]
-            requests.append(
-                replay_buffer_pb2.SubmitGroupRequest(worker_id="bench-worker", lease_id=lease.lease_id, group=g)
-            )
+            requests.append(codec.submit_request("bench-worker", lease.lease_id, g))
     return requests
 
 
@@ -200,9 +198,9 @@ def _identity(b: bytes) -> bytes:
 def _group_ids(sample_response: bytes) -> list[str]:
     """Group ids of a serialized SampleResponse, read off the wire without parsing the trajectories."""
     ids = []
-    for group in length_delimited_fields(sample_response, 1):  # SampleResponse.groups
-        prompt = length_delimited_fields(group, 1)[0]  # ScoredGroup.prompt
-        ids.append(length_delimited_fields(prompt, 1)[0].decode())  # PromptGroup.group_id
+    for group in codec.length_delimited_fields(sample_response, 1):  # SampleResponse.scored_groups
+        prompt = codec.length_delimited_fields(group, 1)[0]  # ScoredGroup.prompt
+        ids.append(codec.length_delimited_fields(prompt, 1)[0].decode())  # PromptGroup.group_id
     return ids
 
 
@@ -226,7 +224,10 @@ async def run_service(
         method + "SubmitGroup", _identity, replay_buffer_pb2.SubmitGroupResponse.FromString
     )
     sample_raw = channel.unary_unary(method + "Sample", replay_buffer_pb2.SampleRequest.SerializeToString, _identity)
-    items = [(r.group.prompt.group_id, r if client_protobuf else r.SerializeToString()) for r in requests]
+    by_id = {g.prompt.group_id: g for g in groups}
+    # Protobuf clients serialize each group when they submit it (codec.submit_request, timed); raw ones send bytes.
+    items = [(r.header.group_id, (r.lease_id, by_id[r.header.group_id]) if client_protobuf else r.SerializeToString())
+             for r in requests]  # fmt: skip
     started: dict[str, float] = {}
     e2e: list[float] = []
     submit_lat: list[float] = []
@@ -237,6 +238,8 @@ async def run_service(
         for gid, req in mine:
             t = time.perf_counter()
             started[gid] = t
+            if client_protobuf:
+                req = codec.submit_request("bench-worker", req[0], req[1])
             await call(req, timeout=TIMEOUT_S)
             submit_lat.append(time.perf_counter() - t)
 
@@ -247,7 +250,8 @@ async def run_service(
             want = min(batch, len(requests) - len(e2e))  # the last step takes the remainder, without waiting
             req = replay_buffer_pb2.SampleRequest(step=step, num_groups=want, deadline_ms=1000, min_groups=1)
             if client_protobuf:
-                ids = [g.prompt.group_id for g in (await stub.Sample(req, timeout=TIMEOUT_S)).groups]
+                answer = await stub.Sample(req, timeout=TIMEOUT_S)
+                ids = [common_pb2.ScoredGroup.FromString(b).prompt.group_id for b in answer.scored_groups]
             else:
                 ids = _group_ids(await sample_raw(req, timeout=TIMEOUT_S))
             now = time.perf_counter()
@@ -262,7 +266,7 @@ async def run_service(
     elapsed = time.perf_counter() - t0
     cpu = meter.per_group_ms(len(requests))
     await channel.close()
-    nbytes = sum(r.group.ByteSize() for r in requests)
+    nbytes = sum(len(r.scored_group) for r in requests)
     return summary(len(requests), elapsed, e2e, nbytes, cpu, submit_rpc=submit_lat, sample_rpc=sample_lat)
 
 

@@ -52,6 +52,9 @@ def to_group(g: common_pb2.ScoredGroup) -> Group:
             float(t.reward),
             t.finish_reason,
             t.verdict.resolution == common_pb2.RESOLUTION_FULL,
+            observation_spans=[(s.start, s.length) for s in t.observation_spans],
+            tool_calls=t.episode.tool_calls,
+            tool_errors=t.episode.tool_errors,
         )
         for t in g.trajectories
     ]
@@ -111,13 +114,21 @@ class BufferClient:
             validation=validation,
             request_id=uuid.uuid4().hex,
         )
+        groups, starvation = await self.sample_scored(req, deadline_s)
+        return [to_group(g) for g in groups], starvation
+
+    async def sample_scored(
+        self, req: replay_buffer_pb2.SampleRequest, deadline_s: float
+    ) -> tuple[list[common_pb2.ScoredGroup], Starvation]:
+        """One Sample through the retrying call, the groups parsed from the bytes the workers submitted (validation
+        reads their verdicts before they become `Group`s)."""
         # The server may hold the call for deadline_s: the RPC deadline must outlast it.
         r = await self._call("Sample", lambda: self.stub.Sample(req, timeout=deadline_s + self.timeout))
         s = r.starvation
         starvation = Starvation(
             s.reason, s.prompts_pending, s.leases_outstanding, s.live_workers, s.evicted_now, s.waited_s
         )
-        return [to_group(g) for g in r.groups], starvation
+        return [common_pb2.ScoredGroup.FromString(b) for b in r.scored_groups], starvation
 
     async def begin_run(self, resume_step: int, weight_version: int) -> dict[str, int]:
         req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=weight_version)

@@ -114,5 +114,5 @@ async def _sample(buffer: BufferClient, step: int, num_groups: int,
     """One validation Sample through the buffer client's retrying call; (scored groups, starvation reason)."""
     req = replay_buffer_pb2.SampleRequest(step=step, num_groups=num_groups, deadline_ms=int(deadline_s * 1000),
                                           min_groups=1, validation=True, request_id=uuid.uuid4().hex)
-    r = await buffer._call("Sample", lambda: buffer.stub.Sample(req, timeout=deadline_s + buffer.timeout))
-    return list(r.groups), r.starvation.reason
+    groups, starvation = await buffer.sample_scored(req, deadline_s)
+    return groups, starvation.reason

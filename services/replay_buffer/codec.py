@@ -1,36 +1,30 @@
-"""Wire-level shortcuts for the two messages that carry whole scored groups (~130 KB each: 8 samples x 2k tokens
-with log-probs and versions), so the buffer never re-encodes what it only stores and returns.
+"""The scored-group contract at the byte level. A scored group (8 samples x 2k tokens with log-probs and versions:
+~130 KB; 2 MB in agent mode) crosses the buffer as the bytes the worker serialized: SubmitGroup carries them in
+`bytes scored_group` beside a small `ScoredGroupHeader`, Redis stores them once, and Sample returns them in
+`repeated bytes scored_groups`, so the buffer never decodes or re-encodes trajectories.
 
-- SubmitGroup: the request is parsed (its fields are validated), and the `group` field's bytes are sliced out of the
-  request as they arrived instead of being serialized again.
-- Sample: the stored group bytes are framed straight into a `SampleResponse` (a repeated message field is a sequence
-  of tag, length, bytes) instead of being parsed and serialized again.
-
-Both produce exactly what the generated code would accept; tests compare them with the generated (de)serializers.
+- `submit_request` (worker side) checks that a group is whole, fills the header and serializes the group once.
+- `check_payload` (buffer side) checks the header against what the payload's top level says (prompt, trajectory
+  count, versions, per-trajectory sizes) by walking field tags and lengths, never the token arrays themselves.
+- `encode_sample` frames stored bytes straight into a `SampleResponse`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
 
-_SUBMIT_GROUP_FIELD = 3  # SubmitGroupRequest.group
-_SAMPLE_GROUPS_TAG = (1 << 3) | 2  # SampleResponse.groups, length-delimited
+_SAMPLE_GROUPS_TAG = (1 << 3) | 2  # SampleResponse.scored_groups, length-delimited
 _SAMPLE_STARVATION_TAG = (2 << 3) | 2  # SampleResponse.starvation
+_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 
 
-@dataclass(frozen=True)
-class SubmitEnvelope:
-    """What the SubmitGroup handler receives: the parsed request and the group's bytes as sent."""
-
-    request: replay_buffer_pb2.SubmitGroupRequest
-    group_bytes: bytes
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
         b = buf[pos]
         pos += 1
         value |= (b & 0x7F) << shift
@@ -39,6 +33,10 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise ValueError("malformed varint")
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 def _encode_varint(value: int) -> bytes:
@@ -50,36 +48,142 @@ def _encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def length_delimited_fields(buf: bytes, number: int) -> list[bytes]:
-    """Every occurrence of length-delimited field `number` at the top level of a serialized message."""
-    found, pos, mv = [], 0, memoryview(buf)
+def _fields(buf: bytes | memoryview) -> Iterator[tuple[int, int, int, memoryview]]:
+    """(field number, wire type, varint value or length, slice for length-delimited fields) at the top level."""
+    pos, mv, empty = 0, memoryview(buf), memoryview(b"")
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         wire = key & 7
-        if wire == 0:
-            _, pos = _varint(buf, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
+        if wire == _VARINT:
+            value, pos = _varint(buf, pos)
+            yield key >> 3, wire, value, empty
+        elif wire in (_FIXED64, _FIXED32):
+            size = 8 if wire == _FIXED64 else 4
+            yield key >> 3, wire, 0, mv[pos : pos + size]
+            pos += size
+        elif wire == _LEN:
             size, pos = _varint(buf, pos)
-            if key >> 3 == number:
-                found.append(bytes(mv[pos : pos + size]))
+            yield key >> 3, wire, size, mv[pos : pos + size]
             pos += size
         else:
             raise ValueError(f"unsupported wire type {wire}")
     if pos != len(buf):
         raise ValueError("truncated message")
-    return found
 
 
-def decode_submit(raw: bytes) -> SubmitEnvelope:
-    request = replay_buffer_pb2.SubmitGroupRequest.FromString(raw)  # raises DecodeError on garbage, like generated
-    slices = length_delimited_fields(raw, _SUBMIT_GROUP_FIELD)
-    # A field sent in several pieces is legal protobuf (the parser merges them): fall back to re-encoding.
-    group_bytes = slices[0] if len(slices) == 1 else request.group.SerializeToString()
-    return SubmitEnvelope(request, group_bytes)
+def length_delimited_fields(buf: bytes, number: int) -> list[bytes]:
+    """Every occurrence of length-delimited field `number` at the top level of a serialized message."""
+    return [bytes(s) for n, wire, _, s in _fields(buf) if n == number and wire == _LEN]
+
+
+def header_of(group: common_pb2.ScoredGroup) -> replay_buffer_pb2.ScoredGroupHeader:
+    p = group.prompt
+    return replay_buffer_pb2.ScoredGroupHeader(
+        group_id=p.group_id, target_step=p.target_step, min_version=group.min_version,
+        max_version=group.max_version, validation=p.validation,
+        trajectory_tokens=[len(t.response_token_ids) for t in group.trajectories],
+    )  # fmt: skip
+
+
+def check_whole_group(g: common_pb2.ScoredGroup) -> None:
+    """The worker-side check of a group before it is submitted (O(samples)): the buffer checks what it can read
+    without decoding token arrays, this also checks that every per-token array has one entry per token. Versions
+    within one sample never decrease (weights only move forward during a generation), so a sample's oldest token is
+    its first and its newest its last."""
+    n_traj = len(g.trajectories)
+    if not n_traj:
+        raise ValueError("group.trajectories must not be empty (submit whole groups)")
+    if g.prompt.num_generations not in (0, n_traj):
+        raise ValueError(f"group has {n_traj} trajectories, prompt asked for {g.prompt.num_generations}")
+    for i, t in enumerate(g.trajectories):
+        n = len(t.response_token_ids)
+        if len(t.generation_logprobs) != n or len(t.token_versions) != n:
+            raise ValueError(
+                f"group.trajectories[{i}]: response_token_ids, generation_logprobs and token_versions differ in length"
+            )
+
+
+def submit_request(
+    worker_id: str, lease_id: str, group: common_pb2.ScoredGroup
+) -> replay_buffer_pb2.SubmitGroupRequest:
+    """The SubmitGroup request for a scored group: header filled from it, the group serialized once."""
+    check_whole_group(group)
+    return replay_buffer_pb2.SubmitGroupRequest(
+        worker_id=worker_id, lease_id=lease_id, header=header_of(group), scored_group=group.SerializeToString()
+    )
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _prompt_facts(prompt: memoryview) -> tuple[bytes, int, int, bool]:
+    """(group_id, target_step, num_generations, validation) of a serialized PromptGroup."""
+    gid, ints = b"", {2: 0, 6: 0, 9: 0}
+    for n, wire, value, s in _fields(prompt):
+        if n == 1 and wire == _LEN:
+            gid = bytes(s)
+        elif n in ints and wire == _VARINT:
+            ints[n] = value
+    return gid, ints[2], ints[6], bool(ints[9])
+
+
+def _trajectory_facts(traj: memoryview) -> tuple[int, int | None, int | None]:
+    """(log-prob count, first token version, last token version) of a serialized Trajectory, from tags and lengths:
+    packed log-probs are 4 bytes each; a packed version array's first and last varints are read at its two ends."""
+    logprobs, first, last = 0, None, None
+    for n, wire, value, s in _fields(traj):
+        if n == 2:
+            logprobs += len(s) // 4 if wire == _LEN else 1
+        elif n == 3 and wire == _VARINT:
+            first = value if first is None else first
+            last = value
+        elif n == 3 and wire == _LEN and len(s):
+            i = len(s) - 1
+            while i > 0 and s[i - 1] & 0x80:  # back to the byte after the previous varint's last byte
+                i -= 1
+            first = _varint(s, 0)[0] if first is None else first
+            last = _varint(s, i)[0]
+    return (
+        logprobs,
+        None if first is None else _signed(first),
+        None if last is None else _signed(last),
+    )
+
+
+def check_payload(h: replay_buffer_pb2.ScoredGroupHeader, payload: bytes) -> None:
+    """Raise ValueError naming the first disagreement between the header and the serialized ScoredGroup, or the
+    first rule of a whole group the payload breaks."""
+    try:
+        top = list(_fields(payload))
+    except ValueError as exc:
+        raise ValueError(f"scored_group is not a serialized ScoredGroup: {exc}") from None
+    prompts = [s for n, w, _, s in top if n == 1 and w == _LEN]
+    trajs = [s for n, w, _, s in top if n == 2 and w == _LEN]
+    versions = {n: _signed(v) for n, w, v, _ in top if n in (4, 5) and w == _VARINT}
+    _require(len(prompts) == 1, "scored_group must hold its prompt (ScoredGroup.prompt), once")
+    gid, target, asked, validation = _prompt_facts(prompts[0])
+    _require(gid == h.group_id.encode(), "header.group_id != scored_group.prompt.group_id")
+    _require(target == h.target_step, "header.target_step != scored_group.prompt.target_step")
+    _require(validation == h.validation, "header.validation != scored_group.prompt.validation")
+    _require(versions.get(4, 0) == h.min_version, "header.min_version != scored_group.min_version")
+    _require(versions.get(5, 0) == h.max_version, "header.max_version != scored_group.max_version")
+    _require(len(trajs) == len(h.trajectory_tokens), "header.trajectory_tokens != the trajectories in scored_group")
+    _require(len(trajs) > 0, "group.trajectories must not be empty (submit whole groups)")
+    _require(
+        asked in (0, len(trajs)), f"group has {len(trajs)} trajectories, prompt asked for {asked} (submit whole groups)"
+    )
+    for i, (t, tokens) in enumerate(zip(trajs, h.trajectory_tokens, strict=True)):
+        logprobs, first, last = _trajectory_facts(t)
+        _require(
+            logprobs == tokens,
+            f"group.trajectories[{i}]: {logprobs} log-probs for {tokens} tokens (they differ in length)",
+        )
+        _require(first is None or first >= h.min_version,
+                 f"group.trajectories[{i}] has a token of version {first} < group.min_version")  # fmt: skip
+        _require(last is None or last <= h.max_version,
+                 f"group.trajectories[{i}] has a token of version {last} > group.max_version")  # fmt: skip
 
 
 def encode_sample(payloads: list[bytes], starvation: replay_buffer_pb2.Starvation | None) -> bytes:
@@ -98,7 +202,8 @@ def serialize_sample(response: bytes | replay_buffer_pb2.SampleResponse) -> byte
 
 
 def prompt_of(kind: str, payload: bytes) -> common_pb2.PromptGroup:
-    """The PromptGroup of a leased entry (a re-queued group is stored as its ScoredGroup, which holds the prompt)."""
+    """The PromptGroup of a leased entry (a group re-queued by an older buffer is stored as its ScoredGroup, which
+    holds the prompt)."""
     if kind == "scored":
-        return common_pb2.ScoredGroup.FromString(payload).prompt
+        return common_pb2.PromptGroup.FromString(length_delimited_fields(payload, 1)[0])
     return common_pb2.PromptGroup.FromString(payload)

@@ -1,4 +1,5 @@
 """The `grpofleet.v1.ReplayBuffer` servicer: validates requests and converts protobuf to the store's plain types.
+Scored groups stay bytes: SubmitGroup reads the header, Sample frames the stored bytes (codec.py).
 
 Proto messages stop here; the rules live in store.py / policy.py. Errors are domain errors (services.runtime), which
 the runtime's interceptor maps to status codes.
@@ -13,7 +14,6 @@ import grpc
 from google.protobuf import message_factory
 from grpc import aio
 
-from grpofleet.v1 import common_pb2
 from grpofleet.v1 import replay_buffer_pb2 as pb
 from services.replay_buffer import codec
 from services.replay_buffer.models import PromptIn, ScoredIn, StoreStats, WorkerRecord
@@ -43,34 +43,17 @@ def _check_non_negative(value: int, name: str) -> None:
     _require(value >= 0, f"{name} must be >= 0, got {value}")
 
 
-def _check_whole_group(g: common_pb2.ScoredGroup) -> None:
-    """Cheap structural checks (O(samples), not O(tokens)). Versions within one sample never decrease (weights only
-    move forward during a generation), so a sample's oldest token is its first and its newest its last: the declared
-    min/max versions, on which the age bound rests, can be checked without scanning every token."""
-    p = g.prompt
-    _check_id(p.group_id, "group.prompt.group_id")
-    _check_non_negative(g.min_version, "group.min_version")
-    _require(g.max_version >= g.min_version, "group.max_version must be >= group.min_version")
-    _require(len(g.trajectories) > 0, "group.trajectories must not be empty (submit whole groups)")
-    _require(
-        p.num_generations in (0, len(g.trajectories)),
-        f"group has {len(g.trajectories)} trajectories, prompt asked for {p.num_generations} (submit whole groups)",
-    )
-    for i, t in enumerate(g.trajectories):
-        n = len(t.response_token_ids)
-        _require(
-            len(t.generation_logprobs) == n and len(t.token_versions) == n,
-            f"group.trajectories[{i}]: response_token_ids, generation_logprobs and token_versions differ in length",
-        )
-        if n:
-            _require(
-                t.token_versions[0] >= g.min_version,
-                f"group.trajectories[{i}] has a token of version {t.token_versions[0]} < group.min_version",
-            )
-            _require(
-                t.token_versions[-1] <= g.max_version,
-                f"group.trajectories[{i}] has a token of version {t.token_versions[-1]} > group.max_version",
-            )
+def _check_header(h: pb.ScoredGroupHeader, payload: bytes) -> None:
+    """The header is what the rules read; the payload is checked against it at its top level only (codec.py), so
+    the trajectories are never decoded here."""
+    _check_id(h.group_id, "header.group_id")
+    _check_non_negative(h.target_step, "header.target_step")
+    _check_non_negative(h.min_version, "header.min_version")
+    _require(h.max_version >= h.min_version, "header.max_version must be >= header.min_version")
+    try:
+        codec.check_payload(h, payload)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def _worker_record(w: pb.WorkerInfo) -> WorkerRecord:
@@ -128,16 +111,13 @@ class ReplayBufferServicer:
         ]
         return pb.LeasePromptsResponse(leases=leases, retry_after_ms=res.retry_after_ms, reason=res.reason)
 
-    async def SubmitGroup(self, envelope: codec.SubmitEnvelope, context: Any) -> pb.SubmitGroupResponse:
-        request, g = envelope.request, envelope.request.group
+    async def SubmitGroup(self, request: pb.SubmitGroupRequest, context: Any) -> pb.SubmitGroupResponse:
         _check_worker_id(request.worker_id, "worker_id")
         _check_id(request.lease_id, "lease_id")
-        _require(request.HasField("group"), "group must be set")
-        _check_whole_group(g)
-        scored = ScoredIn(
-            g.prompt.group_id, g.prompt.target_step, g.min_version, g.max_version, envelope.group_bytes,
-            g.prompt.validation,
-        )  # fmt: skip
+        _require(request.HasField("header") and bool(request.scored_group), "header and scored_group must be set")
+        h, payload = request.header, request.scored_group
+        _check_header(h, payload)
+        scored = ScoredIn(h.group_id, h.target_step, h.min_version, h.max_version, payload, h.validation)
         res = await self.store.submit(request.lease_id, scored)
         return pb.SubmitGroupResponse(duplicate=res.duplicate, dead_lettered=res.dead_lettered, requeued=res.requeued)
 
@@ -238,13 +218,13 @@ def stats_message(s: StoreStats, max_age: int) -> pb.StatsResponse:
 
 def add_to_server(servicer: ReplayBufferServicer, server: aio.Server) -> None:
     """Register every RPC of the service descriptor (a method missing from the servicer fails here, at start-up),
-    with the byte-level codecs of codec.py for SubmitGroup and Sample; the generated `add_..._to_server` would
-    re-encode whole groups."""
+    with Sample's answer framed from stored bytes by codec.py (the generated `add_..._to_server` would want a
+    message)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["ReplayBuffer"].methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
-        deserialize: Any = codec.decode_submit if method.name == "SubmitGroup" else request_cls.FromString
+        deserialize: Any = request_cls.FromString
         serialize: Any = codec.serialize_sample if method.name == "Sample" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name), request_deserializer=deserialize, response_serializer=serialize

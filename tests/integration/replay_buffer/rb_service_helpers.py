@@ -7,6 +7,7 @@ from typing import Any
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2_grpc
 from grpofleet.v1 import replay_buffer_pb2 as pb
+from services.replay_buffer import codec
 from services.runtime.client import make_channel
 
 RPC_TIMEOUT_S = 10.0
@@ -65,7 +66,17 @@ async def lease(client: Any, wid: str, version: int, epoch: int, n: int = 10) ->
 
 
 async def submit(client: Any, wid: str, lease_id: str, group: Any) -> Any:
-    return await client.call("SubmitGroup", worker_id=wid, lease_id=lease_id, group=group)
+    """Header filled from the group and the group serialized, without the worker-side checks of
+    `codec.submit_request`: what the service itself accepts or refuses is what these tests check."""
+    return await client.call(
+        "SubmitGroup", worker_id=wid, lease_id=lease_id, header=codec.header_of(group),
+        scored_group=group.SerializeToString(),
+    )  # fmt: skip
+
+
+def groups_of(reply: pb.SampleResponse) -> list[common_pb2.ScoredGroup]:
+    """The scored groups of a Sample answer (bytes as the workers submitted them)."""
+    return [common_pb2.ScoredGroup.FromString(b) for b in reply.scored_groups]
 
 
 def invariant_holds(s: pb.StatsResponse) -> bool:

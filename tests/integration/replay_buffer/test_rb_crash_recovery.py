@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from rb_service_helpers import Client, begin, invariant_holds, lease, prompt, scored, submit, worker
+from rb_service_helpers import Client, begin, groups_of, invariant_holds, lease, prompt, scored, submit, worker
 from redis.asyncio import Redis
 
 from fleet.config import load_config
@@ -41,7 +41,7 @@ async def _mid_run(c: Client) -> tuple[int, list, set[str]]:  # type: ignore[typ
     leases = list((await lease(c, "w1", 0, epoch, 4)).leases)
     for x in leases[:2]:
         await submit(c, "w1", x.lease_id, scored(x.group, 0))
-    sampled = {g.prompt.group_id for g in (await c.call("Sample", step=0, num_groups=1)).groups}
+    sampled = {g.prompt.group_id for g in groups_of(await c.call("Sample", step=0, num_groups=1))}
     assert len(sampled) == 1
     return epoch, leases[2:], sampled
 
@@ -55,7 +55,7 @@ async def _finish(c: Client, epoch: int, outstanding: list, sampled: set[str]) -
     for x in (await lease(c, "w1", 0, epoch)).leases:
         await submit(c, "w1", x.lease_id, scored(x.group, 0))
     reply = await c.call("Sample", step=0, num_groups=6, deadline_ms=2000, min_groups=1)
-    later = [g.prompt.group_id for g in reply.groups]
+    later = [g.prompt.group_id for g in groups_of(reply)]
     assert len(later) == len(set(later)) == 5 and not set(later) & sampled
     stats = await c.call("Stats")
     assert (stats.enqueued, stats.sampled, stats.prompts_pending, stats.groups_ready) == (6, 6, 0, 0)

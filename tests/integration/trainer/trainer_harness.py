@@ -35,6 +35,7 @@ from grpofleet.v1 import (
     rollout_worker_pb2_grpc,
 )
 from rollout.engine.base import checkpoint_weight_spec
+from services.replay_buffer import codec
 from weightsync import factory as worker_weights
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -212,8 +213,8 @@ class FakeRollout(rollout_worker_pb2_grpc.RolloutWorkerServicer):
         group = common_pb2.ScoredGroup(prompt=p, trajectories=trajs, worker_id=self.worker_id, min_version=version,
                                        max_version=version, submitted_at_ms=int(time.time() * 1000))
         try:
-            await self.stub.SubmitGroup(replay_buffer_pb2.SubmitGroupRequest(
-                worker_id=self.worker_id, lease_id=lease.lease_id, group=group), timeout=RPC_TIMEOUT)
+            req = codec.submit_request(self.worker_id, lease.lease_id, group)
+            await self.stub.SubmitGroup(req, timeout=RPC_TIMEOUT)
             self.submitted.append(p.group_id)
         except aio.AioRpcError:
             pass  # e.g. the buffer is gone at teardown

@@ -1,54 +1,121 @@
-"""The byte-level shortcuts of codec.py produce exactly what the generated protobuf code would."""
+"""codec.py: the submit header agrees with the group bytes, the buffer's top-level check catches every disagreement
+without decoding trajectories, and the Sample framing is what the generated protobuf code produces."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-from google.protobuf.message import DecodeError
 
 from grpofleet.v1 import common_pb2
 from grpofleet.v1 import replay_buffer_pb2 as pb
 from services.replay_buffer import codec
 
 
-def group(gid: str, tokens: int = 300) -> common_pb2.ScoredGroup:
+def group(gid: str, tokens: int = 300, versions: tuple[int, int] = (7, 7)) -> common_pb2.ScoredGroup:
     g = common_pb2.ScoredGroup(prompt=common_pb2.PromptGroup(group_id=gid, target_step=3, num_generations=2))
+    lo, hi = versions
     for _ in range(2):
-        t = g.trajectories.add(response_token_ids=range(tokens), token_versions=[7] * tokens)
+        t = g.trajectories.add(response_token_ids=range(tokens), token_versions=[lo] * (tokens // 2))
+        t.token_versions.extend([hi] * (tokens - tokens // 2))
         t.generation_logprobs.extend([-0.5] * tokens)
-    g.min_version = g.max_version = 7
+    g.min_version, g.max_version = lo, hi
     return g
 
 
-def test_submit_group_bytes_are_the_group_as_sent() -> None:
-    req = pb.SubmitGroupRequest(worker_id="w", lease_id="1-0@1", group=group("a"))
-    env = codec.decode_submit(req.SerializeToString())
-    assert env.request == req
-    assert env.group_bytes == req.group.SerializeToString()
-    assert common_pb2.ScoredGroup.FromString(env.group_bytes) == req.group
+def agent_group() -> common_pb2.ScoredGroup:
+    """Agent mode: observation tokens carry version -1 (a 10-byte varint) inside the trajectory."""
+    g = group("agent", 8, (300, 301))
+    for t in g.trajectories:
+        t.token_versions[2:4] = [-1, -1]
+        t.observation_spans.add(start=2, length=2)
+        t.episode.tool_calls, t.episode.tool_errors = 3, 1
+    return g
 
 
-def test_a_group_sent_in_pieces_is_merged_and_reencoded() -> None:
-    head = pb.SubmitGroupRequest(group=common_pb2.ScoredGroup(prompt=common_pb2.PromptGroup(group_id="a")))
-    tail = pb.SubmitGroupRequest(worker_id="w", group=common_pb2.ScoredGroup(min_version=4))
-    env = codec.decode_submit(head.SerializeToString() + tail.SerializeToString())
-    parsed = common_pb2.ScoredGroup.FromString(env.group_bytes)
-    assert (parsed.prompt.group_id, parsed.min_version, env.request.worker_id) == ("a", 4, "w")
+def test_submit_request_carries_the_group_bytes_and_a_matching_header() -> None:
+    g = group("a", versions=(4, 9))
+    req = codec.submit_request("w", "1-0@1", g)
+    assert common_pb2.ScoredGroup.FromString(req.scored_group) == g
+    h = req.header
+    assert (h.group_id, h.target_step, h.min_version, h.max_version, h.validation) == ("a", 3, 4, 9, False)
+    assert list(h.trajectory_tokens) == [300, 300]
+    codec.check_payload(h, req.scored_group)
 
 
-def test_garbage_is_a_decode_error() -> None:
-    with pytest.raises(DecodeError):
-        codec.decode_submit(b"\x1a\xff\xff\xff")
+def test_submit_request_refuses_a_group_that_is_not_whole() -> None:
+    g = group("a")
+    g.trajectories[1].token_versions.append(7)
+    with pytest.raises(ValueError, match=r"trajectories\[1\].*differ in length"):
+        codec.submit_request("w", "1-0@1", g)
+    with pytest.raises(ValueError, match="must not be empty"):
+        codec.submit_request("w", "1-0@1", common_pb2.ScoredGroup())
+
+
+@pytest.mark.parametrize("make", [agent_group, lambda: group("empty", 0), lambda: group("v", 5, (0, 200))])
+def test_check_payload_accepts_well_formed_groups(make: Callable[[], common_pb2.ScoredGroup]) -> None:
+    g = make()
+    codec.check_payload(codec.header_of(g), g.SerializeToString())
+
+
+def _header(**changes: object) -> Callable[[pb.ScoredGroupHeader], None]:
+    def apply(h: pb.ScoredGroupHeader) -> None:
+        for k, v in changes.items():
+            if k == "trajectory_tokens":
+                h.ClearField(k)
+                h.trajectory_tokens.extend(v)  # type: ignore[call-overload]
+            else:
+                setattr(h, k, v)
+
+    return apply
+
+
+def _versions(g: common_pb2.ScoredGroup, v: int) -> None:
+    g.min_version = g.max_version = v  # claims other weights than its tokens had
+
+
+BROKEN = [
+    ("group_id", lambda g: None, _header(group_id="b"), "header.group_id"),
+    ("target_step", lambda g: None, _header(target_step=4), "header.target_step"),
+    ("validation", lambda g: None, _header(validation=True), "header.validation"),
+    ("min_version", lambda g: None, _header(min_version=6), "header.min_version"),
+    ("max_version", lambda g: None, _header(max_version=8), "header.max_version"),
+    ("count", lambda g: None, _header(trajectory_tokens=[300]), "header.trajectory_tokens"),
+    ("partial", lambda g: g.trajectories.pop(), _header(trajectory_tokens=[300]), "whole groups"),
+    ("logprobs", lambda g: g.trajectories[0].generation_logprobs.append(0.0), lambda h: None, "differ in length"),
+    ("lying_min", lambda g: _versions(g, 8), _header(min_version=8, max_version=8), "< group.min"),
+    ("lying_max", lambda g: _versions(g, 6), _header(min_version=6, max_version=6), "> group.max"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("bad", "mutate", "edit", "text"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_check_payload_names_each_disagreement(
+    bad: str, mutate: Callable[..., object], edit: Callable[[pb.ScoredGroupHeader], None], text: str
+) -> None:
+    g = group("a")
+    h = codec.header_of(g)
+    mutate(g)
+    edit(h)
+    with pytest.raises(ValueError, match=text):
+        codec.check_payload(h, g.SerializeToString())
+
+
+def test_garbage_payload_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="not a serialized ScoredGroup"):
+        codec.check_payload(codec.header_of(group("a")), b"\x1a\xff\xff\xff")
 
 
 @pytest.mark.parametrize("starved", [False, True])
 def test_sample_framing_matches_the_generated_serializer(starved: bool) -> None:
     groups = [group("a"), group("b", 5000), group("c", 0)]
     starvation = pb.Starvation(reason="generating", prompts_pending=3, waited_s=1.5) if starved else None
-    framed = codec.encode_sample([g.SerializeToString() for g in groups], starvation)
-    expected = pb.SampleResponse(groups=groups, starvation=starvation)
+    payloads = [g.SerializeToString() for g in groups]
+    framed = codec.encode_sample(payloads, starvation)
+    expected = pb.SampleResponse(scored_groups=payloads, starvation=starvation)
     assert framed == expected.SerializeToString()
     assert pb.SampleResponse.FromString(framed) == expected
     assert codec.serialize_sample(expected) == framed
+    assert [common_pb2.ScoredGroup.FromString(b) for b in expected.scored_groups] == groups
 
 
 def test_empty_sample_answer() -> None:

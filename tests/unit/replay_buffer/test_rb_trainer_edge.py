@@ -1,0 +1,23 @@
+"""The trainer's edge of the contract: sampled bytes parse into `trainer.batch.Group`s with the agent fields."""
+
+from __future__ import annotations
+
+from grpofleet.v1 import common_pb2
+from grpofleet.v1 import replay_buffer_pb2 as pb
+from services.replay_buffer import codec
+from trainer.buffer import to_group
+
+
+def test_a_sampled_agent_group_reaches_the_trainer_with_spans_and_tool_counts() -> None:
+    g = common_pb2.ScoredGroup(prompt=common_pb2.PromptGroup(group_id="g", target_step=2, prompt_token_ids=[1, 2]))
+    t = g.trajectories.add(response_token_ids=[5, 6, 7, 8], generation_logprobs=[-1, 0, 0, -1], reward=1.0)
+    t.token_versions.extend([3, -1, -1, 3])
+    t.observation_spans.add(start=1, length=2)
+    t.episode.tool_calls, t.episode.tool_errors = 4, 1
+    g.min_version = g.max_version = 3
+    answer = pb.SampleResponse.FromString(codec.encode_sample([g.SerializeToString()], None))
+    (group,) = [to_group(common_pb2.ScoredGroup.FromString(b)) for b in answer.scored_groups]
+    (traj,) = group.trajectories
+    assert (group.group_id, traj.response_ids, traj.token_versions) == ("g", [5, 6, 7, 8], [3, -1, -1, 3])
+    assert (traj.observation_spans, traj.tool_calls, traj.tool_errors) == ([(1, 2)], 4, 1)
+    assert traj.loss_mask() == [1.0, 0.0, 0.0, 1.0]
