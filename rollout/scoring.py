@@ -40,6 +40,15 @@ def to_proto_verdict(v: Verdict) -> common_pb2.Verdict:
     )
 
 
+def reward_for(cfg: MasterConfig, env_name: str, verdict: Verdict) -> float:
+    """The reward of a verdict under the run's settings for `env_name`: single-shot answers and agent episodes alike."""
+    from sandbox_client import reward_from_verdict
+
+    mode, format_error_reward = cfg.env.reward_settings(env_name)
+    return reward_from_verdict(verdict, mode, format_error_reward,
+                               integrity_violation_reward=cfg.env.code.integrity_violation_reward)
+
+
 class Scorer:
     """Scores completions of any registered environment; SWE answers go through the sandbox fleet."""
 
@@ -76,8 +85,6 @@ class Scorer:
             Verdict, float, int]:
         """(verdict, reward, infrastructure retries spent). Raises ScoringUnavailable instead of scoring an
         infrastructure failure."""
-        from sandbox_client import reward_from_verdict
-
         counter = [0]
         token = _retries_here.set(counter)
         try:
@@ -86,7 +93,4 @@ class Scorer:
             _retries_here.reset(token)
         if result.infra_error is not None:
             raise ScoringUnavailable(result.infra_error)
-        mode, format_error_reward = self.cfg.env.reward_settings(env_name)
-        reward = reward_from_verdict(result.verdict, mode, format_error_reward,
-                                     integrity_violation_reward=self.cfg.env.code.integrity_violation_reward)
-        return result.verdict, reward, counter[0]
+        return result.verdict, reward_for(self.cfg, env_name, result.verdict), counter[0]

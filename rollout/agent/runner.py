@@ -20,8 +20,7 @@ from rollout.agent.chat import ChatFormat
 from rollout.agent.episode import Episode, EpisodeLimits, run_episode
 from rollout.agent.tools import ToolBox
 from rollout.engine.base import SamplingSpec
-from rollout.scoring import ScoringUnavailable, to_proto_verdict
-from sandbox_client import reward_from_verdict
+from rollout.scoring import ScoringUnavailable, reward_for, to_proto_verdict
 from sandbox_client.results import SandboxUnavailable
 from sandbox_client.sessions import SessionClient
 from services.sandbox.model import Verdict
@@ -92,9 +91,8 @@ class AgentRunner:
         if verdict.is_infra_failure:
             raise ScoringUnavailable(f"grading the episode failed: {verdict.error}")
         self._count(episode)
-        mode, format_error_reward = self.cfg.env.reward_settings(prompt.env_name)
-        return _trajectory(episode, verdict, reward_from_verdict(verdict, mode, format_error_reward),
-                           t1 - t0, time.monotonic() - t1)
+        return _trajectory(episode, verdict, reward_for(self.cfg, prompt.env_name, verdict), t1 - t0,
+                           time.monotonic() - t1)
 
     def _count(self, episode: Episode) -> None:
         self.end_reasons[episode.end_reason] += 1

@@ -40,6 +40,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
         data = await request.json()
     except ValueError:
         raise SessionError("body: not valid JSON", field="body") from None
+    except RecursionError:  # json nests by recursion: a deeply nested body is bad input, not a server failure
+        raise SessionError("body: JSON nested too deeply", field="body") from None
     if not isinstance(data, dict):
         raise SessionError(f"body: must be a JSON object, got {type(data).__name__}", field="body")
     return data

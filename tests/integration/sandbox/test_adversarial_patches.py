@@ -137,8 +137,9 @@ async def test_the_mount_table_shows_only_system_folders_the_runner_and_the_tree
 async def test_deeply_nested_json_is_a_400_and_the_server_stays_up(server: SandboxServer) -> None:
     url = f"http://127.0.0.1:{server.port}"
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{url}/task/submit", data="[" * 200_000 + "]" * 200_000,
-                          headers={"Content-Type": "application/json"}) as resp:
-            assert resp.status == 400 and (await resp.json())["field"] == "body"
+        for route in ("/task/submit", "/session"):
+            async with s.post(f"{url}{route}", data="[" * 200_000 + "]" * 200_000,
+                              headers={"Content-Type": "application/json"}) as resp:
+                assert resp.status == 400 and (await resp.json())["field"] == "body", route
         async with s.get(f"{url}/healthz") as resp:
             assert resp.status == 200

@@ -48,3 +48,11 @@ async def test_concurrent_scorings_each_report_their_own_retries() -> None:
     assert (retries_slow, retries_fast) == (0, 3)
     assert scorer.infra_retries == 3
     assert reward_slow == 1.0
+
+
+def test_integrity_violation_pays_the_configured_reward_in_either_mode() -> None:
+    from fleet.config import parse_config
+    from rollout.scoring import reward_for
+
+    cfg = parse_config({"env": {"code": {"integrity_violation_reward": -3.0}}})
+    assert reward_for(cfg, "swe", Verdict(status="integrity_violation", patch_applied=True)) == -3.0
