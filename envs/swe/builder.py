@@ -360,11 +360,15 @@ def prepare_embedded_dataset(cfg: MasterConfig, ds: DatasetConfig) -> None:
 
     opts = BuildOptions(out=folder, repos=repos, max_per_repo=per_repo, seed=0, workers=workers,
                         sandbox=cfg.sandbox, if_missing=True, on_decided=decided)
+    executor_log = logging.getLogger("services.sandbox.executor")
+    level = executor_log.level
+    executor_log.setLevel(max(level, logging.WARNING))  # a line per sandbox run would break the bar (as `data build`)
     try:
         # if_missing: a build already running into the same folder is waited for, not raced.
         report = asyncio.run(build_taskset(opts))
     finally:
         bar.close()
+        executor_log.setLevel(level)
     if report.reused:
         print(f"grpo-fleet: SWE task set ready at {folder} (built by another process)", flush=True)
     else:
