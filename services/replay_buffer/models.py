@@ -1,7 +1,8 @@
 """Plain data of the replay buffer: settings, Redis key names, and what the store takes and returns.
 
 Payloads (`PromptGroup` / `ScoredGroup` protobuf bytes) travel opaquely; the fields the logic needs (group id,
-target step, versions, validation flag) travel beside them, so the store never imports generated protobuf code.
+target step, versions, validation flag) travel beside them, so the store never imports generated protobuf code and
+never decodes a payload.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class Keys:
     @property
     def workers(self) -> str:
         return self._k("workers")
+
+    def payload(self, nonce: str) -> str:
+        """The bytes of one submitted ScoredGroup (one key per submit attempt: a retry never overwrites them)."""
+        return self._k(f"payload:{nonce}")
 
 
 @dataclass(frozen=True)

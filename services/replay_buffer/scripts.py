@@ -2,6 +2,11 @@
 replays a script's effects as one MULTI/EXEC). A replay buffer SIGKILLed between two Redis commands can therefore
 never leave a group counted twice or in two places. The rules mirror policy.py.
 
+Scripts touch headers only. A scored group's bytes live in a string key of their own (`P:payload:NONCE`), written
+by the store with a plain SET (with an expiry) before the submit script runs, read with a plain MGET after the
+sample script names them: the script keeps (PERSIST), re-points or deletes that key, never reads it. The payload
+keys share the `{prefix}` hash tag, so they sit in the same Redis Cluster slot as the keys the scripts declare.
+
 Every script receives the same KEYS, in `Keys.all` order, bound to names by PRELUDE. Group states in the status hash:
 enqueued | leased | scored | sampled:STEP | dead:REASON.
 """
@@ -26,9 +31,11 @@ local function incr(name, by)
   if by ~= 0 then redis.call('HINCRBY', K_COUNTERS, name, by) end
 end
 
-local function dead_letter(gid, reason, kind, data, detail, now)
+-- A prompt's dead letter holds its bytes in `data`; a scored group's names its payload key in `pk` (kept).
+local function dead_letter(gid, reason, kind, data, pk, detail, now)
+  if pk ~= '' then redis.call('PERSIST', pk) end
   redis.call('XADD', K_DEAD, '*', 'gid', gid, 'reason', reason, 'kind', kind, 'detail', detail, 'at_ms', now,
-             'data', data)
+             'data', data, 'pk', pk)
   redis.call('HSET', K_STATUS, gid, 'dead:' .. reason)
   incr('dead_lettered', 1)
   incr('dead:' .. reason, 1)
@@ -118,7 +125,8 @@ local function reclaim(p)
     redis.call('XACK', K_PROMPTS, group, p[1])  -- a pending id whose entry is gone: nothing left to lease
   elseif #redis.call('XCLAIM', K_PROMPTS, group, pool, idle, p[1], 'JUSTID') > 0 then
     if p[4] >= maxd then
-      dead_letter(f.gid, 'max_deliveries', 'prompt', f.data, 'leased ' .. p[4] .. ' times, never submitted', ARGV[5])
+      dead_letter(f.gid, 'max_deliveries', 'prompt', f.data, '', 'leased ' .. p[4] .. ' times, never submitted',
+                  ARGV[5])
       redis.call('XACK', K_PROMPTS, group, p[1])
       redis.call('XDEL', K_PROMPTS, p[1])
       dead = dead + 1
@@ -148,7 +156,7 @@ if not p or not f or p[2] == ARGV[2] then return 'not_found' end
 local reason = nil
 if ARGV[4] == '1' then reason = 'released' elseif p[4] >= tonumber(ARGV[7]) then reason = 'max_deliveries' end
 if reason then
-  dead_letter(f.gid, reason, 'prompt', f.data, ARGV[5], ARGV[6])
+  dead_letter(f.gid, reason, 'prompt', f.data, '', ARGV[5], ARGV[6])
   redis.call('XACK', K_PROMPTS, ARGV[1], ARGV[3])
   redis.call('XDEL', K_PROMPTS, ARGV[3])
   return 'dead'
@@ -160,18 +168,23 @@ incr('released', 1)
 return 'released'
 """
 
-# ARGV: group, pool, entry_id, lease_epoch, gid, target, min_version, max_version, validation 0|1, payload,
-# max_age, now_ms. Returns {outcome, detail}.
+# ARGV: group, pool, entry_id, lease_epoch, gid, target, min_version, max_version, validation 0|1, payload key,
+# max_age, now_ms, payload size. Returns {outcome, detail}. The payload key is kept (stored or dead-lettered) or
+# deleted (duplicate, refused, re-queued): no outcome leaves it behind.
 SUBMIT = """
-local gid = ARGV[5]
+local gid, pk = ARGV[5], ARGV[10]
+local function refuse(outcome, detail)
+  redis.call('DEL', pk)
+  return {outcome, detail}
+end
 local st = redis.call('HGET', K_STATUS, gid)
-if not st then return {'unknown_group', ''} end
-if st ~= 'enqueued' and st ~= 'leased' then return {'duplicate', st} end
+if not st then return refuse('unknown_group', '') end
+if st ~= 'enqueued' and st ~= 'leased' then return refuse('duplicate', st) end
 local f = entry(K_PROMPTS, ARGV[3])
-if not f then return {'unknown_lease', ''} end
-if f.gid ~= gid then return {'mismatch', f.gid} end
+if not f then return refuse('unknown_lease', '') end
+if f.gid ~= gid then return refuse('mismatch', f.gid) end
 local p = redis.call('XPENDING', K_PROMPTS, ARGV[1], ARGV[3], ARGV[3], 1)[1]
-if not p then return {'unknown_lease', ''} end
+if not p then return refuse('unknown_lease', '') end
 local minv, maxv = tonumber(ARGV[7]), tonumber(ARGV[8])
 -- A lease from an earlier run epoch may hold tokens of weights that the trainer's resume discarded (versions newer
 -- than the resumed ones): those tokens were never produced by this run, so the prompt is leased again instead.
@@ -179,17 +192,19 @@ if tonumber(ARGV[4]) < run_int('epoch') and maxv > run_int('resume_version') the
   redis.call('XCLAIM', K_PROMPTS, ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
   redis.call('HSET', K_STATUS, gid, 'enqueued')
   incr('requeued', 1)
-  return {'requeued', ''}
+  return refuse('requeued', '')
 end
 redis.call('XACK', K_PROMPTS, ARGV[1], ARGV[3])
 redis.call('XDEL', K_PROMPTS, ARGV[3])
 local step = run_int('step')
 if ARGV[9] ~= '1' and run_int('epoch') > 0 and step - minv > tonumber(ARGV[11]) then
-  dead_letter(gid, 'stale_on_submit', 'scored', ARGV[10], 'step ' .. step .. ', min_version ' .. minv, ARGV[12])
+  dead_letter(gid, 'stale_on_submit', 'scored', '', pk, 'step ' .. step .. ', min_version ' .. minv, ARGV[12])
   return {'dead', ''}
 end
+redis.call('PERSIST', pk)
+-- The prompt entry's kind and bytes (a few KB) stay with the header: a resume that re-queues the group needs them.
 local tid = redis.call('XADD', K_TRAJ, '*', 'gid', gid, 'target', ARGV[6], 'minv', ARGV[7], 'maxv', ARGV[8],
-                       'val', ARGV[9], 'data', ARGV[10])
+                       'val', ARGV[9], 'pk', pk, 'size', ARGV[13], 'pkind', f.kind, 'prompt', f.data)
 if ARGV[9] == '1' then redis.call('ZADD', K_READY_VAL, minv, tid) else redis.call('ZADD', K_READY, minv, tid) end
 redis.call('HSET', K_STATUS, gid, 'scored')
 incr('submitted', 1)
@@ -197,7 +212,8 @@ return {'ok', tid}
 """
 
 # ARGV: step, max_groups, max_age, take_at_least, validation 0|1, now_ms, max_bytes, request_id.
-# Returns {evicted, available, payload...}: nothing is taken unless `take_at_least` groups are ready.
+# Returns {evicted, available, payload key...}: nothing is taken unless `take_at_least` groups are ready. A taken
+# validation group's payload key gets an expiry (the store deletes it once read; the expiry covers a crash).
 SAMPLE = """
 local step, n, max_age, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local val, rid = ARGV[5] == '1', ARGV[8]
@@ -208,7 +224,7 @@ if rid ~= '' and not val then
     local t = fields(e[2])
     if t.rid == rid and tonumber(t.step) == step then
       local f = entry(K_TRAJ, t.tid)
-      if f then again[#again + 1] = f.data end
+      if f then again[#again + 1] = f.pk end
     end
   end
   if #again > 2 then
@@ -226,7 +242,7 @@ else
     local f = entry(K_TRAJ, tid)
     redis.call('ZREM', K_READY, tid)
     if f then
-      dead_letter(f.gid, 'too_old', 'scored', f.data, 'step ' .. step .. ', min_version ' .. f.minv, ARGV[6])
+      dead_letter(f.gid, 'too_old', 'scored', '', f.pk, 'step ' .. step .. ', min_version ' .. f.minv, ARGV[6])
       redis.call('XDEL', K_TRAJ, tid)
       evicted = evicted + 1
     end
@@ -241,6 +257,7 @@ local function take(tid, f)
   redis.call('HSET', K_STATUS, f.gid, 'sampled:' .. step)
   if val then
     redis.call('XDEL', K_TRAJ, tid)
+    redis.call('PEXPIRE', f.pk, 600000)
     incr('validated', 1)
   else
     -- Kept (by reference) until the trainer's checkpoint commits the step: a resumed trainer gets it back.
@@ -248,17 +265,17 @@ local function take(tid, f)
     redis.call('HINCRBY', K_AGE, step - tonumber(f.minv), 1)
   end
   incr('sampled', 1)
-  out[#out + 1] = f.data
+  out[#out + 1] = f.pk
 end
 -- Lowest min_version first (oldest weights first); ties in stream-id order, i.e. submission order.
 for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, n - 1)) do
   local f = entry(K_TRAJ, tid)
   if not f then
     redis.call('ZREM', zkey, tid)  -- a dangling index entry: never serve it (the accounting check reports it)
-  elseif #out > 2 and bytes + #f.data > limit then
+  elseif #out > 2 and bytes + tonumber(f.size) > limit then
     break
   else
-    bytes = bytes + #f.data
+    bytes = bytes + tonumber(f.size)
     take(tid, f)
   end
 end
@@ -277,6 +294,8 @@ for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
   local f = fields(e[2])
   redis.call('XDEL', K_TRAINED, e[1])
   if tonumber(f.step) < r then
+    local t = entry(K_TRAJ, f.tid)
+    if t then redis.call('DEL', t.pk) end
     redis.call('XDEL', K_TRAJ, f.tid)
     committed = committed + 1
   else
@@ -289,13 +308,14 @@ for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
   end
 end
 -- Scored groups with tokens newer than the resumed weights came from a timeline that no longer exists: their
--- prompts are leased again (the scored bytes carry the prompt).
+-- prompts are leased again (from the prompt bytes kept with the header; the scored bytes go).
 for _, zkey in ipairs({K_READY, K_READY_VAL}) do
   for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, -1)) do
     local f = entry(K_TRAJ, tid)
     if f and tonumber(f.maxv) > w then
-      redis.call('XADD', K_PROMPTS, '*', 'gid', f.gid, 'target', f.target, 'val', f.val, 'kind', 'scored',
-                 'data', f.data)
+      redis.call('XADD', K_PROMPTS, '*', 'gid', f.gid, 'target', f.target, 'val', f.val, 'kind', f.pkind,
+                 'data', f.prompt)
+      redis.call('DEL', f.pk)
       redis.call('ZREM', zkey, tid)
       redis.call('XDEL', K_TRAJ, tid)
       redis.call('HSET', K_STATUS, f.gid, 'enqueued')
@@ -321,6 +341,8 @@ local s, n = tonumber(ARGV[1]), 0
 for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
   local f = fields(e[2])
   if tonumber(f.step) <= s then
+    local t = entry(K_TRAJ, f.tid)
+    if t then redis.call('DEL', t.pk) end
     redis.call('XDEL', K_TRAJ, f.tid)
     redis.call('XDEL', K_TRAINED, e[1])
     n = n + 1

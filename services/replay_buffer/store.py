@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import uuid
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,6 +44,9 @@ _POOL_WINDOW = 256
 _RECLAIM_PAGE = 256
 # A Sample waiting for groups wakes on every local submit; this bounds the wait for changes made elsewhere.
 _SAMPLE_POLL_S = 0.5
+# A submitted payload is written before the submit script decides its fate (kept, or deleted); the expiry frees it
+# should this process die in between.
+_PAYLOAD_TTL_MS = 600_000
 
 _SCRIPTS = (
     *("enqueue", "lease", "reclaim", "release", "submit"),
@@ -156,9 +160,12 @@ class ReplayStore:
     async def submit(self, lease_id: str, group: ScoredIn) -> SubmitResult:
         entry_id, lease_epoch = self._lease(lease_id)
         g = group
+        # The bytes go to Redis once, as a plain string (no Lua copy); the script below only keeps or deletes them.
+        pk = self.keys.payload(uuid.uuid4().hex)
+        await self.redis.set(pk, g.payload, px=_PAYLOAD_TTL_MS)
         outcome, detail = await self._run(
             "submit", WORKERS_GROUP, POOL_CONSUMER, entry_id, lease_epoch, g.group_id, g.target_step,
-            g.min_version, g.max_version, int(g.validation), g.payload, self.settings.max_age, now_ms(),
+            g.min_version, g.max_version, int(g.validation), pk, self.settings.max_age, now_ms(), len(g.payload),
         )  # fmt: skip
         outcome, detail = _s(outcome), _s(detail)
         if outcome == "unknown_group":
@@ -198,7 +205,7 @@ class ReplayStore:
         (for this step, not yet committed) returns the groups that call took."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        evicted, available, payloads = 0, 0, []
+        evicted, available, taken = 0, 0, []
         while True:
             seen = self._arrivals  # read before looking, so a submit landing meanwhile is counted
             left = start + deadline_s - loop.time()
@@ -208,18 +215,34 @@ class ReplayStore:
                 self.settings.max_response_bytes, request_id,
             )  # fmt: skip
             evicted += int(out[0])
-            available, payloads = int(out[1]), out[2:]
-            if payloads or left <= 0:
+            available, taken = int(out[1]), [_s(k) for k in out[2:]]
+            if taken or left <= 0:
                 break
             await self._wait_for_arrivals(seen + num_groups - available, start + deadline_s)
         if evicted:
             log.info("step %d: dead-lettered %d groups older than %d steps", step, evicted, self.settings.max_age)
+        payloads = await self._payloads(taken, delete=validation)
         if len(payloads) >= num_groups:
             return SampleResult(payloads)
         starving = await self._starvation(evicted, loop.time() - start)
         if payloads and available >= num_groups:  # enough were ready; the answer hit the message size limit
             starving = dataclasses.replace(starving, reason="max_message_size")
         return SampleResult(payloads, starving)
+
+    async def _payloads(self, keys: list[str], *, delete: bool) -> list[bytes]:
+        """The stored bytes of the groups a sample took, in order (validation groups are then deleted: they are not
+        kept for a resume)."""
+        if not keys:
+            return []
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.mget(keys)
+        if delete:
+            pipe.delete(*keys)
+        values = (await pipe.execute())[0]
+        missing = [k for k, v in zip(keys, values, strict=True) if v is None]
+        if missing:  # deleted behind the buffer's back; the accounting check cannot see payload keys
+            log.error("sampled groups whose payload is gone (not served): %s", missing)
+        return [bytes(v) for v in values if v is not None]
 
     async def _wait_for_arrivals(self, target: int, deadline: float) -> None:
         """Sleep until this process has stored `target` groups in all (so that enough could be ready: looking earlier
@@ -244,6 +267,18 @@ class ReplayStore:
     async def _leases_outstanding(self) -> int:
         summary = await self.redis.xpending(self.keys.prompts, WORKERS_GROUP)
         return _outstanding(summary)
+
+    async def dead_letters(self, count: int = 100) -> list[dict[str, bytes]]:
+        """The oldest `count` dead letters, each with its group's bytes under `data` (a scored group's are read from
+        its payload key)."""
+        entries: Any = await self.redis.xrange(self.keys.dead, count=count)
+        rows: list[dict[str, bytes]] = [{_s(k): v for k, v in fields.items()} for _, fields in entries]
+        refs = [r["pk"].decode() for r in rows if r.get("pk")]
+        found: dict[str, Any] = dict(zip(refs, await self.redis.mget(refs), strict=True)) if refs else {}
+        for r in rows:
+            if r.get("pk"):
+                r["data"] = found.get(r["pk"].decode()) or b""
+        return rows
 
     # -- run lifecycle -------------------------------------------------------------------------------------------
 

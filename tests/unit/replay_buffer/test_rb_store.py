@@ -123,8 +123,7 @@ async def test_groups_beyond_the_age_bound_are_dead_lettered_not_sampled(make_st
     res = await store.sample(2, 2, 0)
     assert res.payloads == [b"scored:ok"]
     assert res.starvation is not None and res.starvation.evicted_now == 1
-    (entry,) = await store.redis.xrange(store.keys.dead)
-    fields = {k.decode(): v for k, v in entry[1].items()}
+    (fields,) = await store.dead_letters()
     assert fields["gid"] == b"old" and fields["reason"] == b"too_old" and fields["data"] == b"scored:old"
     assert (await store.stats()).dead_by_reason == {"too_old": 1}
     await assert_accounting(store)
@@ -295,7 +294,8 @@ async def test_resume_requeues_groups_generated_by_discarded_weights(make_store)
     assert info.requeued_groups == 1
     await store.workers.put(WorkerRecord("w", "w:1", 1, info.epoch))
     (again,) = (await store.lease("w", 1, info.epoch, 3)).leases
-    assert (again.group_id, again.kind, again.payload) == ("a", "scored", b"scored:a")
+    # Leased again as the prompt it was enqueued as (kept with the header; the scored bytes are gone).
+    assert (again.group_id, again.kind, again.payload) == ("a", "prompt", b"prompt:a")
     # "c" was leased in the old epoch and comes back with version-2 tokens too: leased again, not stored.
     res = await store.submit(lc.lease_id, scored("c", 1, 2))
     assert res.requeued and not res.dead_lettered
