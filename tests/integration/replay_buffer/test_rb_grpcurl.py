@@ -27,6 +27,9 @@ def test_grpcurl_lists_checks_health_and_reads_stats(spawn, tmp_path: Path) -> N
     svc = spawn(f"run.dir={tmp_path / 'run'}", "redis.key_prefix=grpcurl")
     assert "grpofleet.v1.ReplayBuffer" in grpcurl(svc.address, "list").split()
     assert "CommitStep" in grpcurl(svc.address, "describe", "grpofleet.v1.ReplayBuffer")
+    # The payload's type is documented in the contract itself: grpcurl shows the bytes field and the header.
+    submit = grpcurl(svc.address, "describe", "grpofleet.v1.SubmitGroupRequest")
+    assert "bytes scored_group" in submit and ".grpofleet.v1.ScoredGroupHeader header" in submit
     health = json.loads(grpcurl(svc.address, "grpc.health.v1.Health/Check"))
     assert health == {"status": "SERVING"}
     enqueue = json.dumps({"groups": [{"groupId": "g1", "targetStep": 0, "numGenerations": 2}]})
