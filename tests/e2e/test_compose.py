@@ -60,6 +60,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             env[key] = value
         yield env
     finally:
+        # Keep the layer cache bounded: every rebuild leaves the previous image dangling (GBs each run otherwise).
+        _sh(["docker", "image", "prune", "-f"], env, timeout=300, check=False)
+        _sh(["docker", "builder", "prune", "-f", "--keep-storage", "12GB"], env, timeout=300, check=False)
         _sh([script, "stop"], env, timeout=120)
 
 
