@@ -3,19 +3,16 @@ XADD -> XREADGROUP (+XACK) of the same bytes on the same Redis, measured in the 
 
     .venv/bin/python benchmarks/replay_buffer_bench.py                       # defaults below, writes the JSON
     .venv/bin/python benchmarks/replay_buffer_bench.py --appendfsync everysec,always --groups 2000
+    .venv/bin/python benchmarks/replay_buffer_bench.py --tokens 32768 --groups 60 --pin 1,1,0   # agent-mode payload
 
 Payload: a realistic ScoredGroup, 8 samples x 2048 response tokens with per-token log-probs and versions, a
 1024-token prompt (~135 KB serialized). Both pipelines run `--submitters` concurrent producers (rollout workers) and
 one consumer taking `--batch` groups per call (the trainer); end-to-end latency is per group, from the start of its
 submit/XADD to the return of the Sample/XREADGROUP that delivered it. The service runs as its own process
 (`grpo-fleet serve replay-buffer`), as in production; the embedded Redis has AOF on. Pipelines alternate for
-`--rounds` rounds; the median round is reported.
-
-    .venv/bin/python benchmarks/replay_buffer_bench.py --tokens 32768 --groups 60 --pin 1,1,0   # agent-mode payload
-
-`--pin CLIENT,SERVICE,REDIS` pins each process (all its threads, `taskset -a`) to one core, so the scheduler does
-not migrate them on a loaded machine; the load average at start is recorded beside the results. On a shared machine
-the CPU-bound ratio (CPU ms per group, busiest process) is the figure that load does not move.
+`--rounds` rounds; the median round is reported. `--pin CLIENT,SERVICE,REDIS` pins each process (all threads,
+`taskset -a`) to cores; the load average at start is recorded. On a shared machine the CPU-bound ratio (CPU ms per
+group of the busiest process) is the figure load does not move.
 """
 
 from __future__ import annotations
@@ -160,8 +157,7 @@ async def run_raw(
 PINS: dict[str, str] = {}  # "client" | "service" | "redis" -> core list, from --pin
 
 
-def pin(role: str, pid: int) -> None:
-    """All threads of `pid` onto the cores given for `role` (no-op without --pin)."""
+def pin(role: str, pid: int) -> None:  # all threads of `pid` onto the cores given for `role`, if any
     if role in PINS:
         subprocess.run(["taskset", "-a", "-p", "-c", PINS[role], str(pid)], check=True, capture_output=True)
 
@@ -199,12 +195,9 @@ async def prepare(stub: Any, groups: list[common_pb2.ScoredGroup]) -> list[repla
         await stub.EnqueuePrompts(req, timeout=TIMEOUT_S)
     requests: list[replay_buffer_pb2.SubmitGroupRequest] = []
     while len(requests) < len(groups):
-        lease_req = replay_buffer_pb2.LeasePromptsRequest(
-            worker_id="bench-worker", weight_version=0, weight_epoch=epoch, max_groups=200
-        )
+        lease_req = replay_buffer_pb2.LeasePromptsRequest(worker_id="bench-worker", weight_epoch=epoch, max_groups=200)
         for lease in (await stub.LeasePrompts(lease_req, timeout=TIMEOUT_S)).leases:
-            g = by_id[lease.group.group_id]
-            requests.append(codec.submit_request("bench-worker", lease.lease_id, g))
+            requests.append(codec.submit_request("bench-worker", lease.lease_id, by_id[lease.group.group_id]))
     return requests
 
 

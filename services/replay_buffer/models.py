@@ -121,8 +121,8 @@ class PromptIn:
 class LeasedGroup:
     lease_id: str
     group_id: str
-    # "prompt": PromptGroup bytes; "scored": ScoredGroup bytes whose `prompt` is the group (a group re-queued because
-    # its tokens came from weights that a trainer resume discarded).
+    # "prompt": PromptGroup bytes (also for a group a resume re-queued); "scored": ScoredGroup bytes whose `prompt`
+    # is the group, in entries re-queued by a buffer older than issue 20.
     kind: str
     payload: bytes
     delivery_count: int
