@@ -190,7 +190,7 @@ def _matmul_dtype(hidden: torch.Tensor) -> torch.dtype:
 
 class _LinearLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -220,7 +220,7 @@ class _LinearLogprob(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, lse, saved = ctx.saved_tensors  # type: ignore[attr-defined]
         inv_temp, chunk = ctx.inv_temp, ctx.chunk  # type: ignore[attr-defined]
         _, bwd, _ = _kernels(ctx.compiled)  # type: ignore[attr-defined]
@@ -262,6 +262,6 @@ def linear_logprobs(
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         row_bytes = weight.shape[0] * torch.empty((), dtype=_matmul_dtype(hidden)).element_size()
         save_rows = min(hidden.shape[0], save_bytes // row_bytes // chunk * chunk)
-    out: torch.Tensor = _LinearLogprob.apply(hidden, weight, targets, inv_temp, chunk, compiled,  # type: ignore
+    out: torch.Tensor = _LinearLogprob.apply(hidden, weight, targets, inv_temp, chunk, compiled,
                                              save_rows)
     return out

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from envs.registry import PromptResult, Scorer, ScoreResult, Task
 from envs.swe.patch import extract_patch
 from envs.swe.paths import default_task_dir, repos_dir
 from envs.swe.payload import payload_to_spec, task_to_payload
 from envs.swe.prompt import build_prompt
-from services.sandbox.model import TaskStatus, Verdict
+from services.sandbox.model import Verdict
 
 if TYPE_CHECKING:
     from fleet.config.env import EnvConfig
@@ -47,7 +47,7 @@ class SweEnvironment:
         if status != "ok":
             detail = f"{status}: {extraction.detail}".strip(": ")
             # Never sent to a sandbox: a format error says nothing about the tests.
-            verdict = Verdict(status=cast(TaskStatus, "format_error"), error=f"format error ({detail})")
+            verdict = Verdict(status="format_error", error=f"format error ({detail})")
             return ScoreResult(verdict, format_error=status, detail=detail)
         run = scorer or self.scorer or getattr(sandbox, "run", None)
         if run is None:

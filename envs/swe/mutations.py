@@ -46,7 +46,7 @@ _CMP_BOUNDARY: dict[type[cst.BaseCompOp], type[cst.BaseCompOp]] = {
 def _same_ws(new_cls: type, old: cst.CSTNode) -> cst.CSTNode:
     """An operator of `new_cls` keeping `old`'s surrounding whitespace, so the diff is one token."""
     kwargs = {k: getattr(old, k) for k in ("whitespace_before", "whitespace_after") if hasattr(old, k)}
-    return new_cls(**kwargs)  # type: ignore[no-any-return]
+    return new_cls(**kwargs)
 
 
 def _needs_parens(expr: cst.BaseExpression) -> bool:

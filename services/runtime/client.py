@@ -18,7 +18,7 @@ from services.runtime.server import auth_token, channel_options
 log = logging.getLogger(__name__)
 
 
-class _BearerAuth(aio.UnaryUnaryClientInterceptor, aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+class _BearerAuth(aio.UnaryUnaryClientInterceptor, aio.StreamUnaryClientInterceptor):
     def __init__(self, token: str) -> None:
         self._md = ("authorization", f"Bearer {token}")
 
@@ -27,10 +27,10 @@ class _BearerAuth(aio.UnaryUnaryClientInterceptor, aio.StreamUnaryClientIntercep
         md.append(self._md)
         return aio.ClientCallDetails(details.method, details.timeout, md, details.credentials, details.wait_for_ready)
 
-    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_unary(self, continuation, details, request):
         return await continuation(self._details(details), request)
 
-    async def intercept_stream_unary(self, continuation, details, request_iterator):  # type: ignore[no-untyped-def]
+    async def intercept_stream_unary(self, continuation, details, request_iterator):
         return await continuation(self._details(details), request_iterator)
 
 

@@ -25,7 +25,7 @@ def layer_paths(blob: Path) -> list[str]:
     """Paths a layer tar touches: its entries, and for whiteouts the path they delete (opaque: the folder)."""
     paths = []
     opener = gzip.open if _is_gzip(blob) else open
-    with opener(blob, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:  # type: ignore[operator]
+    with opener(blob, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
         for info in tar:
             name = os.path.normpath(info.name.lstrip("./") or ".")
             head, base = os.path.split(name)
