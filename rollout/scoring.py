@@ -5,11 +5,14 @@ verdict into a reward. Infrastructure failures raise `ScoringUnavailable`; they 
 from __future__ import annotations
 
 import contextvars
+import logging
 from typing import Any
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2
 from services.sandbox.model import TaskSpec, Verdict
+
+log = logging.getLogger(__name__)
 
 _STATUS = {
     "completed": common_pb2.VERDICT_STATUS_COMPLETED,
@@ -80,6 +83,16 @@ class Scorer:
             return Verdict(status="infra_error", error=result.infra_error)
         assert result.verdict is not None
         return result.verdict
+
+    async def prefetch(self, payload: dict[str, Any]) -> None:
+        """Start pulling the task's instance image on the executors while its answers are generated. Best effort: a
+        pull that fails shows up as the task's infrastructure error, naming the image."""
+        image = payload.get("image")
+        if isinstance(image, str) and image:
+            try:
+                await self.sandbox.prefetch(image)
+            except Exception as exc:  # an optimisation only: the task itself still pulls what it needs
+                log.debug("prefetch of %s failed: %s", image, exc)
 
     async def score(self, env_name: str, payload: dict[str, Any], text: str, *, truncated: bool) -> tuple[
             Verdict, float, int]:

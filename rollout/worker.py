@@ -8,6 +8,7 @@ the worker never talks to the trainer — the trainer pushes weights to it throu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -214,7 +215,14 @@ class RolloutWorker:
         n = prompt.num_generations or self.cfg.grpo.num_generations_per_prompt
         agent = self.agent is not None and AgentRunner.handles(self.cfg, prompt.env_name)
         sample = self._agent_sample if agent else self._one_sample
-        trajectories = await asyncio.gather(*(sample(prompt, payload, sampling, i) for i in range(n)))
+        # An image task's pull starts at lease time, not when the first answer reaches an executor.
+        prefetch = asyncio.create_task(self.scorer.prefetch(payload), name=f"prefetch-{prompt.group_id}")
+        try:
+            trajectories = await asyncio.gather(*(sample(prompt, payload, sampling, i) for i in range(n)))
+        finally:
+            prefetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prefetch
         # Observation tokens (agent mode) carry version -1: no weights made them, they do not age a group.
         versions = [v for t in trajectories for v in t.token_versions if v >= 0] or [self.version]
         return common_pb2.ScoredGroup(

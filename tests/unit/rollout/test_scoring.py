@@ -56,3 +56,24 @@ def test_integrity_violation_pays_the_configured_reward_in_either_mode() -> None
 
     cfg = parse_config({"env": {"code": {"integrity_violation_reward": -3.0}}})
     assert reward_for(cfg, "swe", Verdict(status="integrity_violation", patch_applied=True)) == -3.0
+
+
+class _PullRecorder:
+    def __init__(self) -> None:
+        self.pulled: list[str] = []
+
+    async def prefetch(self, image: str) -> int:
+        self.pulled.append(image)
+        return 1
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_prefetch_asks_the_executors_for_an_image_task_only() -> None:
+    scorer = Scorer(load_config("examples/configs/grpo_swe_tiny.yaml"))
+    await scorer.close()
+    scorer.sandbox = recorder = _PullRecorder()  # type: ignore[assignment]
+    await scorer.prefetch({**_payload("a"), "image": "localhost:5000/sweb.eval.x86_64.calc:latest"})
+    await scorer.prefetch(_payload("b"))
+    assert recorder.pulled == ["localhost:5000/sweb.eval.x86_64.calc:latest"]
