@@ -1,5 +1,5 @@
 """Chaos: the fleet heals itself. One asynchronous run (two rollout workers, max age 2, in-flight pushes) in which the
-replay buffer, then the embedded Redis, then a rollout worker, then the sandbox executor are SIGKILLed, each at a
+replay buffer, then the embedded Redis, then the sandbox executor, then a rollout worker are SIGKILLed, each at a
 later step than the one before and only after the fleet trained a step since the previous kill (so that each kill
 hits a fleet that has healed). The run finishes with exit 0 and every step trains exactly its groups, each once.
 
@@ -31,8 +31,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm, pytest.mark.t
 STEPS = 10
 PROMPTS_PER_STEP = 2  # fleet_cmd's grpo.num_prompts_per_step
 # (process, kill it once at least this many steps have trained): late enough that the steps after each kill need
-# work done after it (workers run max-age steps ahead), early enough for the killed process to rejoin.
-KILLS = [("replay-buffer", 1), ("redis", 3), ("rollout-1", 5), ("sandbox", 6)]
+# work done after it (workers run max-age steps ahead), early enough for the killed process to rejoin. The rollout
+# worker goes last: its restart (a vLLM start) takes seconds, and on a quiet machine the other worker trains the
+# remaining steps meanwhile, so a kill queued behind it could find the run already over.
+KILLS = [("replay-buffer", 1), ("redis", 3), ("sandbox", 5), ("rollout-1", 7)]
 ASYNC = ["rollout.num_workers=2", "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20",
          "services.outage_report_s=5"]
 RUN_TIMEOUT_S = 1500
