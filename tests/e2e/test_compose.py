@@ -101,6 +101,21 @@ def _wait_for_the_run(env: dict[str, str], project: str, timeout: float = 1500) 
     raise AssertionError(f"the run did not finish within {timeout:.0f} s")
 
 
+def _stops_gracefully(env: dict[str, str], project: str) -> None:
+    """`compose stop` (compose.yaml's stop_grace_period, as a user gets it): every running service exits on its
+    SIGTERM, none is SIGKILLed (exit 137) after the grace period."""
+    def containers() -> list[dict[str, object]]:
+        out = _compose(env, project, "ps", "-a", "--format", "json").stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    running = {str(c["Name"]) for c in containers() if c["State"] == "running"}
+    t = time.monotonic()
+    _compose(env, project, "stop", timeout=300)
+    print(f"compose stop in {time.monotonic() - t:.1f} s ({len(running)} running services)")
+    codes = {str(c["Name"]): int(str(c.get("ExitCode", -1))) for c in containers() if c["Name"] in running}
+    assert running and all(code != 137 for code in codes.values()), f"killed after the grace period: {codes}"
+
+
 def test_compose_fleet_survives_a_killed_rollout_container(engine: dict[str, str]) -> None:
     env = {**engine, "GRPO_FLEET_CONFIG": CONFIG}
     project = f"grpo-e2e-{os.getpid()}"
@@ -119,9 +134,10 @@ def test_compose_fleet_survives_a_killed_rollout_container(engine: dict[str, str
         acc = json.loads(out.strip().splitlines()[-1])
         assert acc["violations"] == [], acc
         assert acc["by_state"].get("sampled", 0) == STEPS * GROUPS_PER_STEP, acc
+        _stops_gracefully(env, project)
     finally:
         t1 = time.monotonic()
-        _compose(env, project, "down", "-v", "--remove-orphans", "--timeout", "20", timeout=300)
+        _compose(env, project, "down", "-v", "--remove-orphans", timeout=300)
         print(f"compose down in {time.monotonic() - t1:.1f} s; whole test {time.monotonic() - t0:.0f} s")
     left = _sh(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"], env).stdout
     assert not left.strip(), f"containers left behind: {left}"
