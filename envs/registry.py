@@ -122,6 +122,7 @@ _DATASETS: dict[str, str | DatasetLoader] = {
     "swe_smith": "envs.swe.formats:load_swe_smith_dataset",
     "r2e_gym": "envs.swe.formats:load_r2e_gym_dataset",
     "arith": "envs.arith:load_arith_dataset",
+    "lookup": "envs.lookup:load_lookup_dataset",
 }
 _PREPARERS: dict[str, str] = {
     "swe_embedded": "envs.swe.builder:prepare_embedded_dataset",
@@ -129,6 +130,7 @@ _PREPARERS: dict[str, str] = {
 _ENVIRONMENTS: dict[str, str | EnvFactory] = {
     "swe": "envs.swe_agent:make_swe_environment_for_mode",  # single-shot, or agent mode (env.code.mode)
     "arith": "envs.arith:make_arith_environment",
+    "lookup": "envs.lookup:make_lookup_environment",  # multi-turn, tools run in the rollout worker
 }
 
 

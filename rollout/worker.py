@@ -19,6 +19,7 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
 from rollout.buffer_client import BufferClient
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
@@ -82,6 +83,8 @@ class RolloutWorker:
         self.decode = decode
         # Agent mode: SWE samples are multi-turn episodes in sandbox sessions owned by this worker.
         self.agent = AgentRunner(cfg, engine, decode.tokenizer, worker_id) if cfg.env.code.mode == "agent" else None
+        # Environments whose tools run here (envs/lookup.py): multi-turn episodes in any mode, no sandbox.
+        self.local_tools = LocalToolRunner(cfg, engine, decode.tokenizer)
         self.version = -1
         self.epoch = -1
         self.state = "starting"
@@ -215,6 +218,8 @@ class RolloutWorker:
         n = prompt.num_generations or self.cfg.grpo.num_generations_per_prompt
         agent = self.agent is not None and AgentRunner.handles(self.cfg, prompt.env_name)
         sample = self._agent_sample if agent else self._one_sample
+        if LocalToolRunner.handles(prompt.env_name):
+            sample = self._local_tools_sample
         # An image task's pull starts at lease time, not when the first answer reaches an executor.
         prefetch = asyncio.create_task(self.scorer.prefetch(payload), name=f"prefetch-{prompt.group_id}")
         try:
@@ -252,6 +257,12 @@ class RolloutWorker:
                             sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
         assert self.agent is not None
         trajectory = await self.agent.sample(prompt, payload, sampling, index)
+        self.stats.tokens_generated += trajectory.episode.generated_tokens
+        return trajectory
+
+    async def _local_tools_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
+                                  sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
+        trajectory = await self.local_tools.sample(prompt, payload, sampling, index)
         self.stats.tokens_generated += trajectory.episode.generated_tokens
         return trajectory
 

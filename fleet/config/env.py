@@ -79,15 +79,34 @@ class ArithEnvConfig(Section):
     """Reward of a completion with no answer in the expected format."""
 
 
+class LookupEnvConfig(Section):
+    num_keys: int = Field(10, ge=2, le=1000)
+    """Keys `k0`..`k{num_keys-1}` a task's table draws from."""
+    table_size: int = Field(4, ge=1)
+    """Keys in one task's table (at most `num_keys`); the question names one of them."""
+    max_value: int = Field(99, ge=1)
+    """Values are random integers in [10, max_value] (in [0, max_value] when it is below 10), new per task."""
+    num_tasks: int = Field(4000, ge=1)
+    """Tasks in the generated training set."""
+    reward_mode: Literal["binary", "pass_rate"] = "binary"
+    """binary: 1 for the right value, else 0. pass_rate: tests `format` (an answer was given) and `answer`."""
+    format_error_reward: float = 0.0
+    """Reward of an episode that never called `answer`."""
+
+
 class EnvConfig(Section):
     code: CodeEnvConfig = Field(default_factory=CodeEnvConfig)
     """The SWE coding environment (patch -> sandbox verdict -> reward)."""
     arith: ArithEnvConfig = Field(default_factory=ArithEnvConfig)
     """A small verifiable environment a tiny model learns in minutes (scored through the same reward path)."""
+    lookup: LookupEnvConfig = Field(default_factory=LookupEnvConfig)
+    """A multi-turn tool environment (agent episodes, tools run in the rollout worker): the answer is a value only
+    the `lookup` tool returns (envs/lookup.py; budgets from `env.code.agent`)."""
 
     def reward_settings(self, env_name: str) -> tuple[Literal["binary", "pass_rate"], float]:
         """(reward mode, format-error reward) of an environment: its own section if it has one, else `env.code`."""
-        section: CodeEnvConfig | ArithEnvConfig = self.arith if env_name == "arith" else self.code
+        section: CodeEnvConfig | ArithEnvConfig | LookupEnvConfig = \
+            self.arith if env_name == "arith" else self.lookup if env_name == "lookup" else self.code
         return section.reward_mode, section.format_error_reward
 
 

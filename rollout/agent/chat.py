@@ -52,12 +52,15 @@ class ChatFormat:
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
 
-    def prompt_ids(self, system: str, user: str, tools: list[dict[str, Any]]) -> list[int]:
-        """The episode's prompt: system + user messages, tool descriptions, and the assistant turn opened."""
+    def prompt_ids(self, system: str, user: str, tools: list[dict[str, Any]], *,
+                   fallback: str | None = None) -> list[int]:
+        """The episode's prompt: system + user messages, tool descriptions, and the assistant turn opened.
+        `fallback`: the tools block for a template that ignores `tools=` (`{tools}`: one JSON spec a line; default
+        the Hermes block), e.g. a shorter one for a tiny model's short prompts."""
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         with_tools = self._render(messages, tools=tools, add_generation_prompt=True)
         if with_tools == self._render(messages, add_generation_prompt=True):  # the template ignores `tools`
-            block = HERMES_TOOLS.format(tools="\n".join(json.dumps(t) for t in tools))
+            block = (fallback or HERMES_TOOLS).format(tools="\n".join(json.dumps(t) for t in tools))
             messages[0] = {"role": "system", "content": system + block}
             with_tools = self._render(messages, add_generation_prompt=True)
         return self.encode(with_tools)

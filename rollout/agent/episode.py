@@ -21,7 +21,7 @@ from typing import Literal
 
 from rollout.agent.chat import ChatFormat
 from rollout.agent.parser import ToolCallError, parse_tool_calls
-from rollout.agent.tools import Observation, ToolBox
+from rollout.agent.tools import Observation, ToolRunner
 from rollout.engine.base import Generation, SamplingSpec
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class Episode:
         return mask
 
 
-async def run_episode(generate: Generate, fmt: ChatFormat, tools: ToolBox, prompt_ids: Sequence[int],
+async def run_episode(generate: Generate, fmt: ChatFormat, tools: ToolRunner, prompt_ids: Sequence[int],
                       sampling: SamplingSpec, limits: EpisodeLimits, request_id: str) -> Episode:
     episode = Episode(len(prompt_ids))
     try:
@@ -98,7 +98,7 @@ async def run_episode(generate: Generate, fmt: ChatFormat, tools: ToolBox, promp
     return episode
 
 
-async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolBox, context: list[int], sampling: SamplingSpec,
+async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolRunner, context: list[int], sampling: SamplingSpec,
                  limits: EpisodeLimits, request_id: str, episode: Episode) -> EndReason:
     for turn in range(limits.max_turns):
         room = limits.max_total_tokens - len(context)
@@ -127,7 +127,7 @@ async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolBox, context: l
     return "max_turns"
 
 
-async def _act(text: str, tools: ToolBox, episode: Episode) -> tuple[list[Observation], bool]:
+async def _act(text: str, tools: ToolRunner, episode: Episode) -> tuple[list[Observation], bool]:
     """Run the turn's tool calls in order, up to a submit. Returns (observations, submitted)."""
     try:
         calls = parse_tool_calls(text)

@@ -60,6 +60,13 @@ class Observation:
     submitted: bool = False
 
 
+class ToolRunner(Protocol):
+    """What the episode loop calls tools through: `ToolBox` (a sandbox session) or an environment's in-process
+    tools (`envs.lookup.LookupTools`)."""
+
+    async def run(self, call: ToolCall) -> Observation: ...
+
+
 class _Refused(Exception):
     """The agent's call cannot be carried out; the message is its observation."""
 

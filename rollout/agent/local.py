@@ -1,0 +1,79 @@
+"""Agent episodes whose tools run in the rollout worker's process (`envs.lookup`): no sandbox session.
+
+The episode is the one of agent mode (`run_episode`: same parser, chat format, token-exact trajectory, observation
+masks and budgets from `env.code.agent`); only the tools differ: the environment makes them per sample from the
+task's payload (`env.episode_tools(payload)`) and grades what they recorded (`env.score_tools(payload, tools)`),
+and the verdict goes through the one reward mapping (`reward_for`). An environment opts in with
+`tools_in_process = True`; every episode of such an environment is multi-turn, whatever `env.code.mode` says.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from grpofleet.v1 import common_pb2
+from rollout.agent.chat import ChatFormat
+from rollout.agent.episode import run_episode
+from rollout.agent.runner import _trajectory, limits_from_config
+from rollout.engine.base import SamplingSpec
+from rollout.scoring import ScoringUnavailable, reward_for
+
+if TYPE_CHECKING:
+    from fleet.config import MasterConfig
+    from rollout.engine.base import GenerationEngine
+
+LOCAL_TOOL_ENVS = frozenset({"lookup"})
+
+
+class LocalToolRunner:
+    def __init__(self, cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any) -> None:
+        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+        self.limits = limits_from_config(cfg)
+        self._fmt: ChatFormat | None = None  # made on first use: a worker that never leases such a task needs none
+        self._envs: dict[str, Any] = {}
+        self.end_reasons: Counter[str] = Counter()
+        self.tool_calls = self.tool_errors = 0
+
+    @property
+    def fmt(self) -> ChatFormat:
+        if self._fmt is None:
+            self._fmt = ChatFormat(self.tokenizer)
+        return self._fmt
+
+    @staticmethod
+    def handles(env_name: str) -> bool:
+        return env_name in LOCAL_TOOL_ENVS
+
+    def _env(self, name: str) -> Any:
+        if name not in self._envs:
+            from envs.registry import make_environment
+
+            env = make_environment(name, self.cfg.env)
+            if not getattr(env, "tools_in_process", False):
+                raise ValueError(f"environment {name!r} has no in-process tools (tools_in_process)")
+            self._envs[name] = env
+        return self._envs[name]
+
+    def summary(self) -> dict[str, Any]:
+        return {"episodes": sum(self.end_reasons.values()), "end_reasons": dict(self.end_reasons),
+                "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
+
+    async def sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
+                     index: int) -> common_pb2.Trajectory:
+        env = self._env(prompt.env_name)
+        tools = env.episode_tools(payload)
+        t0 = time.monotonic()
+        episode = await run_episode(self.engine.generate, self.fmt, tools, prompt.prompt_token_ids, sampling,
+                                    self.limits, f"{prompt.group_id}/{index}/{time.monotonic_ns()}")
+        t1 = time.monotonic()
+        if not episode.token_ids:
+            raise ScoringUnavailable("the episode timed out before its first turn ended (env.code.agent."
+                                     "episode_timeout_s is too short for this engine)")
+        verdict = env.score_tools(payload, tools).verdict
+        self.end_reasons[episode.end_reason] += 1
+        self.tool_calls += episode.tool_calls
+        self.tool_errors += episode.tool_errors
+        return _trajectory(episode, verdict, reward_for(self.cfg, prompt.env_name, verdict), t1 - t0,
+                           time.monotonic() - t1)
