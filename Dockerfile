@@ -82,7 +82,7 @@ COPY --from=build-cpu /opt/venv /opt/venv
 # The project itself is not pip-installed: /app on the path and the `grpo-fleet` script are all an install would add,
 # and keeping them out of the virtualenv's (GB-sized) layer leaves that layer unchanged when only the source changes.
 RUN echo /app >/opt/venv/lib/python3.11/site-packages/grpo_fleet_app.pth \
-    && printf '#!/opt/venv/bin/python\nimport sys\nfrom fleet.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
+    && printf '#!/opt/venv/bin/python\nimport sys\nfrom launch.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
       >/opt/venv/bin/grpo-fleet && chmod +x /opt/venv/bin/grpo-fleet
 COPY --from=src-cpu /app /app
 # vLLM torch.compiles a few helpers (the sampler's rank count) even with enforce_eager, and inductor needs a C++
@@ -95,7 +95,7 @@ FROM os AS cuda
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY --from=build-cuda /opt/venv /opt/venv
 RUN echo /app >/opt/venv/lib/python3.11/site-packages/grpo_fleet_app.pth \
-    && printf '#!/opt/venv/bin/python\nimport sys\nfrom fleet.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
+    && printf '#!/opt/venv/bin/python\nimport sys\nfrom launch.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
       >/opt/venv/bin/grpo-fleet && chmod +x /opt/venv/bin/grpo-fleet
 COPY --from=src-cuda /app /app
 ENV PATH=/opt/venv/bin:$PATH GRPO_FLEET_CACHE=/cache

@@ -48,7 +48,7 @@ def run_fleet(name: str, work: Path, steps: int, overrides: list[str], config: P
     if rd.exists():
         subprocess.run(["rm", "-rf", str(rd)], check=True)
     log_path = work / f"{name}.log"
-    cmd = [sys.executable, "-m", "fleet.cli", "up", "--config", str(config), f"run.dir={rd}",
+    cmd = [sys.executable, "-m", "launch.cli", "up", "--config", str(config), f"run.dir={rd}",
            "logger.progress_bar=false", f"grpo.max_num_steps={steps}", *overrides]
     print(f"[{name}] {' '.join(cmd[2:])}  (log: {log_path})", flush=True)
     t0 = time.monotonic()

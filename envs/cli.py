@@ -1,6 +1,6 @@
 """`grpo-fleet data ...`: build the embedded SWE task set, or list what a built one holds.
 
-`fleet/cli.py` calls `data_main(argv)`; heavy imports (LibCST, the executor) happen only inside the subcommands.
+`launch/cli.py` calls `data_main(argv)`; heavy imports (LibCST, the executor) happen only inside the subcommands.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def main() -> int:
         return 2
     print(f"[1/7] config OK: {args.config} ({'async' if cfg.grpo.async_grpo.enabled else 'sync'} GRPO)")
 
-    from fleet.launcher.supervisor import probe
+    from launch.supervisor import probe
 
     address = cfg.services.replay_buffer.address  # 2. the fleet instead of Ray
     if not asyncio.run(probe(address)):

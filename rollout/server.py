@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from fleet.config import MasterConfig
+from fleet.entry import service_main
 from fleet.paths import resolve_model
 from grpofleet.v1 import rollout_worker_pb2_grpc
 from services.runtime.server import GrpcService, run, run_service
@@ -81,7 +82,12 @@ def write_summary(cfg: MasterConfig, worker: RolloutWorker) -> None:
         log.warning("could not write the worker summary: %s", exc)
 
 
-def main(cfg: MasterConfig) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `grpo-fleet serve rollout [--config FILE] [overrides...]`."""
+    return service_main("grpo-fleet serve rollout", argv, serve_config)
+
+
+def serve_config(cfg: MasterConfig) -> int:
     exit_now(run(lambda: serve(cfg)))
 
 

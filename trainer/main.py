@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from fleet.cli import setup_logging
     from fleet.config import ConfigError, load_config
+    from fleet.logs import setup_logging
     from trainer.dist import check_world, read_env
 
     env = read_env()

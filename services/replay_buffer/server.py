@@ -19,6 +19,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from fleet.config.schema import MasterConfig
+from fleet.entry import service_main
 from grpofleet.v1 import replay_buffer_pb2
 from services.replay_buffer.embedded import EmbeddedRedis, start_embedded_redis
 from services.replay_buffer.metrics import MetricsServer, start_metrics
@@ -106,8 +107,13 @@ async def serve(cfg: MasterConfig, redis_url: str, *, stop: asyncio.Event | None
     return await (await build(cfg, redis_url)).run(stop)
 
 
-def main(cfg: MasterConfig) -> int:
-    """Entry point of `grpo-fleet serve replay-buffer`."""
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `grpo-fleet serve replay-buffer [--config FILE] [overrides...]`."""
+    return service_main("grpo-fleet serve replay-buffer", argv, serve_config)
+
+
+def serve_config(cfg: MasterConfig) -> int:
+    """Serve with `cfg` until SIGTERM/SIGINT, on an embedded Redis when `redis.url` is empty."""
     embedded: EmbeddedRedis | None = None
     url = cfg.redis.url
     if not url:

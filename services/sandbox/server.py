@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from fleet.config.infra import SandboxConfig
+from fleet.entry import service_main
 from services.sandbox.executor import Executor
 from services.sandbox.model import TOKEN_ENV, SpecError, TaskSpec, Verdict, spec_from_json
 from services.sandbox.session_routes import SessionRoutes
@@ -289,9 +290,11 @@ async def serve(cfg: SandboxConfig, host: str, port: int, grace_s: float) -> int
     return 1 if server.failed.done() and server.failed.exception() is not None else 0
 
 
-def main(cfg: MasterConfig) -> int:
-    """Entry point of `grpo-fleet serve sandbox`."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=cfg.logger.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `grpo-fleet serve sandbox [--config FILE] [overrides...]`."""
+    return service_main("grpo-fleet serve sandbox", argv, serve_config)
+
+
+def serve_config(cfg: MasterConfig) -> int:
     endpoint = cfg.services.sandbox
     return asyncio.run(serve(cfg.sandbox, endpoint.host, endpoint.port, cfg.services.grace_s))

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def fleet_cmd(run_dir: Path, tasks: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "fleet.cli", "up", "--config", "examples/configs/grpo_swe_tiny.yaml",
+    return [sys.executable, "-m", "launch.cli", "up", "--config", "examples/configs/grpo_swe_tiny.yaml",
             f"run.dir={run_dir}", f"data.train.data_path={tasks}", "checkpointing.save_period=1",
             "grpo.num_prompts_per_step=2", "policy.train_global_batch_size=8", "policy.generation.max_new_tokens=48",
             "logger.tensorboard_enabled=false", *overrides]

@@ -31,7 +31,7 @@ def test_fleet_trains_on_image_tasks(task_slice: Path, tmp_path: Path) -> None:
     shutil.copytree(task_slice, tasks)
     cache = tmp_path / "cache" / "images"
     with local_registry(tmp_path / "registry") as reg:
-        built = subprocess.run([sys.executable, "-m", "fleet.cli", "data", "build", "--images", "--out", str(tasks),
+        built = subprocess.run([sys.executable, "-m", "launch.cli", "data", "build", "--images", "--out", str(tasks),
                                 "--registry", reg.host, "--insecure-registry"], cwd=ROOT, capture_output=True,
                                text=True, timeout=900)
         assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]

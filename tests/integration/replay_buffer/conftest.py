@@ -104,11 +104,11 @@ class Spawned:
 
 @pytest.fixture
 def spawn() -> Iterator[Callable[..., Spawned]]:
-    """Start `python -m fleet.cli serve replay-buffer OVERRIDES...` and wait for `listening on HOST:PORT`."""
+    """Start `python -m launch.cli serve replay-buffer OVERRIDES...` and wait for `listening on HOST:PORT`."""
     procs: list[Spawned] = []
 
     def start(*overrides: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> Spawned:
-        cmd = [sys.executable, "-m", "fleet.cli", "serve", "replay-buffer", *BASE_OVERRIDES, *overrides]
+        cmd = [sys.executable, "-m", "launch.cli", "serve", "replay-buffer", *BASE_OVERRIDES, *overrides]
         proc = subprocess.Popen(
             cmd,
             cwd=ROOT,

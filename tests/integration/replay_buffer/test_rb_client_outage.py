@@ -15,7 +15,7 @@ import pytest
 from rb_service_helpers import worker
 
 from fleet.config import load_config
-from fleet.status import _gather
+from launch.status import _gather
 from rollout.buffer_client import BufferClient
 from services.replay_buffer.embedded import start_embedded_redis
 from services.runtime.outage import ServiceDown

@@ -1,4 +1,4 @@
-"""The service as a real process (`python -m fleet.cli serve replay-buffer`): SIGKILL and restart, Redis killed and
+"""The service as a real process (`python -m launch.cli serve replay-buffer`): SIGKILL and restart, Redis killed and
 restarted from its AOF, SIGTERM drain. No acknowledged group is lost, and every group trains exactly once."""
 
 from __future__ import annotations

@@ -142,8 +142,7 @@ async def test_draining_finishes_running_tasks_and_refuses_new_ones(server: Sand
 def test_main_serves_until_sigterm(tmp_path: Path) -> None:
     overrides = ["services.sandbox.port=0", "sandbox.pool_size=1", f"sandbox.uid_base={UID_BASE}",
                  f"sandbox.work_root={tmp_path / 'work'}", "services.grace_s=5"]
-    code = ("import sys; from fleet.config import load_config; from services.sandbox.server import main; "
-            f"sys.exit(main(load_config(None, {overrides!r})))")
+    code = f"import sys; from services.sandbox.server import main; sys.exit(main({overrides!r}))"
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
                             cwd=Path(__file__).parents[3], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

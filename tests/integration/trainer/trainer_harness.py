@@ -238,7 +238,7 @@ def replay_buffer_factory() -> Iterator[Any]:
 
     def start(config: Path) -> str:
         log = open(config.parent / "replay_buffer.log", "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen([sys.executable, "-m", "fleet.cli", "serve", "replay-buffer", "--config", str(config)],
+        proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "serve", "replay-buffer", "--config", str(config)],
                                 cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
         procs.append(proc)
         address = f"127.0.0.1:{load(config)['services']['replay_buffer']['port']}"

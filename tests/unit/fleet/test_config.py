@@ -185,7 +185,7 @@ def test_tis_accepts_equal_bounds_and_no_lower_bound() -> None:
 
 def test_config_check_rejects_what_the_trainer_would_with_exit_status_2() -> None:
     # The example from issue 14: this bound used to pass `config check` and fail in the trainer after torch loaded.
-    proc = subprocess.run([sys.executable, "-m", "fleet.cli", "config", "check",
+    proc = subprocess.run([sys.executable, "-m", "launch.cli", "config", "check",
                            "loss_fn.truncated_importance_sampling_ratio=2.0"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr

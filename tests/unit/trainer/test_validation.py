@@ -1,11 +1,11 @@
-"""Validation's verdict breakdown and its `grpo-fleet status` line (trainer/validation.py, fleet/status.py)."""
+"""Validation's verdict breakdown and its `grpo-fleet status` line (trainer/validation.py, launch/status.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fleet.status import validation_lines
 from grpofleet.v1 import common_pb2 as pb
+from launch.status import validation_lines
 from trainer.validation import VERDICT_KINDS, summarize, verdict_kind
 
 

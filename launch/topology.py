@@ -11,14 +11,14 @@ from fleet.config import MasterConfig
 
 # Role -> the command that starts it, after the interpreter (compose uses the `grpo-fleet` script / torchrun).
 ROLE_COMMANDS: dict[str, list[str]] = {
-    "replay-buffer": ["-m", "fleet.cli", "serve", "replay-buffer"],
-    "sandbox": ["-m", "fleet.cli", "serve", "sandbox"],
-    "rollout": ["-m", "fleet.cli", "serve", "rollout"],
+    "replay-buffer": ["-m", "launch.cli", "serve", "replay-buffer"],
+    "sandbox": ["-m", "launch.cli", "serve", "sandbox"],
+    "rollout": ["-m", "launch.cli", "serve", "rollout"],
     "trainer": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node={nproc}", "trainer/main.py"],
 }
 # Made once before any service starts (tiny model, task set): in-process for `grpo-fleet up`, a one-shot container
 # or init step elsewhere.
-PREPARE_COMMAND = ["-m", "fleet.cli", "prepare"]
+PREPARE_COMMAND = ["-m", "launch.cli", "prepare"]
 # Stateless services are restarted when they die, and so is the embedded Redis (from its AOF: nothing acknowledged is
 # lost); the trainer's death ends the run.
 RESTARTABLE = {"redis", "replay-buffer", "sandbox", "rollout"}

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from fleet.config import MasterConfig
 from fleet.config.loader import write_resolved
-from fleet.launcher.supervisor import FleetFailed, Supervisor
-from fleet.launcher.topology import Ports, ProcessSpec, check_cpu_affinity, embedded_redis_process, fleet_processes
+from fleet.logs import setup_logging
 from fleet.paths import ROOT, resolve_model, run_dir
 from fleet.progress import waiting
+from launch.supervisor import FleetFailed, Supervisor
+from launch.topology import Ports, ProcessSpec, check_cpu_affinity, embedded_redis_process, fleet_processes
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,6 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
 
 
 def up(cfg: MasterConfig, *, config_path: str | None, overrides: list[str]) -> int:
-    from fleet.cli import setup_logging
-
     setup_logging(cfg.logger.level, prefix="[up] ")
     check_cpu_affinity(cfg, os.sched_getaffinity(0))
     prepare(cfg)

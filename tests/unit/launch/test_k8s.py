@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from fleet.config import load_config
-from fleet.launcher import k8s
-from fleet.launcher.topology import ROLE_COMMANDS, SERVICE_PORTS, container_command
+from launch import k8s
+from launch.topology import ROLE_COMMANDS, SERVICE_PORTS, container_command
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS: list[dict[str, Any]] = [d for d in yaml.safe_load_all((ROOT / "k8s" / "grpo-fleet.yaml").read_text()) if d]
@@ -32,7 +32,7 @@ def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_committed_manifests_are_what_the_topology_renders() -> None:
-    assert k8s.main(["--check"]) == 0, "k8s/grpo-fleet.yaml is stale: run `python -m fleet.launcher.k8s`"
+    assert k8s.main(["--check"]) == 0, "k8s/grpo-fleet.yaml is stale: run `python -m launch.k8s`"
 
 
 def test_every_topology_service_runs_with_redis_on_a_persistent_volume() -> None:

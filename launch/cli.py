@@ -1,36 +1,28 @@
 """`grpo-fleet`: the one command line of the project.
 
     grpo-fleet config show|check [--config FILE] [overrides...]
-    grpo-fleet serve replay-buffer|sandbox|rollout [--config FILE] [overrides...]
+    grpo-fleet serve replay-buffer|sandbox|rollout|trainer [--config FILE] [overrides...]
     grpo-fleet up [--config FILE] [overrides...]
     grpo-fleet prepare [--config FILE] [overrides...]
     grpo-fleet data build|list [...]
     grpo-fleet status [--config FILE] [overrides...]
 
 The config is parsed and validated before anything heavy (torch, vLLM) is imported, so mistakes fail fast.
+`serve NAME` hands the rest of the line to that service's own `main(argv)` (`trainer`: one process; torchrun
+trainer/main.py for several). This package is the top floor: it may import every fleet, and nothing imports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable
 
 from fleet.config import ConfigError, MasterConfig, load_config
 from fleet.config.loader import dump_config
+from fleet.entry import add_config_args, parse_config_args
 
-SERVICES = ("replay-buffer", "sandbox", "rollout")
-
-
-def setup_logging(level: str = "INFO", prefix: str = "") -> None:
-    fmt = f"%(asctime)s {prefix}%(levelname).1s %(name)s: %(message)s"
-    logging.basicConfig(level=level.upper(), format=fmt, datefmt="%H:%M:%S", force=True)
-
-
-def _config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", default=None, help="YAML config file (defaults when omitted)")
-    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: key=value, +key=value, ~key")
+SERVICES = ("replay-buffer", "sandbox", "rollout", "trainer")
 
 
 def _load(args: argparse.Namespace) -> MasterConfig:
@@ -46,8 +38,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _service_main(name: str) -> Callable[[MasterConfig], int]:
-    # Imported lazily: each service pulls in only what it needs (the rollout worker imports torch and vLLM).
+def service_main(name: str) -> Callable[[list[str] | None], int]:
+    """The `main(argv)` of service `name`. Imported lazily: each service pulls in only what it needs (the rollout
+    worker imports torch and vLLM, after its config is valid)."""
     if name == "replay-buffer":
         from services.replay_buffer.server import main as rb_main
 
@@ -56,27 +49,25 @@ def _service_main(name: str) -> Callable[[MasterConfig], int]:
         from services.sandbox.server import main as sb_main
 
         return sb_main
+    if name == "trainer":
+        from trainer.main import main as trainer_main
+
+        return trainer_main
     from rollout.server import main as rollout_main
 
     return rollout_main
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    setup_logging(cfg.logger.level)
-    return _service_main(args.service)(cfg)
-
-
 def _cmd_up(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    from fleet.launcher.up import up
+    from launch.up import up
 
     return up(cfg, config_path=args.config, overrides=args.overrides)
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    from fleet.launcher.up import prepare
+    from launch.up import prepare
 
     prepare(cfg)
     return 0
@@ -84,7 +75,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    from fleet.status import show_status
+    from launch.status import show_status
 
     return show_status(cfg, watch=args.watch)
 
@@ -96,21 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("config", help="show or check a config")
     p.add_argument("action", choices=["show", "check"])
-    _config_args(p)
+    add_config_args(p)
     p.set_defaults(fn=_cmd_config)
-    p = sub.add_parser("serve", help="run one service")
+    p = sub.add_parser("serve", help="run one service (its own main(argv) parses the rest of the line)")
     p.add_argument("service", choices=SERVICES)
-    _config_args(p)
-    p.set_defaults(fn=_cmd_serve)
+    add_config_args(p)
     p = sub.add_parser("up", help="run the whole fleet as local processes")
-    _config_args(p)
+    add_config_args(p)
     p.set_defaults(fn=_cmd_up)
     p = sub.add_parser("prepare", help="make what the config needs before a run (tiny model, task set), then exit")
-    _config_args(p)
+    add_config_args(p)
     p.set_defaults(fn=_cmd_prepare)
     p = sub.add_parser("status", help="show a running fleet's state")
     p.add_argument("--watch", action="store_true", help="refresh every 2 s")
-    _config_args(p)
+    add_config_args(p)
     p.set_defaults(fn=_cmd_status)
     sub.add_parser("data", help="build or list task sets (grpo-fleet data --help)", add_help=False)
     return parser
@@ -122,15 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         from envs.cli import data_main
 
         return data_main(argv[1:])
-    parser = build_parser()
-    # Overrides may come before or after --config; argparse leaves the later ones over.
-    args, extra = parser.parse_known_args(argv)
-    unknown = [a for a in extra if a.startswith("-") and not a.startswith("~")]
-    if unknown or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
-    if extra:
-        args.overrides = [*args.overrides, *extra]
     try:
+        if len(argv) > 1 and argv[0] == "serve" and argv[1] in SERVICES:
+            return int(service_main(argv[1])(argv[2:]))
+        args = parse_config_args(build_parser(), argv)
         return int(args.fn(args))
     except ConfigError as exc:
         print(f"grpo-fleet: config error: {exc}", file=sys.stderr)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from fleet.launcher.supervisor import Supervisor
-from fleet.launcher.topology import embedded_redis_process
+from launch.supervisor import Supervisor
+from launch.topology import embedded_redis_process
 
 
 async def _until(cond, within_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -29,7 +29,7 @@ async def test_sigkilled_embedded_redis_is_restarted_from_its_aof(tmp_path: Path
     sup = Supervisor([spec], tmp_path / "logs", cwd=tmp_path, max_restarts=3, echo=False)
     stop = asyncio.Event()
     client = Redis.from_url(url)
-    caplog.set_level(logging.INFO, logger="fleet.launcher.supervisor")
+    caplog.set_level(logging.INFO, logger="launch.supervisor")
     try:
         await sup.start_all()
         watcher = asyncio.create_task(sup.watch(stop))

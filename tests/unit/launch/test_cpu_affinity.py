@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fleet.config import ConfigError, parse_config
-from fleet.launcher.supervisor import Supervisor
-from fleet.launcher.topology import Ports, ProcessSpec, check_cpu_affinity, fleet_processes
+from launch.supervisor import Supervisor
+from launch.topology import Ports, ProcessSpec, check_cpu_affinity, fleet_processes
 
 
 def _cfg(affinity: dict[str, list[int]]):

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from fleet.config import parse_config
-from fleet.launcher.topology import Ports, ProcessSpec, fleet_processes
+from launch.topology import Ports, ProcessSpec, fleet_processes
 
 
 def _sandbox(overrides: dict[str, object]) -> ProcessSpec:

@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fleet.launcher.topology import ProcessSpec
+from launch.topology import ProcessSpec
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-# An error line of the fleet's log format (fleet.cli.setup_logging): "HH:MM:SS [prefix] E logger: message".
+# An error line of the fleet's log format (fleet/logs.py): "HH:MM:SS [prefix] E logger: message".
 _ERROR_LINE = re.compile(r"^\d\d:\d\d:\d\d (?:\[[^\]]*\] )?[EC] (.*)$")
 
 

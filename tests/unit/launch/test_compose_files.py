@@ -1,5 +1,5 @@
 """compose.yaml and compose.gpu.yaml, checked without a Docker engine: they run the services of the topology source
-(fleet/launcher/topology.py) with its container commands, which run what `grpo-fleet up` runs; every command's config
+(launch/topology.py) with its container commands, which run what `grpo-fleet up` runs; every command's config
 validates; bubblewrap gets the options it needs and no more; the fleet image is built once, lean, from one
 Dockerfile."""
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fleet.config import load_config
-from fleet.launcher.topology import CONTAINER_CONFIG, PREPARE_COMMAND, ROLE_COMMANDS, container_command
+from launch.topology import CONTAINER_CONFIG, PREPARE_COMMAND, ROLE_COMMANDS, container_command
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -46,7 +46,7 @@ def test_container_command_runs_what_the_launcher_runs(role: str) -> None:
         launcher = [p.format(nproc=1) for p in ROLE_COMMANDS[role]]
         assert ["-m", "torch.distributed.run", *head[1:]] == launcher
     else:
-        assert ["-m", "fleet.cli", *head[1:]] == (PREPARE_COMMAND if role == "prepare" else ROLE_COMMANDS[role])
+        assert ["-m", "launch.cli", *head[1:]] == (PREPARE_COMMAND if role == "prepare" else ROLE_COMMANDS[role])
 
 
 @pytest.mark.parametrize("compose,role", [(COMPOSE, r) for r in sorted(FLEET_ROLES | {"prepare"})] + [(GPU, "trainer")])
