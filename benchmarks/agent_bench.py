@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleet.config import MasterConfig  # noqa: E402
 from fleet.config.infra import SandboxConfig, SandboxSessionConfig  # noqa: E402
-from services.sandbox.model import TaskSpec  # noqa: E402
+from fleet.contracts.sandbox import TaskSpec  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "agent.json"
 

@@ -41,9 +41,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleet.config.infra import SandboxConfig  # noqa: E402
+from fleet.contracts.sandbox import TaskSpec  # noqa: E402
 from fleet.paths import cache_dir  # noqa: E402
 from sandbox_client import SandboxClient  # noqa: E402
-from services.sandbox.model import TaskSpec  # noqa: E402
 from services.sandbox.process import run_limited  # noqa: E402
 from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter  # noqa: E402
 from services.sandbox.server import SandboxServer  # noqa: E402

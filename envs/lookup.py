@@ -25,7 +25,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from envs.registry import PromptResult, ScoreResult, Task, TaskDataset
-from services.sandbox.model import Verdict
+from fleet.contracts.sandbox import Verdict
 
 if TYPE_CHECKING:
     from fleet.config.env import DatasetConfig, EnvConfig, LookupEnvConfig

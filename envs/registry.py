@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from fleet.config import MasterConfig
     from fleet.config.env import DatasetConfig, EnvConfig
-    from services.sandbox.model import TaskSpec, Verdict
+    from fleet.contracts.sandbox import TaskSpec, Verdict
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import logging
 from typing import Any
 
 from fleet.config import MasterConfig
+from fleet.contracts.sandbox import TaskSpec, Verdict
 from grpofleet.v1 import common_pb2
-from services.sandbox.model import TaskSpec, Verdict
 
 log = logging.getLogger(__name__)
 

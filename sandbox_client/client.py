@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from fleet.contracts.sandbox import TOKEN_ENV, TaskSpec, Verdict
 from sandbox_client.endpoints import EndpointPool, EndpointState
 from sandbox_client.results import SandboxAuthError, SandboxRequestError, SandboxResult, SandboxUnavailable
-from services.sandbox.model import TOKEN_ENV, TaskSpec, Verdict
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig

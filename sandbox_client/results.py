@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.sandbox.model import Verdict
+from fleet.contracts.sandbox import Verdict
 
 
 class SandboxError(Exception):

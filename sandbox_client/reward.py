@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from services.sandbox.model import Verdict
+from fleet.contracts.sandbox import Verdict
 
 RewardMode = Literal["binary", "pass_rate"]
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from fleet.contracts.sandbox import TOKEN_ENV, TaskSpec, Verdict
 from sandbox_client.results import SandboxAuthError, SandboxError, SandboxRequestError, SandboxUnavailable
-from services.sandbox.model import TOKEN_ENV, TaskSpec, Verdict
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig

@@ -36,7 +36,7 @@ from envs.swe.sdist import extract_sdist, fetch_sdist
 from envs.swe.taskset import SPLITS, task_dir_of, write_jsonl, write_manifest
 from envs.swe.validate import TASK_REF, Baseline, Outcome, RepoValidator, Runner, run_with_retry
 from fleet.config.infra import SandboxConfig
-from services.sandbox.model import TaskSpec
+from fleet.contracts.sandbox import TaskSpec
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig

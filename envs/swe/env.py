@@ -10,7 +10,7 @@ from envs.swe.patch import extract_patch
 from envs.swe.paths import default_task_dir, repos_dir
 from envs.swe.payload import payload_to_spec, task_to_payload
 from envs.swe.prompt import build_prompt
-from services.sandbox.model import Verdict
+from fleet.contracts.sandbox import Verdict
 
 if TYPE_CHECKING:
     from fleet.config.env import EnvConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from envs.registry import Task
-from services.sandbox.model import TaskSpec
+from fleet.contracts.sandbox import TaskSpec
 
 PAYLOAD_KEYS = ("instance_id", "repo_url", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass",
                 "test_command")

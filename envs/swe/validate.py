@@ -22,7 +22,7 @@ from envs.swe.gitrepo import BareRepo
 from envs.swe.mutations import ModuleSites
 from envs.swe.recipe import RepoRecipe
 from envs.swe.statement import write_statement
-from services.sandbox.model import TaskSpec, Verdict
+from fleet.contracts.sandbox import TaskSpec, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fleet.config.base import Section
 
@@ -94,11 +94,49 @@ class LookupEnvConfig(Section):
     """Reward of an episode that never called `answer`."""
 
 
+ComputerUseFamily = Literal["click_button", "type_submit", "checkboxes", "pick_option"]
+COMPUTER_USE_SYSTEM_PROMPT = (
+    "You operate a web page through its screenshots. Each turn, look at the latest screenshot and call one action "
+    "with pixel coordinates of that screenshot. When the task is done, call done."
+)
+
+
+class ComputerUseEnvConfig(Section):
+    viewport: list[int] = Field(default_factory=lambda: [224, 224])
+    """[width, height] of the page and of every screenshot, in pixels; both multiples of 28 (a Qwen2-VL image is
+    whole 28x28 merged patches: 224x224 is 64 image tokens)."""
+    num_tasks: int = Field(2000, ge=1)
+    """Tasks in the generated training split."""
+    num_validation_tasks: int = Field(200, ge=1)
+    """Tasks in the generated validation split (parameter sets disjoint from training's)."""
+    families: list[ComputerUseFamily] = Field(
+        default_factory=lambda: list[ComputerUseFamily](["click_button", "type_submit", "checkboxes", "pick_option"]),
+        min_length=1)
+    """Task families generated, in turn (docs/computer-use.md shows one page of each)."""
+    action_timeout_s: float = Field(10.0, gt=0, le=120)
+    """Wall clock the sandbox gives the renderer for one action and its screenshot; past it the renderer counts as
+    hung: an infrastructure failure, never a failed episode."""
+    max_actions: int = Field(8, ge=1, le=256)
+    """Actions one episode may send (`done` not counted); the sandbox refuses more (400)."""
+    system_prompt: str = COMPUTER_USE_SYSTEM_PROMPT
+    """System message of an episode's prompt (the action tools are added by the chat template)."""
+
+    @field_validator("viewport")
+    @classmethod
+    def _whole_patches(cls, value: list[int]) -> list[int]:
+        if len(value) != 2 or any(not 56 <= v <= 1344 or v % 28 for v in value):
+            raise ValueError(f"env.computer_use.viewport: {value} must be [width, height], each a multiple of 28 "
+                             "between 56 and 1344 (whole 28x28 patches), e.g. [224, 224]")
+        return value
+
+
 class EnvConfig(Section):
     code: CodeEnvConfig = Field(default_factory=CodeEnvConfig)
     """The SWE coding environment (patch -> sandbox verdict -> reward)."""
     arith: ArithEnvConfig = Field(default_factory=ArithEnvConfig)
     """A small verifiable environment a tiny model learns in minutes (scored through the same reward path)."""
+    computer_use: ComputerUseEnvConfig = Field(default_factory=ComputerUseEnvConfig)
+    """Screenshots in, clicks and keys out: small HTML tasks rendered by Chromium in the sandbox (docs/computer-use.md)."""
     lookup: LookupEnvConfig = Field(default_factory=LookupEnvConfig)
     """A multi-turn tool environment (agent episodes, tools run in the rollout worker): the answer is a value only
     the `lookup` tool returns (envs/lookup.py; budgets from `env.code.agent`)."""

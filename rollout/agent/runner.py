@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from fleet.contracts.sandbox import Verdict
 from grpofleet.v1 import common_pb2
 from rollout.agent.chat import ChatFormat
 from rollout.agent.episode import Episode, EpisodeLimits, run_episode
@@ -23,7 +24,6 @@ from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, reward_for, to_proto_verdict
 from sandbox_client.results import SandboxUnavailable
 from sandbox_client.sessions import SessionClient
-from services.sandbox.model import Verdict
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from fleet.config.infra import SandboxConfig
+from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
 from services.sandbox import grading, verdicts
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
-from services.sandbox.model import TaskSpec, Verdict, check_spec
 from services.sandbox.process import ReportPipe, RunResult, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runner.protocol import KEY_BYTES

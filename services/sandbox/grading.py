@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from services.sandbox.model import ResolutionName
+from fleet.contracts.sandbox import ResolutionName
 
 PASSING = frozenset({"PASSED", "XFAIL", "XPASS"})
 FAILING = frozenset({"FAILED", "ERROR"})

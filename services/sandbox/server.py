@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from fleet.config.infra import SandboxConfig
+from fleet.contracts.sandbox import TOKEN_ENV, SpecError, TaskSpec, Verdict, spec_from_json
 from fleet.entry import service_main
 from services.sandbox.executor import Executor
-from services.sandbox.model import TOKEN_ENV, SpecError, TaskSpec, Verdict, spec_from_json
 from services.sandbox.session_routes import SessionRoutes
 from services.sandbox.sessions import SessionManager
 

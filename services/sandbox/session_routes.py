@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from services.sandbox.model import SpecError, spec_from_json
+from fleet.contracts.sandbox import SpecError, spec_from_json
 from services.sandbox.session_files import PathRefused
 from services.sandbox.sessions import SessionError, SessionManager
 

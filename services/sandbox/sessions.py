@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.config.infra import SandboxSessionConfig
+from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
 from services.sandbox.executor import Executor
-from services.sandbox.model import TaskSpec, Verdict, check_spec
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.sandbox import UidRange
 from services.sandbox.session_files import read_tree_file, write_tree_file

@@ -12,9 +12,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from fleet.contracts.sandbox import TaskSpec, TaskStatus, Verdict
 from services.sandbox import grading
 from services.sandbox.cgroups import TaskStats
-from services.sandbox.model import TaskSpec, TaskStatus, Verdict
 from services.sandbox.process import RunResult
 from services.sandbox.report import RunReport, disagreements, read_report
 

@@ -21,9 +21,9 @@ from functools import cache
 from pathlib import PurePosixPath
 from typing import Any
 
+from fleet.contracts.sandbox import TaskSpec, TaskStatus, Verdict
 from services.sandbox.images.runtime import IO_DIR, WORKDIR, ImageEnv
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
-from services.sandbox.model import TaskSpec, TaskStatus, Verdict
 from services.sandbox.workspace import InfraError, parse_numstat, rename_sources
 
 EVAL_LOG_CAP = 16 << 20

@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 
 from fleet.config.infra import SandboxConfig
+from fleet.contracts.sandbox import TaskSpec, Verdict
 from services.sandbox.images import contract
 from services.sandbox.images.cache import ImageCache
 from services.sandbox.images.pull import Puller, PullError, PullOptions, normalize
 from services.sandbox.images.runtime import BwrapImageRuntime, ImageRuntime
-from services.sandbox.model import TaskSpec, Verdict
 from services.sandbox.workspace import InfraError
 
 log = logging.getLogger(__name__)

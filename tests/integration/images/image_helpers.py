@@ -20,7 +20,7 @@ from pathlib import Path
 from sandbox_helpers import F2P, P2P, CalcRepo
 
 from envs.swe.images import OciBuilder
-from services.sandbox.model import TaskSpec
+from fleet.contracts.sandbox import TaskSpec
 
 # swebench's pytest log parser splits lines on whitespace, so `test_mul[two three]` cannot be graded from a log.
 IMAGE_F2P = [t for t in F2P if " " not in t]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.sandbox.model import TaskSpec
+from fleet.contracts.sandbox import TaskSpec
 
 # Slot uids of this test session: distinct from a task-set build or another test session running on the same host.
 UID_BASE = 100_000 + (os.getpid() % 10_000) * 16

@@ -19,8 +19,8 @@ import pytest
 from sandbox_helpers import CORE, CalcRepo, entries, eventually, exists, sandbox_pids, sha256
 
 from fleet.config.infra import SandboxConfig
+from fleet.contracts.sandbox import TaskSpec, Verdict
 from sandbox_client import SandboxClient
-from services.sandbox.model import TaskSpec, Verdict
 from services.sandbox.server import SandboxServer
 
 

@@ -8,8 +8,8 @@ import pytest
 from sandbox_helpers import ADD_ONLY, CORE, F2P, FIXED, P2P, CalcRepo, entries, git, sandbox_pids
 
 from fleet.config.infra import SandboxConfig
+from fleet.contracts.sandbox import SpecError, TaskSpec
 from services.sandbox.executor import Executor
-from services.sandbox.model import SpecError, TaskSpec
 
 SPACE_ID = "tests/test_mul.py::TestMul::test_mul[two three]"
 

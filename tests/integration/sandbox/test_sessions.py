@@ -14,8 +14,8 @@ import pytest
 from sandbox_helpers import FIXED, CalcRepo, entries, eventually, exists, sandbox_pids
 
 from fleet.config.infra import SandboxConfig, SandboxSessionConfig
+from fleet.contracts.sandbox import TaskSpec
 from sandbox_client.sessions import SessionClient, SessionToolError, SessionUnavailable
-from services.sandbox.model import TaskSpec
 from services.sandbox.server import SandboxServer
 from services.sandbox.sessions import Session, SessionManager
 

@@ -5,8 +5,8 @@ import pytest
 from envs.arith import make_arith_tasks, parse_answer, parse_number
 from envs.registry import load_dataset, make_environment
 from fleet.config.env import DatasetConfig, EnvConfig
+from fleet.contracts.sandbox import Verdict
 from sandbox_client import reward_from_verdict
-from services.sandbox.model import Verdict
 
 
 def test_tasks_are_deterministic_from_seed_and_split():

@@ -16,7 +16,7 @@ from envs.registry import (
 )
 from envs.swe.payload import payload_to_spec, task_to_payload
 from fleet.config.env import DatasetConfig
-from services.sandbox.model import TaskSpec, Verdict
+from fleet.contracts.sandbox import TaskSpec, Verdict
 
 DIFF = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 TASK = Task("demo__op__1", "swe", "broken", repo="demo", repo_url="embedded://demo", base_commit="c" * 40,

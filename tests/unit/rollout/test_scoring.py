@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from fleet.config import load_config
+from fleet.contracts.sandbox import TaskSpec, Verdict
 from rollout.scoring import Scorer
 from sandbox_client.results import SandboxResult
-from services.sandbox.model import TaskSpec, Verdict
 
 PATCH = "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n```\n"
 

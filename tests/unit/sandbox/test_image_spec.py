@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from fleet.contracts.sandbox import SpecError, TaskSpec, spec_from_json
 from services.sandbox.images.pull import normalize
-from services.sandbox.model import SpecError, TaskSpec, spec_from_json
 
 BASE = {"repo_url": "r", "base_commit": "abc", "patch": "", "fail_to_pass": ["t.py::x"]}
 

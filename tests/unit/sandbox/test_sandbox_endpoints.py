@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from fleet.contracts.sandbox import Verdict
 from sandbox_client.endpoints import EndpointPool
 from sandbox_client.results import SandboxResult
-from services.sandbox.model import Verdict
 
 
 async def test_least_outstanding_wins_and_ties_rotate() -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.sandbox.model import SpecError, TaskSpec, Verdict, check_spec, spec_from_json
+from fleet.contracts.sandbox import SpecError, TaskSpec, Verdict, check_spec, spec_from_json
 
 GOOD = {"repo_url": "embedded://calc", "base_commit": "abc123", "patch": "", "fail_to_pass": ["t.py::test_a"]}
 

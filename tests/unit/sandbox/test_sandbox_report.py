@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from fleet.contracts.sandbox import Verdict
 from sandbox_client import reward_from_verdict
 from services.sandbox.grading import strict_status
-from services.sandbox.model import Verdict
 from services.sandbox.report import disagreements, read_report
 from services.sandbox.runner import protocol
 from services.sandbox.runner.testpaths import is_protected

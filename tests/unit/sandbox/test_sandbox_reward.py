@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from fleet.contracts.sandbox import Verdict
 from sandbox_client import reward_from_verdict
-from services.sandbox.model import Verdict
 
 REPORT = {"FAIL_TO_PASS": {"success": ["a"], "failure": ["b"]}, "PASS_TO_PASS": {"success": ["c", "d"], "failure": []}}
 

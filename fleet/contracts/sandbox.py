@@ -1,6 +1,7 @@
-"""The executor's domain types: what a task is and what a verdict says. No HTTP and no I/O here.
+"""The sandbox's contract: what a task is and what a verdict says. No HTTP and no I/O here.
 
-Shared by the executor, `sandbox_client` and the task-set builder (which validates bugs through the executor).
+Shared by the executor (`services/sandbox`), `sandbox_client`, the environments (`envs`) and the rollout worker, so it
+lives on the ground floor, below all of them (it was `services/sandbox/model.py`).
 `spec_from_json` / `Verdict.from_json` are the wire format of the seed-compatible HTTP API (`/task/*`).
 """
 
