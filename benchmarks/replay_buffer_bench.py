@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fleet.config.infra import ServicesConfig  # noqa: E402
+from fleet.contracts import scored_group  # noqa: E402
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc  # noqa: E402
-from services.replay_buffer import codec  # noqa: E402
 from services.replay_buffer.embedded import start_embedded_redis  # noqa: E402
 from services.runtime.client import make_channel  # noqa: E402
 
@@ -197,7 +197,7 @@ async def prepare(stub: Any, groups: list[common_pb2.ScoredGroup]) -> list[repla
     while len(requests) < len(groups):
         lease_req = replay_buffer_pb2.LeasePromptsRequest(worker_id="bench-worker", weight_epoch=epoch, max_groups=200)
         for lease in (await stub.LeasePrompts(lease_req, timeout=TIMEOUT_S)).leases:
-            requests.append(codec.submit_request("bench-worker", lease.lease_id, by_id[lease.group.group_id]))
+            requests.append(scored_group.submit_request("bench-worker", lease.lease_id, by_id[lease.group.group_id]))
     return requests
 
 
@@ -208,9 +208,9 @@ def _identity(b: bytes) -> bytes:
 def _group_ids(sample_response: bytes) -> list[str]:
     """Group ids of a serialized SampleResponse, read off the wire without parsing the trajectories."""
     ids = []
-    for group in codec.length_delimited_fields(sample_response, 1):  # SampleResponse.scored_groups
-        prompt = codec.length_delimited_fields(group, 1)[0]  # ScoredGroup.prompt
-        ids.append(codec.length_delimited_fields(prompt, 1)[0].decode())  # PromptGroup.group_id
+    for group in scored_group.length_delimited_fields(sample_response, 1):  # SampleResponse.scored_groups
+        prompt = scored_group.length_delimited_fields(group, 1)[0]  # ScoredGroup.prompt
+        ids.append(scored_group.length_delimited_fields(prompt, 1)[0].decode())  # PromptGroup.group_id
     return ids
 
 
@@ -235,7 +235,8 @@ async def run_service(
     )
     sample_raw = channel.unary_unary(method + "Sample", replay_buffer_pb2.SampleRequest.SerializeToString, _identity)
     by_id = {g.prompt.group_id: g for g in groups}
-    # Protobuf clients serialize each group when they submit it (codec.submit_request, timed); raw ones send bytes.
+    # Protobuf clients serialize each group when they submit it (scored_group.submit_request, timed); raw ones send
+    # bytes.
     items = [(r.header.group_id, (r.lease_id, by_id[r.header.group_id]) if client_protobuf else r.SerializeToString())
              for r in requests]  # fmt: skip
     started: dict[str, float] = {}
@@ -249,7 +250,7 @@ async def run_service(
             t = time.perf_counter()
             started[gid] = t
             if client_protobuf:
-                req = codec.submit_request("bench-worker", req[0], req[1])
+                req = scored_group.submit_request("bench-worker", req[0], req[1])
             await call(req, timeout=TIMEOUT_S)
             submit_lat.append(time.perf_counter() - t)
 

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from grpc import aio
 
 from fleet.config import MasterConfig
+from fleet.contracts import scored_group
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
-from services.replay_buffer import codec
 from services.runtime.client import call_through_outage, make_channel
 from services.runtime.outage import Outage
 
@@ -54,7 +54,7 @@ class BufferClient:
 
     async def submit(self, worker_id: str, lease_id: str, group: common_pb2.ScoredGroup) -> Any:
         # Serialized once, here: the buffer stores and returns these bytes without decoding them.
-        req = codec.submit_request(worker_id, lease_id, group)
+        req = scored_group.submit_request(worker_id, lease_id, group)
         return await self._call("SubmitGroup", lambda: self.stub.SubmitGroup(req, timeout=self.timeout))
 
     async def release(self, worker_id: str, lease_id: str, reason: str, dead_letter: bool = False) -> None:

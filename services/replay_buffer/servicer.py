@@ -1,5 +1,6 @@
 """The `grpofleet.v1.ReplayBuffer` servicer: validates requests and converts protobuf to the store's plain types.
-Scored groups stay bytes: SubmitGroup reads the header, Sample frames the stored bytes (codec.py).
+Scored groups stay bytes: SubmitGroup reads the header, Sample frames the stored bytes
+(fleet/contracts/scored_group.py).
 
 Proto messages stop here; the rules live in store.py / policy.py. Errors are domain errors (services.runtime), which
 the runtime's interceptor maps to status codes.
@@ -14,8 +15,8 @@ import grpc
 from google.protobuf import message_factory
 from grpc import aio
 
+from fleet.contracts import scored_group
 from grpofleet.v1 import replay_buffer_pb2 as pb
-from services.replay_buffer import codec
 from services.replay_buffer.models import PromptIn, ScoredIn, StoreStats, WorkerRecord
 from services.replay_buffer.store import ReplayStore
 from services.runtime.errors import InvalidArgument
@@ -44,14 +45,14 @@ def _check_non_negative(value: int, name: str) -> None:
 
 
 def _check_header(h: pb.ScoredGroupHeader, payload: bytes) -> None:
-    """The header is what the rules read; the payload is checked against it at its top level only (codec.py), so
-    the trajectories are never decoded here."""
+    """The header is what the rules read; the payload is checked against it at its top level only
+    (fleet/contracts/scored_group.py), so the trajectories are never decoded here."""
     _check_id(h.group_id, "header.group_id")
     _check_non_negative(h.target_step, "header.target_step")
     _check_non_negative(h.min_version, "header.min_version")
     _require(h.max_version >= h.min_version, "header.max_version must be >= header.min_version")
     try:
-        codec.check_payload(h, payload)
+        scored_group.check_payload(h, payload)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
 
@@ -106,7 +107,8 @@ class ReplayBufferServicer:
         r = request
         res = await self.store.lease(r.worker_id, r.weight_version, r.weight_epoch, r.max_groups)
         leases = [
-            pb.Lease(lease_id=x.lease_id, group=codec.prompt_of(x.kind, x.payload), delivery_count=x.delivery_count)
+            pb.Lease(lease_id=x.lease_id, group=scored_group.prompt_of(x.kind, x.payload),
+                     delivery_count=x.delivery_count)
             for x in res.leases
         ]
         return pb.LeasePromptsResponse(leases=leases, retry_after_ms=res.retry_after_ms, reason=res.reason)
@@ -147,7 +149,7 @@ class ReplayBufferServicer:
                 reason=s.reason, prompts_pending=s.prompts_pending, leases_outstanding=s.leases_outstanding,
                 live_workers=s.live_workers, evicted_now=s.evicted_now, waited_s=s.waited_s,
             )  # fmt: skip
-        return codec.encode_sample(res.payloads, starvation)
+        return scored_group.encode_sample(res.payloads, starvation)
 
     async def BeginRun(self, request: pb.BeginRunRequest, context: Any) -> pb.BeginRunResponse:
         _check_non_negative(request.resume_step, "resume_step")
@@ -218,14 +220,14 @@ def stats_message(s: StoreStats, max_age: int) -> pb.StatsResponse:
 
 def add_to_server(servicer: ReplayBufferServicer, server: aio.Server) -> None:
     """Register every RPC of the service descriptor (a method missing from the servicer fails here, at start-up),
-    with Sample's answer framed from stored bytes by codec.py (the generated `add_..._to_server` would want a
-    message)."""
+    with Sample's answer framed from stored bytes by fleet/contracts/scored_group.py (the generated
+    `add_..._to_server` would want a message)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["ReplayBuffer"].methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
         deserialize: Any = request_cls.FromString
-        serialize: Any = codec.serialize_sample if method.name == "Sample" else response_cls.SerializeToString
+        serialize: Any = scored_group.serialize_sample if method.name == "Sample" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name), request_deserializer=deserialize, response_serializer=serialize
         )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.config import MasterConfig
+from fleet.contracts import scored_group
 from grpofleet.v1 import common_pb2, replay_buffer_pb2_grpc
 from grpofleet.v1 import replay_buffer_pb2 as pb
-from services.replay_buffer import codec
 from services.runtime.client import make_channel
 
 RPC_TIMEOUT_S = 10.0
@@ -67,9 +67,9 @@ async def lease(client: Any, wid: str, version: int, epoch: int, n: int = 10) ->
 
 async def submit(client: Any, wid: str, lease_id: str, group: Any) -> Any:
     """Header filled from the group and the group serialized, without the worker-side checks of
-    `codec.submit_request`: what the service itself accepts or refuses is what these tests check."""
+    `scored_group.submit_request`: what the service itself accepts or refuses is what these tests check."""
     return await client.call(
-        "SubmitGroup", worker_id=wid, lease_id=lease_id, header=codec.header_of(group),
+        "SubmitGroup", worker_id=wid, lease_id=lease_id, header=scored_group.header_of(group),
         scored_group=group.SerializeToString(),
     )  # fmt: skip
 

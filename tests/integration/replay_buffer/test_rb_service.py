@@ -11,8 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rb_service_helpers import Client, begin, groups_of, invariant_holds, lease, prompt, scored, submit, worker
 
 from fleet.config import load_config
+from fleet.contracts import scored_group
 from grpofleet.v1 import replay_buffer_pb2 as pb
-from services.replay_buffer import codec
 from services.replay_buffer.servicer import SERVICE_NAME
 
 
@@ -172,7 +172,7 @@ BAD_REQUESTS = [
     ("ReleaseLease", {"worker_id": "w1", "lease_id": "1-0@1"}, "NOT_FOUND", "not outstanding"),
     ("ReleaseLease", {"worker_id": "w1", "lease_id": "bogus"}, "INVALID_ARGUMENT", "malformed lease id"),
     ("SubmitGroup", {"worker_id": "w1", "lease_id": "1-0@1"}, "INVALID_ARGUMENT", "scored_group must be set"),
-    ("SubmitGroup", {"worker_id": "w1", "lease_id": "1-0@1", "header": codec.header_of(_NOPE),
+    ("SubmitGroup", {"worker_id": "w1", "lease_id": "1-0@1", "header": scored_group.header_of(_NOPE),
                      "scored_group": _NOPE.SerializeToString()}, "NOT_FOUND", "never enqueued"),
 ]  # fmt: skip
 

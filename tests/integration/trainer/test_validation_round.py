@@ -11,8 +11,8 @@ from typing import Any
 
 from trainer_harness import RPC_TIMEOUT, FakeRollout, read_jsonl, start_trainer, write_config
 
+from fleet.contracts import scored_group
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
-from services.replay_buffer import codec
 
 V = common_pb2
 # Validation task i gets verdict VERDICTS[i]; task len(VERDICTS) is never answered.
@@ -41,7 +41,8 @@ class VerdictRollout(FakeRollout):
         group = common_pb2.ScoredGroup(prompt=p, trajectories=[traj], worker_id=self.worker_id, min_version=version,
                                        max_version=version, submitted_at_ms=int(time.time() * 1000))
         await asyncio.sleep(0.05)
-        await self.stub.SubmitGroup(codec.submit_request(self.worker_id, lease.lease_id, group), timeout=RPC_TIMEOUT)
+        request = scored_group.submit_request(self.worker_id, lease.lease_id, group)
+        await self.stub.SubmitGroup(request, timeout=RPC_TIMEOUT)
 
 
 def test_validation_reports_verdict_breakdown_and_counts_a_lost_task_as_infrastructure(

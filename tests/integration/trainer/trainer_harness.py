@@ -27,6 +27,7 @@ import grpc
 import yaml
 from grpc import aio
 
+from fleet.contracts import scored_group
 from grpofleet.v1 import (
     common_pb2,
     replay_buffer_pb2,
@@ -35,7 +36,6 @@ from grpofleet.v1 import (
     rollout_worker_pb2_grpc,
 )
 from rollout.engine.base import checkpoint_weight_spec
-from services.replay_buffer import codec
 from weightsync import factory as worker_weights
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -213,7 +213,7 @@ class FakeRollout(rollout_worker_pb2_grpc.RolloutWorkerServicer):
         group = common_pb2.ScoredGroup(prompt=p, trajectories=trajs, worker_id=self.worker_id, min_version=version,
                                        max_version=version, submitted_at_ms=int(time.time() * 1000))
         try:
-            req = codec.submit_request(self.worker_id, lease.lease_id, group)
+            req = scored_group.submit_request(self.worker_id, lease.lease_id, group)
             await self.stub.SubmitGroup(req, timeout=RPC_TIMEOUT)
             self.submitted.append(p.group_id)
         except aio.AioRpcError:

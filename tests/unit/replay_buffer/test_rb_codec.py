@@ -1,5 +1,6 @@
-"""codec.py: the submit header agrees with the group bytes, the buffer's top-level check catches every disagreement
-without decoding trajectories, and the Sample framing is what the generated protobuf code produces."""
+"""fleet/contracts/scored_group.py: the submit header agrees with the group bytes, the buffer's top-level check
+catches every disagreement without decoding trajectories, and the Sample framing is what the generated protobuf code
+produces."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
+from fleet.contracts import scored_group
 from grpofleet.v1 import common_pb2
 from grpofleet.v1 import replay_buffer_pb2 as pb
-from services.replay_buffer import codec
 
 
 def group(gid: str, tokens: int = 300, versions: tuple[int, int] = (7, 7)) -> common_pb2.ScoredGroup:
@@ -35,27 +36,27 @@ def agent_group() -> common_pb2.ScoredGroup:
 
 def test_submit_request_carries_the_group_bytes_and_a_matching_header() -> None:
     g = group("a", versions=(4, 9))
-    req = codec.submit_request("w", "1-0@1", g)
+    req = scored_group.submit_request("w", "1-0@1", g)
     assert common_pb2.ScoredGroup.FromString(req.scored_group) == g
     h = req.header
     assert (h.group_id, h.target_step, h.min_version, h.max_version, h.validation) == ("a", 3, 4, 9, False)
     assert list(h.trajectory_tokens) == [300, 300]
-    codec.check_payload(h, req.scored_group)
+    scored_group.check_payload(h, req.scored_group)
 
 
 def test_submit_request_refuses_a_group_that_is_not_whole() -> None:
     g = group("a")
     g.trajectories[1].token_versions.append(7)
     with pytest.raises(ValueError, match=r"trajectories\[1\].*differ in length"):
-        codec.submit_request("w", "1-0@1", g)
+        scored_group.submit_request("w", "1-0@1", g)
     with pytest.raises(ValueError, match="must not be empty"):
-        codec.submit_request("w", "1-0@1", common_pb2.ScoredGroup())
+        scored_group.submit_request("w", "1-0@1", common_pb2.ScoredGroup())
 
 
 @pytest.mark.parametrize("make", [agent_group, lambda: group("empty", 0), lambda: group("v", 5, (0, 200))])
 def test_check_payload_accepts_well_formed_groups(make: Callable[[], common_pb2.ScoredGroup]) -> None:
     g = make()
-    codec.check_payload(codec.header_of(g), g.SerializeToString())
+    scored_group.check_payload(scored_group.header_of(g), g.SerializeToString())
 
 
 def _header(**changes: object) -> Callable[[pb.ScoredGroupHeader], None]:
@@ -93,16 +94,16 @@ def test_check_payload_names_each_disagreement(
     bad: str, mutate: Callable[..., object], edit: Callable[[pb.ScoredGroupHeader], None], text: str
 ) -> None:
     g = group("a")
-    h = codec.header_of(g)
+    h = scored_group.header_of(g)
     mutate(g)
     edit(h)
     with pytest.raises(ValueError, match=text):
-        codec.check_payload(h, g.SerializeToString())
+        scored_group.check_payload(h, g.SerializeToString())
 
 
 def test_garbage_payload_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="not a serialized ScoredGroup"):
-        codec.check_payload(codec.header_of(group("a")), b"\x1a\xff\xff\xff")
+        scored_group.check_payload(scored_group.header_of(group("a")), b"\x1a\xff\xff\xff")
 
 
 @pytest.mark.parametrize("starved", [False, True])
@@ -110,28 +111,28 @@ def test_sample_framing_matches_the_generated_serializer(starved: bool) -> None:
     groups = [group("a"), group("b", 5000), group("c", 0)]
     starvation = pb.Starvation(reason="generating", prompts_pending=3, waited_s=1.5) if starved else None
     payloads = [g.SerializeToString() for g in groups]
-    framed = codec.encode_sample(payloads, starvation)
+    framed = scored_group.encode_sample(payloads, starvation)
     expected = pb.SampleResponse(scored_groups=payloads, starvation=starvation)
     assert framed == expected.SerializeToString()
     assert pb.SampleResponse.FromString(framed) == expected
-    assert codec.serialize_sample(expected) == framed
+    assert scored_group.serialize_sample(expected) == framed
     assert [common_pb2.ScoredGroup.FromString(b) for b in expected.scored_groups] == groups
 
 
 def test_empty_sample_answer() -> None:
-    assert codec.encode_sample([], None) == b""
+    assert scored_group.encode_sample([], None) == b""
 
 
 def test_prompt_of_a_requeued_group_is_its_prompt() -> None:
     g = group("a")
-    assert codec.prompt_of("scored", g.SerializeToString()) == g.prompt
-    assert codec.prompt_of("prompt", g.prompt.SerializeToString()) == g.prompt
+    assert scored_group.prompt_of("scored", g.SerializeToString()) == g.prompt
+    assert scored_group.prompt_of("prompt", g.prompt.SerializeToString()) == g.prompt
 
 
 def test_length_delimited_fields_walks_every_wire_type() -> None:
     msg = pb.Lease(lease_id="x", delivery_count=3, group=common_pb2.PromptGroup(group_id="g", enqueued_at_ms=2**40))
-    assert codec.length_delimited_fields(msg.SerializeToString(), 1) == [b"x"]
-    (inner,) = codec.length_delimited_fields(msg.SerializeToString(), 2)
-    assert codec.length_delimited_fields(inner, 1) == [b"g"]
+    assert scored_group.length_delimited_fields(msg.SerializeToString(), 1) == [b"x"]
+    (inner,) = scored_group.length_delimited_fields(msg.SerializeToString(), 2)
+    assert scored_group.length_delimited_fields(inner, 1) == [b"g"]
     with pytest.raises(ValueError):
-        codec.length_delimited_fields(b"\x0a\x05ab", 1)  # says 5 bytes, holds 2
+        scored_group.length_delimited_fields(b"\x0a\x05ab", 1)  # says 5 bytes, holds 2

@@ -1,7 +1,10 @@
-"""The scored-group contract at the byte level. A scored group (8 samples x 2k tokens with log-probs and versions:
-~130 KB; 2 MB in agent mode) crosses the buffer as the bytes the worker serialized: SubmitGroup carries them in
-`bytes scored_group` beside a small `ScoredGroupHeader`, Redis stores them once, and Sample returns them in
-`repeated bytes scored_groups`, so the buffer never decodes or re-encodes trajectories.
+"""The scored-group contract at the byte level, spoken by the rollout worker and the replay buffer (so it lives on the
+ground floor, below both; it was `services/replay_buffer/codec.py`).
+
+A scored group (8 samples x 2k tokens with log-probs and versions: ~130 KB; 2 MB in agent mode) crosses the buffer
+as the bytes the worker serialized: SubmitGroup carries them in `bytes scored_group` beside a small
+`ScoredGroupHeader`, Redis stores them once, and Sample returns them in `repeated bytes scored_groups`, so the
+buffer never decodes or re-encodes trajectories.
 
 - `submit_request` (worker side) checks that a group is whole, fills the header and serializes the group once.
 - `check_payload` (buffer side) checks the header against what the payload's top level says (prompt, trajectory
