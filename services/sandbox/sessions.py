@@ -26,6 +26,7 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,22 @@ class Session:
                 "age_s": round(time.monotonic() - self.created, 3), "idle_s": round(time.monotonic() - self.active, 3)}
 
 
+def overdue(sessions: Iterable[Any], leases: dict[str, float], cfg: SandboxSessionConfig,
+            now: float) -> list[tuple[str, str]]:
+    """(id, why) of each session to remove now: its owner stopped renewing, idle, or too old. The one rule of every
+    session kind an executor holds (code sessions here, computer sessions in `computer/`); a session has `id`,
+    `owner`, `created`, `active` (monotonic) and `work` (what runs in it now)."""
+    out = []
+    for s in sessions:
+        if now - leases.get(s.owner, s.created) > cfg.lease_s:
+            out.append((s.id, "owner_lost"))
+        elif now - s.active > cfg.idle_timeout_s and not s.work:  # a long command is not idleness
+            out.append((s.id, "idle"))
+        elif now - s.created > cfg.max_lifetime_s:
+            out.append((s.id, "lifetime"))
+    return out
+
+
 class SessionManager:
     """The sessions of one executor. `await start()`, then `open` / `exec` / files / `finish` / `delete`."""
 
@@ -191,15 +208,7 @@ class SessionManager:
 
     def reap(self, now: float) -> list[tuple[str, str]]:
         """Sessions to remove now, with why: the owner stopped renewing, idle, or too old."""
-        out = []
-        for s in self.sessions.values():
-            if now - self.leases.get(s.owner, s.created) > self.cfg.lease_s:
-                out.append((s.id, "owner_lost"))
-            elif now - s.active > self.cfg.idle_timeout_s and not s.work:  # a long command is not idleness
-                out.append((s.id, "idle"))
-            elif now - s.created > self.cfg.max_lifetime_s:
-                out.append((s.id, "lifetime"))
-        return out
+        return overdue(self.sessions.values(), self.leases, self.cfg, now)
 
     async def _reap_loop(self) -> None:
         interval = max(0.05, min(1.0, self.cfg.lease_s / 4))
