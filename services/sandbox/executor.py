@@ -29,7 +29,7 @@ from services.sandbox import grading, verdicts
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
-from services.sandbox.process import ReportPipe, RunResult, run_limited
+from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runner.protocol import KEY_BYTES
 from services.sandbox.runner.testpaths import is_protected
@@ -372,7 +372,7 @@ class Executor:
         key_read, key_write = os.pipe()
         os.write(key_write, key)
         os.close(key_write)
-        report_read, report_write = os.pipe()
+        report_read, report_write = open_pipe()
         pipe = ReportPipe(report_read, report_write, self.cfg.max_report_mb << 20, inherit=(key_read,))
         command, env, reported = self._command(spec, ws.tree, key_read, report_write)
         hide = [repo, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]

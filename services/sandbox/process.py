@@ -135,7 +135,8 @@ class _PipeReader:
         os.close(self.fd)
 
 
-def _pipe() -> tuple[int, int]:
+def open_pipe() -> tuple[int, int]:
+    """(read, write) of a pipe enlarged to `_PIPE_BYTES`, so that a trickling writer never waits for a tick."""
     read_fd, write_fd = os.pipe()
     with contextlib.suppress(OSError):  # a smaller pipe (an unprivileged user's quota) only means more wake-ups
         fcntl.fcntl(write_fd, _F_SETPIPE_SZ, _PIPE_BYTES)
@@ -203,7 +204,7 @@ async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, o
                status_fd: int | None, report: ReportPipe | None) -> RunResult:
     out, err = TailBuffer(output_cap), TailBuffer(output_cap)
     sink = HeadBuffer(report.cap) if report else None
-    (out_read, out_write), (err_read, err_write) = _pipe(), _pipe()
+    (out_read, out_write), (err_read, err_write) = open_pipe(), open_pipe()
     child_fds = (*(() if status_fd is None else (status_fd,)), *((report.write_fd, *report.inherit) if report else ()))
     t0 = time.monotonic()
     try:
