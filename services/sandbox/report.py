@@ -27,6 +27,8 @@ class RunReport:
     records: int = 0
     truncated: int = 0
     """Test cases beyond `max_cases` that were counted, not kept."""
+    unfinished: list[str] = field(default_factory=list)
+    """Tests whose setup passed but whose call phase never reported: the process died inside them (FAILED)."""
 
 
 def _phase_status(when: str, outcome: str, xfail: bool) -> str:
@@ -42,6 +44,7 @@ def read_report(data: bytes, key: bytes, *, max_cases: int, expected: frozenset[
     """Verify and fold the stream. `overflow`: the stream was longer than the executor keeps (a violation)."""
     report = RunReport()
     seen: set[tuple[str, str]] = set()
+    started: set[str] = set()
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -58,14 +61,19 @@ def read_report(data: bytes, key: bytes, *, max_cases: int, expected: frozenset[
         if report.exit_status is not None:
             report.violations.append("report stream: records after the final one")
             break
-        _fold(report, record, seen, max_cases, expected)
+        _fold(report, record, seen, started, max_cases, expected)
+    # A passed setup is only a start: a test that killed its own process (SIGKILL, a segfault, os._exit) in its call
+    # phase must not keep the setup's pass.
+    report.unfinished = sorted(started)
+    for nodeid in report.unfinished:
+        report.status[nodeid] = "FAILED"
     if overflow:
         report.violations.append("report stream: longer than the executor accepts")
     return report
 
 
-def _fold(report: RunReport, record: dict[str, object], seen: set[tuple[str, str]], max_cases: int,
-          expected: frozenset[str]) -> None:
+def _fold(report: RunReport, record: dict[str, object], seen: set[tuple[str, str]], started: set[str],
+          max_cases: int, expected: frozenset[str]) -> None:
     kind = record["k"]
     if kind == "start":
         report.sessions += 1
@@ -84,6 +92,10 @@ def _fold(report: RunReport, record: dict[str, object], seen: set[tuple[str, str
             return
         if old is None or _RANK[new] > _RANK[old]:  # passing phases rank lowest, so the worst phase decides
             report.status[nodeid] = new
+        if when == "setup" and record.get("o") == "passed":
+            started.add(nodeid)
+        elif when == "call":
+            started.discard(nodeid)
     elif kind == "end":
         report.exit_status = int(str(record.get("exit")))
         listed = record.get("v")

@@ -47,6 +47,8 @@ def _read(spec: TaskSpec, result: RunResult, key: bytes | None, limits: Limits, 
         violations += disagreements(rep, result.exit_code, shell=shell)
     if rep.exit_status is None and expected and not violations:
         notes.append("pytest did not run to the end")
+    if rep.unfinished:
+        notes.append(f"the test process died inside {', '.join(rep.unfinished[:5])} (counted as failed)")
     if rep.truncated:
         notes.append(f"{rep.truncated} more test cases ran than a verdict lists ({limits.max_test_cases})")
     return rep, violations

@@ -38,6 +38,15 @@ def test_phases_fold_into_one_status_per_test() -> None:
     assert disagreements(rep, 1) == []
 
 
+def test_a_test_whose_process_died_in_its_call_phase_failed_even_though_its_setup_passed() -> None:
+    # A patch that SIGKILLs or segfaults the test process inside the last failing test kept the setup's PASSED.
+    data = _stream(START, _t("a", "setup", "passed"), _t("a", "call", "passed"), _t("a", "teardown", "passed"),
+                   _t("b", "setup", "passed"))
+    rep = read_report(data, KEY, max_cases=100)
+    assert rep.status == {"a": "PASSED", "b": "FAILED"}
+    assert rep.unfinished == ["b"]
+
+
 @pytest.mark.parametrize("line", [b"0\tdeadbeef\t{\"k\":\"end\",\"exit\":0,\"v\":[]}\n", b"garbage\n"])
 def test_a_line_the_runner_did_not_sign_is_a_violation(line: bytes) -> None:
     rep = read_report(_stream(START) + line, KEY, max_cases=100)
