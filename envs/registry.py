@@ -122,7 +122,9 @@ _DATASETS: dict[str, str | DatasetLoader] = {
     "swe_smith": "envs.swe.formats:load_swe_smith_dataset",
     "r2e_gym": "envs.swe.formats:load_r2e_gym_dataset",
     "arith": "envs.arith:load_arith_dataset",
+    "computer_use": "envs.computer_use.env:load_computer_use_dataset",
     "lookup": "envs.lookup:load_lookup_dataset",
+    "digits": "envs.digits:load_digits_dataset",
 }
 _PREPARERS: dict[str, str] = {
     "swe_embedded": "envs.swe.builder:prepare_embedded_dataset",
@@ -130,7 +132,9 @@ _PREPARERS: dict[str, str] = {
 _ENVIRONMENTS: dict[str, str | EnvFactory] = {
     "swe": "envs.swe_agent:make_swe_environment_for_mode",  # single-shot, or agent mode (env.code.mode)
     "arith": "envs.arith:make_arith_environment",
+    "computer_use": "envs.computer_use.env:make_computer_use_environment",
     "lookup": "envs.lookup:make_lookup_environment",  # multi-turn, tools run in the rollout worker
+    "digits": "envs.digits:make_digits_environment",
 }
 
 

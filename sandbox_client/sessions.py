@@ -17,7 +17,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
@@ -48,6 +48,15 @@ class CommandResult:
     stderr_truncated: bool
     timed_out: bool
     wall_s: float
+
+
+class Pinned(Protocol):
+    """A session pinned to one executor: what the client's requests and heartbeat need of it."""
+
+    id: str
+    url: str
+
+    async def close(self) -> None: ...
 
 
 class SandboxSession:
@@ -95,6 +104,9 @@ class SandboxSession:
 
 
 class SessionClient:
+    PATH = "session"
+    """The executor's routes of this kind of session (`sandbox_client.computer` uses `computer/sessions`)."""
+
     def __init__(self, urls: Sequence[str], owner: str, *, token: str | None = None, request_timeout_s: float = 30.0,
                  max_retries: int = 3, backoff_s: float = 0.2) -> None:
         if not urls:
@@ -103,7 +115,7 @@ class SessionClient:
         self.owner = owner
         self.token = token or os.environ.get(TOKEN_ENV) or None
         self.request_timeout_s, self.max_retries, self.backoff_s = request_timeout_s, max_retries, backoff_s
-        self.open_sessions: dict[str, SandboxSession] = {}
+        self.open_sessions: dict[str, Pinned] = {}
         self.lease_s = 30.0
         self._http: aiohttp.ClientSession | None = None
         self._renewer: asyncio.Task[None] | None = None
@@ -130,14 +142,22 @@ class SessionClient:
             self._http = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0))
         return self._http
 
-    def forget(self, session: SandboxSession) -> None:
+    def forget(self, session: Pinned) -> None:
         self.open_sessions.pop(session.id, None)
 
     # -- open ----------------------------------------------------------------------------------------------------
     async def open(self, spec: TaskSpec) -> SandboxSession:
         """A session for `spec`'s task on the least loaded executor; SessionUnavailable when none can make one."""
         body = {k: v for k, v in spec.to_json().items() if k not in ("patch", "reference_patch")}
-        body.update(owner=self.owner, request_id=uuid.uuid4().hex)
+        url, data = await self.open_on_executor(body)
+        session = SandboxSession(self, url, str(data["session_id"]))
+        self.track(session)
+        return session
+
+    async def open_on_executor(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(executor URL, answer) of `POST {url}/{PATH}` on the least loaded executor that takes it (the same
+        request id on every retry: never two sessions)."""
+        body = {**body, "owner": self.owner, "request_id": uuid.uuid4().hex}
         load = {u: 0 for u in self.urls}
         for s in self.open_sessions.values():
             load[s.url] += 1
@@ -146,25 +166,27 @@ class SessionClient:
         for attempt in range(self.max_retries + 1):
             url = min(self.urls, key=lambda u: (failed[u], load[u]))  # the same retry id: never two sessions
             try:
-                data = await self._request("POST", f"{url}/session", json=body)
+                data = await self._request("POST", f"{url}/{self.PATH}", json=body)
             except _Retry as exc:
                 errors.append(f"{url}: {exc}")
                 failed[url] += 1
                 await asyncio.sleep(self.backoff_s * 2 ** attempt)
                 continue
             self.lease_s = float(data.get("lease_s", self.lease_s))
-            session = SandboxSession(self, url, str(data["session_id"]))
-            self.open_sessions[session.id] = session
-            if self._renewer is None or self._renewer.done():  # started once the executor told the lease
-                self._renewer = asyncio.create_task(self._renew_loop(), name="sandbox-session-renewer")
-            return session
+            return url, data
         raise SessionUnavailable(f"no executor could open a session: {'; '.join(errors[-3:])}")
 
+    def track(self, session: Pinned) -> None:
+        """Keep `session` (anything with `id` and `url`) under this client's heartbeat."""
+        self.open_sessions[session.id] = session
+        if self._renewer is None or self._renewer.done():  # started once the executor told the lease
+            self._renewer = asyncio.create_task(self._renew_loop(), name="sandbox-session-renewer")
+
     # -- requests ------------------------------------------------------------------------------------------------
-    async def call(self, session: SandboxSession, method: str, verb: str, *, json: Any = None,
+    async def call(self, session: Pinned, method: str, verb: str, *, json: Any = None,
                    params: dict[str, str] | None = None, total_s: float | None = None,
                    retries: int | None = None) -> dict[str, Any]:
-        url = f"{session.url}/session/{session.id}" + (f"/{verb}" if verb else "")
+        url = f"{session.url}/{self.PATH}/{session.id}" + (f"/{verb}" if verb else "")
         tries = self.max_retries if retries is None else retries
         for attempt in range(tries + 1):
             try:
@@ -212,7 +234,7 @@ class SessionClient:
         """Renew the owner's lease on every executor holding one of its sessions; forget sessions it lost."""
         for url in {s.url for s in self.open_sessions.values()}:
             try:
-                data = await self._request("POST", f"{url}/session/renew", json={"owner": self.owner})
+                data = await self._request("POST", f"{url}/{self.PATH}/renew", json={"owner": self.owner})
             except (_Retry, _Gone, SandboxError) as exc:
                 log.warning("renewing sessions on %s failed: %s", url, exc)
                 continue

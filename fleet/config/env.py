@@ -136,7 +136,8 @@ class EnvConfig(Section):
     arith: ArithEnvConfig = Field(default_factory=ArithEnvConfig)
     """A small verifiable environment a tiny model learns in minutes (scored through the same reward path)."""
     computer_use: ComputerUseEnvConfig = Field(default_factory=ComputerUseEnvConfig)
-    """Screenshots in, clicks and keys out: small HTML tasks rendered by Chromium in the sandbox (docs/computer-use.md)."""
+    """Screenshots in, clicks and keys out: small HTML tasks rendered by Chromium in the sandbox
+    (docs/computer-use.md)."""
     lookup: LookupEnvConfig = Field(default_factory=LookupEnvConfig)
     """A multi-turn tool environment (agent episodes, tools run in the rollout worker): the answer is a value only
     the `lookup` tool returns (envs/lookup.py; budgets from `env.code.agent`)."""

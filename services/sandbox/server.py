@@ -29,6 +29,7 @@ from aiohttp import web
 from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TOKEN_ENV, SpecError, TaskSpec, Verdict, spec_from_json
 from fleet.entry import service_main
+from services.sandbox.computer.routes import ComputerRoutes
 from services.sandbox.executor import Executor
 from services.sandbox.session_routes import SessionRoutes
 from services.sandbox.sessions import SessionManager
@@ -80,6 +81,7 @@ class SandboxServer:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_post("/image/prefetch", self.prefetch)
         SessionRoutes(self.sessions, lambda: self.draining).add_to(app)
+        ComputerRoutes.install(app, self.sessions, lambda: self.draining)
         return app
 
     async def start(self) -> int:
