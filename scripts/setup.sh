@@ -52,5 +52,14 @@ if [ -n "$IMAGE_PKGS" ]; then
     echo "[setup] WARNING: missing$IMAGE_PKGS; image tasks (and their tests) need them" >&2
   fi
 fi
+# Computer use (services/sandbox/computer): the sandbox renders task pages with Debian's headless Chromium.
+if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium (apt)"
+    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+  else
+    echo "[setup] WARNING: chromium not found; computer-use sessions (and their tests) need it" >&2
+  fi
+fi
 touch .venv/.installed
 echo "[setup] done: $(.venv/bin/python -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)')"
