@@ -40,7 +40,7 @@ def worker_id(cfg: MasterConfig) -> str:
 async def serve(cfg: MasterConfig) -> int:
     from transformers import AutoTokenizer
 
-    from rollout.buffer_client import BufferClient
+    from buffer_client import BufferClient
     from rollout.engine import make_engine
     from rollout.scoring import Scorer
     from rollout.servicer import RolloutWorkerServicer

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import grpc
 from grpc import aio
 
+from buffer_client import BufferClient
 from fleet.config import MasterConfig
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
 from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
-from rollout.buffer_client import BufferClient
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
 from rollout.scoring import Scorer, ScoringUnavailable, to_proto_verdict
 from services.runtime.errors import FailedPrecondition

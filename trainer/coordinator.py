@@ -21,10 +21,12 @@ from typing import Any, TypeVar
 
 import torch
 
+from buffer_client import BufferClient
 from fleet.config import MasterConfig
+from fleet.contracts.buffer import Starvation
 from services.runtime.server import GrpcService
 from trainer.batch import Group
-from trainer.buffer import BufferClient, Starvation
+from trainer.buffer import enqueue_prompts, sample_groups
 from trainer.data import PromptFeeder, TaskSource
 from trainer.status import TrainerState, start_status_service
 from trainer.validation import run_validation
@@ -38,7 +40,11 @@ T = TypeVar("T")
 
 
 class StarvationError(RuntimeError):
-    """No full batch within grpo.sample_timeout_s; the message carries the buffer's last starvation report."""
+    """No full batch within grpo.sample_timeout_s; carries the buffer's last starvation report."""
+
+    def __init__(self, message: str, starvation: Starvation) -> None:
+        super().__init__(f"{message}; last report: {starvation.describe()}")
+        self.starvation = starvation
 
 
 class Coordinator:
@@ -134,7 +140,7 @@ class Coordinator:
         # Not clamped to grpo.max_num_steps: the last steps too can take groups meant for later ones instead of
         # waiting for a straggler. Whatever is left at the end stays pending in the buffer (and serves a longer run).
         for step in self.feeder.pending_steps(last_step):
-            a, d = self.call(self.buffer.enqueue(self.feeder.next_share(step)))
+            a, d = self.call(enqueue_prompts(self.buffer, self.feeder.next_share(step)))
             added, dups = added + a, dups + d
         if dups:
             log.info("%d prompt groups were already in the buffer (enqueued before a restart)", dups)
@@ -149,8 +155,8 @@ class Coordinator:
         while len(groups) < num_groups:
             if self.stop_requested():
                 raise InterruptedError("stop requested while waiting for data")
-            got, starving = self.call(self.buffer.sample(step, num_groups - len(groups), deadline,
-                                                         min_groups=1, validation=validation))
+            got, starving = self.call(sample_groups(self.buffer, step, num_groups - len(groups), deadline,
+                                                    min_groups=1, validation=validation))
             groups.extend(got)
             if len(groups) < num_groups and starving.reason:
                 self._report(step, starving, len(groups), num_groups)
@@ -159,11 +165,10 @@ class Coordinator:
                     # prompts this step would starve forever.
                     missing = num_groups - len(groups)
                     log.warning("step %d: topping up %d prompt groups (%s)", step, missing, starving.reason)
-                    self.call(self.buffer.enqueue(self.feeder.top_up(step, missing)))
+                    self.call(enqueue_prompts(self.buffer, self.feeder.top_up(step, missing)))
                 if time.monotonic() - start > self.cfg.grpo.sample_timeout_s:
                     raise StarvationError(f"step {step}: {len(groups)}/{num_groups} groups after "
-                                          f"grpo.sample_timeout_s={self.cfg.grpo.sample_timeout_s}s; "
-                                          f"last report: {starving.describe()}")
+                                          f"grpo.sample_timeout_s={self.cfg.grpo.sample_timeout_s}s", starving)
         return groups
 
     def _report(self, step: int, s: Starvation, have: int, want: int) -> None:

@@ -8,8 +8,8 @@ them, then gives the lease back, and the buffer dead-letters a group after `repl
 a task that is not back within `grpo.val_timeout_s` is counted as an infrastructure error and left out of the
 accuracy, so a sandbox outage does not read as a model that got worse.
 
-The coordinator calls `run_validation`; the Sample call is made here, not through `BufferClient.sample`, because the
-verdicts must be read from the scored groups before they are converted to `trainer.batch.Group`s, which carry only
+The coordinator calls `run_validation`; the scored groups are sampled here, not through `trainer.buffer.sample_groups`,
+because the verdicts must be read from them before they are converted to `trainer.batch.Group`s, which carry only
 `resolved`.
 """
 
@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from grpofleet.v1 import common_pb2
+from trainer.buffer import enqueue_prompts
 from trainer.data import validation_groups
 
 if TYPE_CHECKING:
-    from trainer.buffer import BufferClient
+    from buffer_client import BufferClient
     from trainer.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def run_validation(coord: Coordinator, step: int) -> dict[str, float]:
     g = coord.cfg.grpo
     t0 = time.monotonic()
     prompts = validation_groups(coord.val_source, step, g.max_val_samples)
-    coord.call(coord.buffer.enqueue(prompts))
+    coord.call(enqueue_prompts(coord.buffer, prompts))
     wanted = {p.group_id for p in prompts}
     timeout_s = g.val_timeout_s if g.val_timeout_s is not None else g.sample_timeout_s
     got: dict[str, common_pb2.ScoredGroup] = {}
@@ -112,7 +112,5 @@ def run_validation(coord: Coordinator, step: int) -> dict[str, float]:
 async def _sample(buffer: BufferClient, step: int, num_groups: int,
                   deadline_s: float) -> tuple[list[common_pb2.ScoredGroup], str]:
     """One validation Sample through the buffer client's retrying call; (scored groups, starvation reason)."""
-    req = replay_buffer_pb2.SampleRequest(step=step, num_groups=num_groups, deadline_ms=int(deadline_s * 1000),
-                                          min_groups=1, validation=True, request_id=uuid.uuid4().hex)
-    groups, starvation = await buffer.sample_scored(req, deadline_s)
+    groups, starvation = await buffer.sample(step, num_groups, deadline_s, min_groups=1, validation=True)
     return groups, starvation.reason

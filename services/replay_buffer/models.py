@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleet.config.schema import MasterConfig
+from fleet.contracts.buffer import Starvation
 
 # Stream consumer group of the prompt queue, and the pseudo-consumer that holds reclaimed and released leases until a
 # worker takes them (its name cannot collide with a worker id: `~` is refused in worker ids).
@@ -150,16 +151,6 @@ class SubmitResult:
     duplicate: bool = False
     dead_lettered: bool = False
     requeued: bool = False
-
-
-@dataclass(frozen=True)
-class Starvation:
-    reason: str
-    prompts_pending: int
-    leases_outstanding: int
-    live_workers: int
-    evicted_now: int
-    waited_s: float
 
 
 @dataclass(frozen=True)

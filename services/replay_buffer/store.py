@@ -17,6 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from fleet.contracts.buffer import Starvation
 from services.replay_buffer import policy, scripts
 from services.replay_buffer.models import (
     POOL_CONSUMER,
@@ -29,7 +30,6 @@ from services.replay_buffer.models import (
     RunInfo,
     SampleResult,
     ScoredIn,
-    Starvation,
     StoreSettings,
     StoreStats,
     SubmitResult,

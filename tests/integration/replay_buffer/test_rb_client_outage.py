@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from rb_service_helpers import worker
 
+from buffer_client import BufferClient
 from fleet.config import load_config
 from launch.status import _gather
-from rollout.buffer_client import BufferClient
 from services.replay_buffer.embedded import start_embedded_redis
 from services.runtime.outage import ServiceDown
 

@@ -1,0 +1,142 @@
+"""The ReplayBuffer contract from the caller's side, for the trainer and the rollout workers: every call with a
+deadline, transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) retried with backoff through an outage of the buffer or
+its Redis (up to `services.outage_tolerance_s`, then `ServiceDown` names what is down), so that a restart costs a
+pause, not a group or the run. Every call is safe to retry: enqueues and commits are idempotent, a submit retried
+after a lost answer is recognised as a duplicate, and a retried Sample carries the lost call's request id, so it gets
+back the same groups (no step trains a group twice, none is left sampled but untrained).
+
+Groups and prompts cross as protobuf messages: each fleet converts them to its own types at its edge
+(`trainer/buffer.py`; the rollout worker builds its scored groups itself). Answers with no fleet type of their own come
+back plain (`Starvation`, `WorkerRef`, counts)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from grpc import aio
+
+from fleet.config import MasterConfig
+from fleet.contracts import scored_group
+from fleet.contracts.buffer import Starvation
+from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
+from services.runtime.client import call_through_outage, make_channel
+from services.runtime.outage import Outage
+from weightsync.base import WorkerRef
+
+T = TypeVar("T")
+
+
+class BufferClient:
+    def __init__(self, cfg: MasterConfig) -> None:
+        self.cfg = cfg
+        self.timeout = cfg.services.rpc_timeout_s
+        self.channel: aio.Channel = make_channel(cfg.services.replay_buffer.address, cfg.services)
+        self.stub = replay_buffer_pb2_grpc.ReplayBufferStub(self.channel)
+        # One outage per process, shared by all its calls: logged once, bounded by services.outage_tolerance_s.
+        self.outage = Outage(
+            f"replay buffer at {cfg.services.replay_buffer.address}",
+            cfg.services.outage_tolerance_s,
+            report_every_s=cfg.services.outage_report_s,
+        )
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+        return await call_through_outage(f"replay buffer {name}", fn, self.outage)
+
+    # ---- the rollout worker's calls ------------------------------------------------------------------------------
+
+    async def register(self, info: replay_buffer_pb2.WorkerInfo) -> replay_buffer_pb2.RegisterWorkerResponse:
+        req = replay_buffer_pb2.RegisterWorkerRequest(worker=info)
+        return await self._call("RegisterWorker", lambda: self.stub.RegisterWorker(req, timeout=self.timeout))
+
+    async def heartbeat(self, info: replay_buffer_pb2.WorkerInfo) -> replay_buffer_pb2.HeartbeatResponse:
+        req = replay_buffer_pb2.HeartbeatRequest(worker=info)
+        return await self._call("Heartbeat", lambda: self.stub.Heartbeat(req, timeout=self.timeout))
+
+    async def lease(self, worker_id: str, version: int, epoch: int, n: int) -> replay_buffer_pb2.LeasePromptsResponse:
+        req = replay_buffer_pb2.LeasePromptsRequest(
+            worker_id=worker_id, weight_version=version, weight_epoch=epoch, max_groups=n
+        )
+        return await self._call("LeasePrompts", lambda: self.stub.LeasePrompts(req, timeout=self.timeout))
+
+    async def submit(self, worker_id: str, lease_id: str, group: common_pb2.ScoredGroup) -> Any:
+        # Serialized once, here: the buffer stores and returns these bytes without decoding them.
+        req = scored_group.submit_request(worker_id, lease_id, group)
+        return await self._call("SubmitGroup", lambda: self.stub.SubmitGroup(req, timeout=self.timeout))
+
+    async def release(self, worker_id: str, lease_id: str, reason: str, dead_letter: bool = False) -> None:
+        req = replay_buffer_pb2.ReleaseLeaseRequest(
+            worker_id=worker_id, lease_id=lease_id, reason=reason, dead_letter=dead_letter
+        )
+        await self._call("ReleaseLease", lambda: self.stub.ReleaseLease(req, timeout=self.timeout))
+
+    # ---- the trainer's calls -------------------------------------------------------------------------------------
+
+    async def enqueue(self, groups: list[common_pb2.PromptGroup]) -> tuple[int, int]:
+        """(enqueued, duplicates)."""
+        req = replay_buffer_pb2.EnqueuePromptsRequest(groups=groups)
+        r = await self._call("EnqueuePrompts", lambda: self.stub.EnqueuePrompts(req, timeout=self.timeout))
+        return int(r.enqueued), int(r.duplicates)
+
+    async def sample(
+        self, step: int, num_groups: int, deadline_s: float, *, min_groups: int = 1, validation: bool = False
+    ) -> tuple[list[common_pb2.ScoredGroup], Starvation]:
+        """Whole scored groups for `step` (parsed from the bytes the workers submitted) and why the answer is short,
+        if it is."""
+        # One id per logical call, reused by its retries: a retried Sample gets back the groups the lost answer
+        # carried instead of taking new ones (which would leave those groups sampled but never trained).
+        req = replay_buffer_pb2.SampleRequest(
+            step=step,
+            num_groups=num_groups,
+            deadline_ms=int(deadline_s * 1000),
+            min_groups=min_groups,
+            validation=validation,
+            request_id=uuid.uuid4().hex,
+        )
+        # The server may hold the call for deadline_s: the RPC deadline must outlast it.
+        r = await self._call("Sample", lambda: self.stub.Sample(req, timeout=deadline_s + self.timeout))
+        s = r.starvation
+        starvation = Starvation(
+            s.reason, s.prompts_pending, s.leases_outstanding, s.live_workers, s.evicted_now, s.waited_s
+        )
+        return [common_pb2.ScoredGroup.FromString(b) for b in r.scored_groups], starvation
+
+    async def begin_run(self, resume_step: int, weight_version: int) -> dict[str, int]:
+        req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=weight_version)
+        r = await self._call("BeginRun", lambda: self.stub.BeginRun(req, timeout=self.timeout))
+        return {
+            "epoch": int(r.epoch),
+            "returned_groups": int(r.returned_groups),
+            "retargeted_groups": int(r.retargeted_groups),
+        }
+
+    async def publish_version(self, version: int, epoch: int, step: int) -> None:
+        req = replay_buffer_pb2.PublishVersionRequest(version=version, epoch=epoch, step=step)
+        await self._call("PublishVersion", lambda: self.stub.PublishVersion(req, timeout=self.timeout))
+
+    async def commit_step(self, step: int, epoch: int) -> int:
+        """Tell the buffer that steps <= `step` are in a checkpoint (their groups can be forgotten)."""
+        req = replay_buffer_pb2.CommitStepRequest(step=step, epoch=epoch)
+        r = await self._call("CommitStep", lambda: self.stub.CommitStep(req, timeout=self.timeout))
+        return int(r.committed_groups)
+
+    async def list_workers(self) -> list[WorkerRef]:
+        req = replay_buffer_pb2.ListWorkersRequest(include_dead=False)
+        r = await self._call("ListWorkers", lambda: self.stub.ListWorkers(req, timeout=self.timeout))
+        return [
+            WorkerRef(
+                w.worker_id, w.address, int(w.weight_version), int(w.weight_epoch), int(w.last_heartbeat_ms), w.state
+            )
+            for w in r.workers
+        ]
+
+    async def stats(self) -> dict[str, Any]:
+        r = await self._call("Stats", lambda: self.stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=self.timeout))
+        out: dict[str, Any] = {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields if f.type != f.TYPE_MESSAGE}
+        out["age_histogram"] = dict(r.age_histogram)
+        out["dead_lettered_by_reason"] = dict(r.dead_lettered_by_reason)
+        return out
