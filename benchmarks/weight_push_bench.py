@@ -207,10 +207,11 @@ def loopback_gbps(nbytes: int, repeats: int = 3) -> dict[str, Any]:
 async def push_once(pusher: Any, tensors: dict[str, torch.Tensor], version: int, workers: list[WorkerProc],
                     stubs: list[Any]) -> dict[str, Any]:  # fmt: skip
     """One trainer push; wall time from the call until every worker's GetStatus reports `version`."""
+    from fleet.contracts.weights import WeightsId
     from grpofleet.v1 import rollout_worker_pb2
     from weightsync.header import WeightSnapshot
 
-    snap = WeightSnapshot(version, EPOCH, tensors)
+    snap = WeightSnapshot(WeightsId(EPOCH, version), tensors)
     t0 = time.perf_counter()
     results = await pusher.publish(snap)
     t_answered = time.perf_counter() - t0

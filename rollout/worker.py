@@ -19,6 +19,7 @@ from grpc import aio
 
 from buffer_client import BufferClient
 from fleet.config import MasterConfig
+from fleet.contracts.weights import NO_WEIGHTS
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
 from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
@@ -85,8 +86,7 @@ class RolloutWorker:
         self.agent = AgentRunner(cfg, engine, decode.tokenizer, worker_id) if cfg.env.code.mode == "agent" else None
         # Environments whose tools run here (envs/lookup.py): multi-turn episodes in any mode, no sandbox.
         self.local_tools = LocalToolRunner(cfg, engine, decode.tokenizer)
-        self.version = -1
-        self.epoch = -1
+        self.weights = NO_WEIGHTS  # what the engine serves; set only once a push has loaded
         self.state = "starting"
         self.in_flight: dict[str, asyncio.Task[None]] = {}
         self.stats = WorkerStats(started_at=time.monotonic())
@@ -94,6 +94,14 @@ class RolloutWorker:
         self._slot_free = asyncio.Event()
         self._leasing_paused = False
         self._draining = False
+
+    @property
+    def version(self) -> int:
+        return self.weights.version
+
+    @property
+    def epoch(self) -> int:
+        return self.weights.epoch
 
     # ---- registry -------------------------------------------------------------------------------------------
     def info(self) -> replay_buffer_pb2.WorkerInfo:
@@ -123,11 +131,11 @@ class RolloutWorker:
         """Load a pushed weight set. Returns (pause_s, load_s). Older (epoch, version) than served is refused; the
         same one is a no-op (pushes are retried)."""
         async with self._weights_lock:
-            if (ws.epoch, ws.version) < (self.epoch, self.version):
+            if ws.id < self.weights:
                 raise FailedPrecondition(
                     f"weight version {ws.version} (epoch {ws.epoch}) is older than the served {self.version} "
                     f"(epoch {self.epoch})")
-            if (ws.epoch, ws.version) == (self.epoch, self.version):
+            if ws.id == self.weights:
                 return 0.0, 0.0
             a = self.cfg.grpo.async_grpo
             in_flight = a.enabled and a.in_flight_weight_updates
@@ -138,7 +146,7 @@ class RolloutWorker:
                     allow_older=ws.epoch > self.epoch)
             finally:
                 self._leasing_paused = False
-            self.version, self.epoch = ws.version, ws.epoch
+            self.weights = ws.id
             self.state = "draining" if self._draining else "serving"
             self.stats.weight_updates += 1
             if self.stats.weight_updates == 1:

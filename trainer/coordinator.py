@@ -101,25 +101,27 @@ class Coordinator:
             await self.buffer.close()
 
     # -- run lifecycle ----------------------------------------------------------------------------------------------
-    def begin(self, step: int, version: int, snapshot: WeightSnapshot) -> dict[str, float]:
-        """New run epoch, then weights to every worker BEFORE anything can be leased (the buffer refuses leases to
-        workers without this epoch's weights), then the join watcher for late workers."""
+    def begin_run(self, step: int, version: int) -> dict[str, float]:
+        """A new run epoch (BeginRun), before the weights of the run are gathered: their identity carries it."""
         info = self.call(self.buffer.begin_run(step, version))
         self.epoch = self.state.epoch = info["epoch"]
-        snapshot.epoch = self.epoch
         log.info("run epoch %d at step %d (weights v%d): %s", self.epoch, step, version, info)
+        return {f"resume/{k}": float(v) for k, v in info.items()}
+
+    def begin(self, snapshot: WeightSnapshot, step: int) -> dict[str, float]:
+        """The run's weights to every worker BEFORE anything can be leased (the buffer refuses leases to workers
+        without this epoch's weights), then the join watcher for late workers."""
         metrics = self.call(self._publish(snapshot, step))
         self._watcher = self.submit(self.pusher.watch())
-        return {**{f"resume/{k}": float(v) for k, v in info.items()}, **metrics}
+        return metrics
 
     def publish(self, snapshot: WeightSnapshot, step: int) -> concurrent.futures.Future[dict[str, float]]:
-        snapshot.epoch = self.epoch
         return self.submit(self._publish(snapshot, step))
 
     async def _publish(self, snapshot: WeightSnapshot, step: int) -> dict[str, float]:
         t0 = time.monotonic()
         results = await self.pusher.publish(snapshot)
-        await self.buffer.publish_version(snapshot.version, self.epoch, step)
+        await self.buffer.publish_version(snapshot.version, snapshot.epoch, step)
         return push_metrics(results, time.monotonic() - t0)
 
     def commit(self, step: int) -> None:

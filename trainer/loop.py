@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from fleet.config import MasterConfig
+from fleet.contracts.weights import WeightsId
 from trainer.batch import StepBatch, build_step_batch
 from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
 from trainer.coordinator import Coordinator
@@ -100,18 +101,23 @@ class TrainLoop:
         return bool(self._stop_signal)
 
     # -- phases -------------------------------------------------------------------------------------------------------
-    def _snapshot(self, version: int) -> Any:
+    def _snapshot(self, s: TrainerCheckpoint) -> Any:
+        """Every rank gathers; rank 0 keeps the weights as identity (run epoch, `s.weight_version`)."""
         dtype_name = self.cfg.policy.weight_sync.dtype
         dtype = DTYPES[self.cfg.policy.precision if dtype_name == "auto" else dtype_name]
-        return gather_snapshot(self.policy, dtype, keep=self.dist.is_main, version=version, epoch=0)
+        weights = WeightsId(s.epoch, s.weight_version)
+        return gather_snapshot(self.policy, dtype, keep=self.dist.is_main, weights=weights)
 
     def _begin(self, s: TrainerCheckpoint) -> None:
-        snapshot = self._snapshot(s.weight_version)
+        # Rank 0 opens the run epoch first (the other ranks wait in the gather), so the snapshot is minted whole.
+        resume = self.rank0.coordinator.begin_run(s.step, s.weight_version) if self.rank0 is not None else {}
+        if self.rank0 is not None:
+            s.epoch = self.rank0.coordinator.epoch
+        snapshot = self._snapshot(s)
         if self.rank0 is not None:
             r0 = self.rank0
             r0.state.set_phase("pushing_weights")
-            metrics = r0.coordinator.begin(s.step, s.weight_version, snapshot)
-            s.epoch = r0.coordinator.epoch
+            metrics = {**resume, **r0.coordinator.begin(snapshot, s.step)}
             r0.metrics.log(s.step, metrics)
             if self.cfg.grpo.val_at_start:
                 r0.state.set_phase("validating")
@@ -164,7 +170,7 @@ class TrainLoop:
         """Gather version s.step on every rank; rank 0 pushes it (sync: waits; async: in flight). Returns the time
         the training thread spent blocked on weights."""
         t0 = time.monotonic()
-        snapshot = self._snapshot(s.weight_version)
+        snapshot = self._snapshot(s)
         if self.rank0 is None:
             return time.monotonic() - t0
         self.rank0.state.set_phase("pushing_weights")

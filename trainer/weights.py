@@ -23,6 +23,7 @@ import torch
 from grpc import aio
 
 from fleet.config import MasterConfig
+from fleet.contracts.weights import WeightsId
 from trainer.model import PolicyModule, iter_full_state
 from weightsync.base import PushResult, WeightSender, WorkerRef
 from weightsync.header import WeightSnapshot
@@ -30,15 +31,16 @@ from weightsync.header import WeightSnapshot
 log = logging.getLogger(__name__)
 
 
-def gather_snapshot(policy: PolicyModule, dtype: torch.dtype, *, keep: bool, version: int,
-                    epoch: int) -> WeightSnapshot | None:
-    """Every rank calls this in step; the rank with `keep` (rank 0) gets the snapshot, the others None."""
+def gather_snapshot(policy: PolicyModule, dtype: torch.dtype, *, keep: bool,
+                    weights: WeightsId) -> WeightSnapshot | None:
+    """Every rank calls this in step; the rank with `keep` (rank 0) gets the snapshot of identity `weights`, the
+    others None."""
     tensors: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, full in iter_full_state(policy):
             if keep:
                 tensors[name] = full.detach().to("cpu", dtype=dtype, copy=True).contiguous()
-    return WeightSnapshot(version, epoch, tensors) if keep else None
+    return WeightSnapshot(weights, tensors) if keep else None
 
 
 @dataclass
@@ -58,7 +60,7 @@ class WeightPusher:
     def _record(self, results: list[PushResult], snapshot: WeightSnapshot) -> None:
         for r in results:
             self.results[r.worker_id] = r
-            if r.ok and (r.epoch, r.version) == (snapshot.epoch, snapshot.version):
+            if r.ok and r.weights == snapshot.id:
                 self._synced_at_ms[r.worker_id] = int(time.time() * 1000)
             elif not r.ok:
                 log.warning("weight push v%d to %s failed: %s", snapshot.version, r.worker_id, r.error)
@@ -78,13 +80,13 @@ class WeightPusher:
 
     def behind(self, w: WorkerRef) -> bool:
         cur = self.current
-        if cur is None or (w.weight_epoch, w.weight_version) == (cur.epoch, cur.version):
+        if cur is None or w.weights == cur.id:
             return False
         # The registry can lag our own successful push by one heartbeat: trust the push unless the worker has
         # heartbeated since (e.g. it restarted and now reports no weights).
         synced = self._synced_at_ms.get(w.worker_id, -1)
         mine = self.results.get(w.worker_id)
-        pushed_current = mine is not None and mine.ok and (mine.epoch, mine.version) == (cur.epoch, cur.version)
+        pushed_current = mine is not None and mine.ok and mine.weights == cur.id
         return not (pushed_current and w.last_heartbeat_ms <= synced)
 
     async def sync_behind(self) -> list[PushResult]:

@@ -19,6 +19,7 @@ from grpc import aio
 
 from fleet.config.infra import ServicesConfig
 from fleet.config.policy import WeightSyncConfig
+from fleet.contracts.weights import WeightsId
 from grpofleet.v1 import common_pb2, rollout_worker_pb2_grpc
 from services.runtime.client import make_channel
 from weightsync.header import TensorMeta, WeightSet, WeightSnapshot, byte_view
@@ -37,6 +38,11 @@ class WorkerRef:
     last_heartbeat_ms: int = 0
     state: str = ""
 
+    @property
+    def weights(self) -> WeightsId:
+        """What the registry says this worker serves."""
+        return WeightsId(self.weight_epoch, self.weight_version)
+
 
 @dataclass
 class PushResult:
@@ -50,6 +56,11 @@ class PushResult:
     seconds: float = 0.0
     bytes: int = 0
     error: str = ""
+
+    @property
+    def weights(self) -> WeightsId:
+        """What the worker answered that it serves after the push."""
+        return WeightsId(self.epoch, self.version)
 
 
 async def header_only(header: common_pb2.WeightSetHeader) -> AsyncIterator[common_pb2.WeightChunk]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fleet.contracts.weights import WeightsId
 from grpofleet.v1 import common_pb2
 from services.runtime.errors import InvalidArgument
 from weightsync.dtypes import DTYPE_NAMES, DTYPES, element_size
@@ -40,22 +41,38 @@ class TensorMeta:
 class WeightSet:
     """A received push: its header's contract and, once received, its tensors."""
 
-    version: int
-    epoch: int
+    id: WeightsId
     transport: str
     metas: list[TensorMeta]
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def version(self) -> int:
+        return self.id.version
+
+    @property
+    def epoch(self) -> int:
+        return self.id.epoch
 
     @property
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.metas)
 
 
-@dataclass
+@dataclass(frozen=True)
 class WeightSnapshot:
-    version: int
-    epoch: int
+    """The trainer's weights of one identity, minted by the training loop (never patched afterwards)."""
+
+    id: WeightsId
     tensors: dict[str, torch.Tensor]  # HF name -> CPU tensor in the served dtype, contiguous, not a parameter view
+
+    @property
+    def version(self) -> int:
+        return self.id.version
+
+    @property
+    def epoch(self) -> int:
+        return self.id.epoch
 
     @property
     def total_bytes(self) -> int:
@@ -80,7 +97,7 @@ def decode_header(first: object | None, spec: Spec) -> tuple[common_pb2.WeightSe
         raise InvalidArgument(f"weight version must be >= 0, got {h.version}")
     metas = [TensorMeta(t.name, t.dtype, tuple(int(d) for d in t.shape)) for t in h.tensors]
     check_against_spec(metas, spec)
-    return h, WeightSet(h.version, h.epoch, h.transport or "grpc", metas)
+    return h, WeightSet(WeightsId(h.epoch, h.version), h.transport or "grpc", metas)
 
 
 def check_against_spec(metas: list[TensorMeta], spec: Spec) -> None:

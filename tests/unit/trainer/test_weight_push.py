@@ -16,6 +16,7 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from fleet.config.policy import GrpcWeightSyncConfig
+from fleet.contracts.weights import WeightsId
 from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
 from rollout.engine.base import checkpoint_weight_spec
 from services.runtime.errors import Unavailable
@@ -66,7 +67,7 @@ async def _serve(worker: FakeWorker) -> tuple[aio.Server, str]:
 def snapshot_and_spec(make_cfg):  # type: ignore[no-untyped-def]
     cfg: MasterConfig = make_cfg()
     policy = build_policy(cfg.policy, cfg.policy.model_name, Dist(DistEnv(0, 1, 0), torch.device("cpu"), 60))
-    snap = gather_snapshot(policy, torch.float32, keep=True, version=3, epoch=2)
+    snap = gather_snapshot(policy, torch.float32, keep=True, weights=WeightsId(2, 3))
     assert snap is not None
     spec, _ = checkpoint_weight_spec(cfg.policy.model_name, "float32")
     return cfg, snap, {k: (v.shape, v.dtype) for k, v in spec.items()}
@@ -201,7 +202,7 @@ async def test_tcp_stream_cut_short_reports_how_far_it_got() -> None:
 def test_snapshot_is_a_copy_not_a_view_of_the_parameters(snapshot_and_spec) -> None:  # type: ignore[no-untyped-def]
     cfg, snap, _ = snapshot_and_spec
     policy = build_policy(cfg.policy, cfg.policy.model_name, Dist(DistEnv(0, 1, 0), torch.device("cpu"), 60))
-    s = gather_snapshot(policy, torch.float32, keep=True, version=0, epoch=0)
+    s = gather_snapshot(policy, torch.float32, keep=True, weights=WeightsId(0, 0))
     assert s is not None
     before = s.tensors["model.norm.weight"].clone()
     with torch.no_grad():
