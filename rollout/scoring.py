@@ -1,6 +1,7 @@
 """Scoring a completion: the environment named by the prompt group turns text into a verdict (the SWE environment
 through the sandbox fleet), and `sandbox_client.reward_from_verdict` — the project's only reward mapping — turns the
-verdict into a reward. Infrastructure failures raise `ScoringUnavailable`; they are never scored as a failed patch."""
+verdict into a reward. Infrastructure failures raise `ScoringUnavailable`; they are never scored as a failed patch.
+No protobuf here: a verdict becomes the contract's message at the worker's edge (`rollout/wire.py`)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,8 @@ from typing import Any
 
 from fleet.config import MasterConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict
-from grpofleet.v1 import common_pb2
 
 log = logging.getLogger(__name__)
-
-_STATUS = {
-    "completed": common_pb2.VERDICT_STATUS_COMPLETED,
-    "format_error": common_pb2.VERDICT_STATUS_FORMAT_ERROR,
-    "not_applied": common_pb2.VERDICT_STATUS_PATCH_NOT_APPLIED,
-    "refused": common_pb2.VERDICT_STATUS_INTEGRITY_REFUSED,
-    "timeout": common_pb2.VERDICT_STATUS_TIMEOUT,
-    "integrity_violation": common_pb2.VERDICT_STATUS_INTEGRITY_VIOLATION,
-}
-_RESOLUTION = {"FULL": common_pb2.RESOLUTION_FULL, "PARTIAL": common_pb2.RESOLUTION_PARTIAL,
-               "NO": common_pb2.RESOLUTION_NO}
-
 
 # Retries spent by the scoring running in this asyncio task. Scorings run concurrently on one Scorer, so a shared
 # before/after difference of the total would count the others' retries too.
@@ -33,14 +21,6 @@ _retries_here: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar
 
 class ScoringUnavailable(RuntimeError):
     """The scoring infrastructure failed (after retries); the group must be retried, not scored."""
-
-
-def to_proto_verdict(v: Verdict) -> common_pb2.Verdict:
-    return common_pb2.Verdict(
-        status=_STATUS.get(v.status, common_pb2.VERDICT_STATUS_UNSPECIFIED),
-        resolution=_RESOLUTION.get(v.resolution, common_pb2.RESOLUTION_NO),
-        tests_passed=v.tests_passed, tests_failed=v.tests_failed, detail=v.error[:500],
-    )
 
 
 def reward_for(cfg: MasterConfig, env_name: str, verdict: Verdict) -> float:

@@ -24,7 +24,8 @@ from grpofleet.v1 import common_pb2, replay_buffer_pb2
 from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
-from rollout.scoring import Scorer, ScoringUnavailable, to_proto_verdict
+from rollout.scoring import Scorer, ScoringUnavailable
+from rollout.wire import to_proto_verdict
 from services.runtime.errors import FailedPrecondition
 from weightsync.header import WeightSet
 

@@ -21,7 +21,8 @@ from rollout.agent.chat import ChatFormat
 from rollout.agent.episode import Episode, EpisodeLimits, run_episode
 from rollout.agent.tools import ToolBox
 from rollout.engine.base import SamplingSpec
-from rollout.scoring import ScoringUnavailable, reward_for, to_proto_verdict
+from rollout.scoring import ScoringUnavailable, reward_for
+from rollout.wire import to_proto_verdict
 from sandbox_client.results import SandboxUnavailable
 from sandbox_client.sessions import SessionClient
 
