@@ -51,12 +51,7 @@ def read_report(data: bytes, key: bytes, *, max_cases: int, expected: frozenset[
     elif lines:
         report.violations.append("the report stream ends in the middle of a record")
         lines.pop()
-    for seq, line in enumerate(lines):
-        try:
-            record = protocol.decode(key, seq, line)
-        except ValueError as exc:
-            report.violations.append(f"report stream: {exc}")
-            break
+    for record in _records(lines, key, report):
         report.records += 1
         if report.exit_status is not None:
             report.violations.append("report stream: records after the final one")
@@ -70,6 +65,28 @@ def read_report(data: bytes, key: bytes, *, max_cases: int, expected: frozenset[
     if overflow:
         report.violations.append("report stream: longer than the executor accepts")
     return report
+
+
+def _records(lines: list[bytes], key: bytes, report: RunReport) -> list[dict[str, object]]:
+    """The records up to the first line that does not verify or parse (that line's reason goes to `violations`)."""
+    payloads: list[str] = []
+    for seq, line in enumerate(lines):
+        try:
+            payloads.append(protocol.verify(key, seq, line))
+        except ValueError as exc:
+            report.violations.append(f"report stream: {exc}")
+            break
+    records = protocol.parse_many(payloads)
+    if records is not None:
+        return list(records)
+    records = []
+    for seq, payload in enumerate(payloads):
+        try:
+            records.append(protocol.parse(seq, payload))
+        except ValueError as exc:
+            report.violations.insert(0, f"report stream: {exc}")  # it comes before any unsigned line after it
+            break
+    return list(records)
 
 
 def _fold(report: RunReport, record: dict[str, object], seen: set[tuple[str, str]], started: set[str],
