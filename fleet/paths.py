@@ -7,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_NAME = "tiny-qwen2"
+TINY_VLM_NAME = "tiny-qwen2-vl"
 
 
 def cache_dir() -> Path:
@@ -21,6 +22,8 @@ def tiny_model_dir() -> Path:
 def resolve_model(name: str, *, create: bool = True) -> str:
     """`policy.model_name` -> a loadable path. The name `tiny-qwen2` means the locally made tiny model (made here on
     first use when `create`); anything else is returned unchanged (an HF folder or hub id)."""
+    if name == TINY_VLM_NAME:
+        return _resolve_tiny_vlm(create)
     if name != TINY_MODEL_NAME:
         return name
     path = tiny_model_dir()
@@ -28,6 +31,16 @@ def resolve_model(name: str, *, create: bool = True) -> str:
         from fleet.tinymodel import ensure_tiny_model
 
         ensure_tiny_model(path)
+    return str(path)
+
+
+def _resolve_tiny_vlm(create: bool) -> str:
+    """`tiny-qwen2-vl`: the locally made tiny Qwen2-VL (fleet/tinyvlm.py), with tiny-qwen2's tokenizer."""
+    path = cache_dir() / "models" / TINY_VLM_NAME
+    if create and not (path / "config.json").exists():
+        from fleet.tinyvlm import ensure_tiny_vlm
+
+        ensure_tiny_vlm(path, tokenizer_from=Path(resolve_model(TINY_MODEL_NAME)))
     return str(path)
 
 
