@@ -1,17 +1,21 @@
 """Reading and writing files of a session's tree as the executor (root) without following anything the sandboxed
 code planted: every path component is opened with `O_NOFOLLOW` relative to its parent (`openat`), so a symlink
 anywhere in the path -- `link -> /etc`, `a/../..` -- cannot lead outside the tree. Files written are handed to the
-session's uid, so the commands that follow can change them."""
+session's uid, so the commands that follow can change them. Also: removing the session folders of dead executors."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import logging
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+log = logging.getLogger(__name__)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -105,3 +109,22 @@ def write_tree_file(tree: Path, rel: str, data: bytes, uid: int | None) -> None:
             os.fchown(fd, uid, uid)
     finally:
         os.close(fd)
+
+
+def remove_dead_session_dirs(root: Path) -> None:
+    """Session trees of executor processes that died (their flock on `sessions-*/.lock` is gone): removed, never
+    adopted."""
+    for folder in root.glob("sessions-*"):
+        try:
+            fd = os.open(folder / ".lock", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live executor's
+        finally:
+            os.close(fd)
+        log.info("removing the sessions of a dead executor: %s", folder)
+        shutil.rmtree(folder, ignore_errors=True)

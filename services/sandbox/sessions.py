@@ -1,5 +1,6 @@
 """Interactive sandbox sessions: a tree of a task's repository at `base_commit` that an agent runs commands in and
-edits, graded on `finish` exactly like a submitted patch.
+edits, graded on `finish` exactly like a submitted patch (test files left out: session_diff.py). A task with an
+`image` gets its instance image's environment instead, with the same bounds and grading (sessions_image.py).
 
 - **Start**: the repository is checked out as for a task (alternates, ~20 ms), but its git metadata lives beside the
   tree (`root/git`), never inside it: the sandboxed commands see the files of `base_commit` and nothing else (no
@@ -36,7 +37,9 @@ from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
 from services.sandbox.executor import Executor
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.sandbox import UidRange
-from services.sandbox.session_files import read_tree_file, write_tree_file
+from services.sandbox.session_diff import SessionDiff, graded_paths, pathspecs
+from services.sandbox.session_files import read_tree_file, remove_dead_session_dirs, write_tree_file
+from services.sandbox.sessions_image import ImageSession, ImageSessionError, start_image_session
 from services.sandbox.workspace import InfraError, Workspace, git
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     execs: OrderedDict[str, asyncio.Future[ExecResult]] = field(default_factory=OrderedDict)
     work: set[asyncio.Task[Any]] = field(default_factory=set)
+    image: ImageSession | None = None  # the task's instance image (sessions_image.py); None: a tree here
 
     @property
     def tree(self) -> Path:
@@ -150,7 +154,7 @@ class SessionManager:
         await self.executor.start()
         root = self.executor.work_root
         assert root is not None
-        self._remove_dead_executors(root)
+        remove_dead_session_dirs(root)
         self._dir = root / f"sessions-{uuid.uuid4().hex}"
         self._dir.mkdir(mode=0o711)
         self._lock_fd = os.open(self._dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -160,24 +164,6 @@ class SessionManager:
             # The executor's slots hold the first free range from uid_base; this claims the next one.
             self._uids = UidRange(ex_cfg.uid_base, self.cfg.max_sessions)
         self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-session-reaper")
-
-    @staticmethod
-    def _remove_dead_executors(root: Path) -> None:
-        """Session trees of executor processes that died (their flock is gone): removed, never adopted."""
-        for folder in root.glob("sessions-*"):
-            try:
-                fd = os.open(folder / ".lock", os.O_RDWR | os.O_CLOEXEC)
-            except OSError:
-                shutil.rmtree(folder, ignore_errors=True)
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live executor's
-            finally:
-                os.close(fd)
-            log.info("removing the sessions of a dead executor: %s", folder)
-            shutil.rmtree(folder, ignore_errors=True)
 
     async def close(self) -> None:
         if self._reaper is not None:
@@ -243,9 +229,6 @@ class SessionManager:
         if not owner:
             raise SessionError("owner: is required (the caller's id; its lease keeps the session alive)",
                                field="owner")
-        if getattr(spec, "image", None):  # an instance image's session needs the image runtime (not wired in yet)
-            raise SessionError("image: sessions run on the host interpreter only; tasks with an image are not "
-                               "supported in sessions yet", field="image")
         if request_id:
             for s in self.sessions.values():
                 if s.owner == owner and s.request_id == request_id:
@@ -272,6 +255,13 @@ class SessionManager:
         return session
 
     async def _materialise(self, session: Session) -> None:
+        if session.spec.image is not None:  # in the task's instance image, on the executor's image runtime
+            try:
+                session.image = await start_image_session(self.executor, session.spec)
+            except ImageSessionError as exc:
+                raise SessionInfraError(f"session could not be made: {exc}", infra=True) from exc
+            session.commit = session.image.commit
+            return
         try:
             repo = resolve_repo(session.spec.repo_url, self.executor.cfg)
             ws = Workspace(session.root)
@@ -292,6 +282,8 @@ class SessionManager:
         for task in list(session.work):
             task.cancel()  # a running command's sandbox is killed
         await asyncio.gather(*session.work, return_exceptions=True)
+        if session.image is not None:
+            await session.image.close()  # the layer (or container) goes with the session
         await asyncio.to_thread(shutil.rmtree, session.root, True)
         self._free.append(session.uid_index)
         if why not in ("deleted", "finished"):
@@ -330,8 +322,9 @@ class SessionManager:
         async with session.lock:
             cap = self.cfg.max_output_kb << 10
             hide = [Path(self.executor.work_root or session.root)]
-            result = await self.executor.run_in_tree(session.tree, ["/bin/sh", "-c", command], uid=session.uid,
-                                                     limit_s=limit, output_cap=cap, hide=hide)
+            result = await (session.image.exec(command, limit_s=limit, output_cap=cap) if session.image else
+                            self.executor.run_in_tree(session.tree, ["/bin/sh", "-c", command], uid=session.uid,
+                                                      limit_s=limit, output_cap=cap, hide=hide))
         if not result.started:
             raise SessionInfraError(f"the sandbox did not start (exit {result.exit_code}): "
                                     f"{result.stderr.text()[-300:]}", infra=True)
@@ -342,6 +335,8 @@ class SessionManager:
     # -- files ---------------------------------------------------------------------------------------------------
     async def read_file(self, sid: str, path: str) -> tuple[bytes, int]:
         session = self.get(sid)
+        if session.image is not None:
+            return await session.image.read_file(path, self.cfg.max_file_kb << 10)
         return await asyncio.to_thread(read_tree_file, session.tree, path, self.cfg.max_file_kb << 10)
 
     async def write_file(self, sid: str, path: str, data: bytes) -> None:
@@ -350,7 +345,8 @@ class SessionManager:
             raise SessionError(f"content: {len(data)} bytes is more than sandbox.sessions.max_file_kb="
                                f"{self.cfg.max_file_kb}", field="content")
         async with session.lock:  # not while a command runs: it would see half a file
-            await asyncio.to_thread(write_tree_file, session.tree, path, data, session.uid)
+            await (session.image.write_file(path, data) if session.image else
+                   asyncio.to_thread(write_tree_file, session.tree, path, data, session.uid))
 
     # -- finish --------------------------------------------------------------------------------------------------
     async def finish(self, sid: str, *, grade_unchanged: bool = True) -> dict[str, Any]:
@@ -363,33 +359,41 @@ class SessionManager:
         session = self.get(sid)
         async with session.lock:
             try:
-                patch, problem = await self._diff(session)
+                d = await self._diff(session)
             except TimeoutError:  # git over a tree the agent filled with millions of files
-                patch, problem = "", "reading the session's changes took too long"
-        if problem is not None:
-            verdict = Verdict(status="not_applied", error=problem)
-        elif not patch.strip() and not grade_unchanged:
+                d = SessionDiff(problem="reading the session's changes took too long")
+        if d.problem is not None:
+            verdict = Verdict(status="not_applied", error=d.problem)
+        elif not d.patch.strip() and not grade_unchanged:
             verdict = Verdict(status="format_error", error="format error (the session changed no file)")
         else:
-            spec = TaskSpec(**{**session.spec.to_json(), "patch": patch})
+            spec = TaskSpec(**{**session.spec.to_json(), "patch": d.patch})
             verdict = await self._track(session, self.executor.run(spec))
-        result = {"session_id": sid, "patch": patch, **verdict.to_json()}
+        verdict.error = d.note(verdict.error)  # the test files left out (session_diff.py: why not refused)
+        result = {"session_id": sid, "patch": d.patch, "dropped_test_files": d.dropped, **verdict.to_json()}
         await self.delete(sid, "finished", result)
         return result
 
-    async def _diff(self, session: Session) -> tuple[str, str | None]:
-        """(the diff against base_commit, None) or ("", why it cannot be graded: the agent's doing, e.g. a huge
-        tree or diff)."""
-        gd, tree = str(session.git_dir), str(session.tree)
-        added = await git("--git-dir", gd, "--work-tree", tree, "add", "--all", "--force", ".", cwd=session.tree)
-        if added.code != 0:
-            return "", f"the session's changes could not be read: {added.err.strip()[-300:]}"
-        diff = await git("--git-dir", gd, "diff", "--cached", "--binary", session.commit, cwd=session.tree)
+    async def _diff(self, session: Session) -> SessionDiff:
+        """The diff against base_commit without test files, or why it cannot be graded (the agent's doing)."""
+        if session.image is not None:  # computed in the image, by its git: the text is only a patch to grade
+            return await session.image.diff(self.cfg.max_diff_kb << 10)
+        gd, tree, cwd = str(session.git_dir), str(session.tree), session.tree
+        added = await git("--git-dir", gd, "--work-tree", tree, "add", "--all", "--force", ".", cwd=cwd)
+        names = await git("--git-dir", gd, "diff", "--cached", "--name-only", "-z", "--no-renames", session.commit,
+                          cwd=cwd) if added.code == 0 else added
+        if names.code != 0:
+            return SessionDiff(problem=f"the session's changes could not be read: {names.err.strip()[-300:]}")
+        kept, dropped = graded_paths(names.out.split("\0"), session.spec.test_patch)
+        if not kept:
+            return SessionDiff(dropped=dropped)
+        diff = await git("--git-dir", gd, "diff", "--cached", "--binary", "--no-renames", session.commit, "--",
+                         *pathspecs(kept), cwd=cwd)
         if diff.code != 0:
-            return "", f"the session's diff failed: {diff.err.strip()[-300:]}"
-        if len(diff.out.encode()) > self.cfg.max_diff_kb << 10:
-            return "", f"the session's diff is larger than sandbox.sessions.max_diff_kb={self.cfg.max_diff_kb}"
-        return diff.out, None
+            return SessionDiff(problem=f"the session's diff failed: {diff.err.strip()[-300:]}")
+        if len(diff.out.encode()) > (kb := self.cfg.max_diff_kb) << 10:
+            return SessionDiff(problem=f"the session's diff is larger than sandbox.sessions.max_diff_kb={kb}")
+        return SessionDiff(diff.out, dropped=dropped)
 
     def ids(self, owner: str | None = None) -> list[str]:
         return [s.id for s in self.sessions.values() if owner is None or s.owner == owner]

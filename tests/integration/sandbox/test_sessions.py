@@ -68,13 +68,29 @@ async def test_session_sees_base_commit_only_and_finish_grades_its_diff(
         await session.exec("true")
 
 
-async def test_editing_tests_in_the_session_does_not_help(client: SessionClient, calc_repo: CalcRepo) -> None:
-    session = await client.open(calc_repo.spec(""))
-    # Make every test pass in the session itself: the fresh tree grades the diff, and the diff touches tests.
-    cheat = await session.exec("printf 'def test_add():\\n    pass\\n' > tests/test_core.py && "
-                               "python -m pytest -q -p no:cacheprovider tests")
-    assert cheat.exit_code == 0
-    verdict, _ = await session.finish()
+async def test_test_file_changes_are_dropped_from_grading_and_runner_changes_still_refused(
+        client: SessionClient, calc_repo: CalcRepo) -> None:
+    cheat = await client.open(calc_repo.spec(""))
+    # Every test passes in the session itself; its change to a test file is not graded, the hidden tests still fail.
+    run = await cheat.exec("printf 'def test_add():\\n    pass\\n' > tests/test_core.py && "
+                           "python -m pytest -q -p no:cacheprovider tests")
+    assert run.exit_code == 0
+    verdict, patch = await cheat.finish()
+    assert (verdict.status, verdict.resolution, patch) == ("completed", "NO", ""), verdict
+    assert "not graded (test files): tests/test_core.py" in verdict.error
+    # A fix with the agent's own reproduction test: the fix is graded (FULL), the test left out and recorded.
+    fixed = await client.open(calc_repo.spec(""))
+    await fixed.write_file("calc/core.py", FIXED)
+    await fixed.write_file("tests/test_repro.py", "from calc import mul\n\n\ndef test_repro():\n"
+                                                  "    assert mul(2, 3) == 6\n")
+    verdict, patch = await fixed.finish()
+    assert verdict.resolution == "FULL" and "calc/core.py" in patch and "test_repro" not in patch, verdict
+    assert "tests/test_repro.py" in verdict.error
+    # The runner's configuration is no test file: it stays in the patch, which is refused.
+    ini = await client.open(calc_repo.spec(""))
+    await ini.write_file("calc/core.py", FIXED)
+    await ini.write_file("pytest.ini", "[pytest]\naddopts = -q\n")
+    verdict, _ = await ini.finish()
     assert verdict.status == "refused" and verdict.resolution != "FULL", verdict
 
 
