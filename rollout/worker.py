@@ -144,7 +144,7 @@ class RolloutWorker:
             try:
                 stats = await self.engine.update_weights(
                     ws.version, ws.tensors, in_flight=in_flight, reset_cache=a.recompute_kv_cache_after_weight_updates,
-                    allow_older=ws.epoch > self.epoch)
+                    epoch=ws.epoch)
             finally:
                 self._leasing_paused = False
             self.weights = ws.id

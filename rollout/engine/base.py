@@ -204,6 +204,9 @@ class GenerationEngine(ABC):
         self.model_path = Path(model_path)
         self.dtype = dtype
         self._served_version = initial_version
+        # The run epoch of the served weights; 0 before any push (run epochs start at 1). The served identity is
+        # (epoch, version): within an epoch versions only grow, a later epoch (a resumed trainer) may restart them.
+        self._served_epoch = 0
         self._spec, self._aliases = checkpoint_weight_spec(self.model_path, dtype)
         self._update_lock = asyncio.Lock()
         self._counters = _Counters()
@@ -264,7 +267,7 @@ class GenerationEngine(ABC):
         *,
         in_flight: bool,
         reset_cache: bool,
-        allow_older: bool = False,
+        epoch: int = 0,
     ) -> UpdateStats:
         """Serve `tensors` as `version`.
 
@@ -275,8 +278,9 @@ class GenerationEngine(ABC):
         in flight have their KV recomputed from prompt + tokens generated so far, and cached prefixes are dropped.
         reset_cache=False: requests in flight keep the KV they have (old-weight keys/values for earlier
         positions); cached prefixes of older weights are still never reused by requests started after the update.
-        A version older than the served one is refused unless `allow_older` (a new run epoch restarts versions);
-        the same version is reloaded (pushes are retried).
+        Weights older than the served (epoch, version) are refused: a later run `epoch` may restart versions lower
+        (callers that know no epochs leave it 0: versions must not go back); the same weights are reloaded (pushes
+        are retried).
         `tensors` from this engine's `stage()` are taken over: loaded from where they lie (or swapped in), and
         released whatever the outcome.
         """
@@ -284,11 +288,12 @@ class GenerationEngine(ABC):
         try:
             items = validate_weights(self._spec, tensors, self._aliases)
             async with self._update_lock:
-                if version < self._served_version and not allow_older:
+                if (epoch, version) < (self._served_epoch, self._served_version):
                     raise StaleVersionError(
                         f"weight version {version} is older than the served {self._served_version}")
                 stats = await self._apply_update(version, items, in_flight=in_flight, reset_cache=reset_cache,
                                                  staged=staged)
+                self._served_epoch = epoch
                 self._counters.updates += 1
                 self._counters.total_pause_s += stats.pause_s
                 self._counters.last = stats
