@@ -23,6 +23,7 @@ from trainer.metrics import Metrics, Progress
 from trainer.model import build_policy, build_reference, resolve_model_path
 from trainer.status import TrainerState
 from trainer.step import StepRunner, make_optimizer
+from trainer.vlm import attach_image_codec
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
         policy = build_policy(cfg.policy, str(latest / "model") if latest else model_path, dist)
         kl = cfg.loss_fn.reference_policy_kl_penalty > 0
         reference = build_reference(cfg.policy, model_path, dist) if kl else None
+        attach_image_codec([policy, reference], model_path, cfg.policy.tokenizer.name or model_path)
         optimizer, scheduler = make_optimizer(policy, cfg)
         state = TrainerCheckpoint(step=0, weight_version=0)
         if latest is not None:

@@ -18,7 +18,7 @@ DP x micro-batching computes exactly the loss of one big batch.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -41,6 +41,8 @@ class Trajectory:
     """Agent mode: (start, length) runs of observation tokens (also marked by token version -1)."""
     tool_calls: int = 0
     tool_errors: int = 0
+    images: list[tuple[bytes, int, int]] = field(default_factory=list)
+    """Computer use: (PNG, start, length) of each screenshot and its placeholder run (inside an observation span)."""
 
     def loss_mask(self) -> list[float] | None:
         """1.0 on generated tokens, 0.0 on observation tokens (version -1 or inside an observation span); None when
@@ -75,6 +77,7 @@ class TrainSample:
     version: int  # oldest weight version among the sample's generated tokens
     valid: bool = True  # False: a contract violation (logprob count != token count); masked out, counted
     loss_mask: list[float] | None = None  # agent mode: 0 on observation tokens; None: every token trained
+    images: list[bytes] = field(default_factory=list)  # computer use: the screenshots, in placeholder order
 
     @property
     def length(self) -> int:
@@ -92,6 +95,9 @@ class StepBatch:
 
 def _clip(group: Group, traj: Trajectory, max_len: int) -> tuple[list[int], list[float], bool]:
     keep = max(0, max_len - len(group.prompt_ids))
+    for _, start, n in traj.images:  # never cut through an image's placeholder run: cut before it
+        if start < keep < start + n:
+            keep = start
     valid = len(traj.generation_logprobs) == len(traj.response_ids)
     if not valid:
         log.error("group %s: %d generation logprobs for %d response tokens; sample masked out",
@@ -116,8 +122,9 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
             generated = [v for v in t.token_versions if v != OBSERVATION_VERSION]
             version = min(generated) if generated else g.min_version
             mask = t.loss_mask()
+            images = [png for png, start, n in t.images if start + n <= len(resp)]
             samples.append(TrainSample(g.group_id, list(g.prompt_ids), list(resp), gen_lp, float(a),
-                                       float(t.reward), version, valid, mask[: len(resp)] if mask else None))
+                                       float(t.reward), version, valid, mask[: len(resp)] if mask else None, images))
             rewards_all.append(float(t.reward))
             adv_all.append(float(a))
     r = torch.tensor(rewards_all or [0.0], dtype=torch.float64)
@@ -166,8 +173,12 @@ def make_micro_batch(samples: list[TrainSample], *, row_tokens: int, packing: bo
     dummy = not samples
     if dummy:  # one token of prompt, one of response, weight 0: keeps FSDP2's collectives paired across ranks
         samples = [TrainSample("", [0], [0], [0.0], 0.0, 0.0, 0, valid=False)]
+    images = tuple(png for s in samples for png in s.images)
+    # One sample per row when there are images: Qwen2-VL computes M-RoPE positions over a row as one sequence.
     packed = pack([s.prompt_ids for s in samples], [s.response_ids for s in samples], row_tokens=row_tokens,
-                  packing=packing, pad_multiple=pad_multiple)
+                  packing=packing and not images, pad_multiple=pad_multiple)
+    if images:
+        packed = replace(packed, images=images)
     b, t = len(samples), packed.max_response
     gen = torch.zeros(b, t)
     mask = torch.zeros(b, t)

@@ -23,6 +23,7 @@ def to_group(g: common_pb2.ScoredGroup) -> Group:
             observation_spans=[(s.start, s.length) for s in t.observation_spans],
             tool_calls=t.episode.tool_calls,
             tool_errors=t.episode.tool_errors,
+            images=[(im.png, im.span.start, im.span.length) for im in t.images],
         )
         for t in g.trajectories
     ]

@@ -38,6 +38,7 @@ class PackedInputs:
     num_samples: int  # B
     max_response: int  # T
     padded_tokens: int  # R*L - real tokens (waste, for metrics)
+    images: tuple[bytes, ...] = ()  # computer use: the rows' screenshots (PNG), in row-major placeholder order
 
     def to(self, device: torch.device) -> PackedInputs:
         move = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}

@@ -43,6 +43,7 @@ class PolicyModule(nn.Module):
     """An HF causal LM whose forward returns log pi(response token) instead of logits (see trainer.logprobs)."""
 
     lm: Any  # an HF PreTrainedModel; typed loosely because nn.Module attribute access is untyped
+    image_codec: Any = None  # computer use: the processor's image side (fleet.vision.ImageCodec), set by the caller
 
     def __init__(self, lm: nn.Module, *, temperature: float, chunk_tokens: int, compiled: bool = False,
                  saved_grad_bytes: int = 0) -> None:
@@ -56,10 +57,15 @@ class PolicyModule(nn.Module):
             raise ValueError("policy.model_name: an lm_head with a bias is not supported by the fused log-prob path")
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, gather_index: torch.Tensor, targets: torch.Tensor
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, gather_index: torch.Tensor, targets: torch.Tensor,
+        images: tuple[bytes, ...] = (),
     ) -> torch.Tensor:
-        out = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state
+        if images:  # computer use: M-RoPE positions from the image grid (trainer/vlm.py), never the packed ones
+            from trainer.vlm import vision_hidden
+
+            hidden = vision_hidden(self.lm, self.image_codec, input_ids, images)
+        else:
+            hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, gather_index)
         weight = self.lm.get_output_embeddings().weight
         return linear_logprobs(picked, weight, targets, temperature=self.temperature, chunk=self.chunk_tokens,
@@ -74,15 +80,20 @@ def resolve_model_path(name: str) -> str:
 
 
 def _load_hf(path: str, cfg: PolicyConfig, dtype: torch.dtype) -> Any:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=cfg.attn_implementation)
+    from fleet.tinyvlm import is_vision_model
+
+    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM  # the whole VLM, as served
+    lm = auto.from_pretrained(path, dtype=dtype, attn_implementation=cfg.attn_implementation)
     lm.config.use_cache = False
     return lm
 
 
 def _layers(lm: Any) -> list[nn.Module]:
-    layers = getattr(getattr(lm, "model", None), "layers", None)
+    base = getattr(lm, "model", None)
+    # A Qwen2-VL's decoder layers sit under its language model (the vision tower is wrapped with the root).
+    layers = getattr(getattr(base, "language_model", base), "layers", None)
     if layers is None:
         raise ValueError("policy.model_name: expected a decoder-only HF model with `model.layers`")
     return list(layers)
@@ -180,7 +191,7 @@ def autocast(cfg: PolicyConfig, dist: Dist) -> contextlib.AbstractContextManager
 def forward_logprobs(module: PolicyModule, packed: PackedInputs, device: torch.device) -> torch.Tensor:
     """[B, T] log-probabilities of the response tokens of one packed micro-batch."""
     p = packed.to(device)
-    values = module(p.input_ids, p.position_ids, p.gather_index, p.targets)
+    values = module(p.input_ids, p.position_ids, p.gather_index, p.targets, p.images)
     return unpack(values, p)
 
 
