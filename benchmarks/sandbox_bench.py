@@ -189,6 +189,7 @@ async def measure_versions(repo: Path, spec: TaskSpec, pool: int, n: int, rounds
         out[name] = _median_round(values)
     for name in ("current", "baseline"):
         breakdown = {k: round(statistics.fmean(v), 4) for k, v in sorted(parts[name].items())}
+        out[f"{name}_breakdown_mean_s"] = breakdown
         out[f"{name}_overhead"] = overheads({"bare": out["bare"], "sandbox_breakdown_mean_s": breakdown})
     return out
 
