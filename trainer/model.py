@@ -201,12 +201,15 @@ def iter_full_state(module: PolicyModule) -> Iterator[tuple[str, torch.Tensor]]:
     does, so the names match an HF checkpoint's."""
     from torch.distributed.tensor import DTensor
 
+    from trainer.vlm import checkpoint_names
+
     lm = module.lm
     tied = _tied_names(lm)
+    renamed = checkpoint_names(lm)  # a VLM's module names differ from its checkpoint's (and the engine's)
     for name, value in lm.state_dict().items():
         if name in tied:
             continue
-        yield name, value.full_tensor() if isinstance(value, DTensor) else value
+        yield renamed.get(name, name), value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def _tied_names(lm: Any) -> set[str]:

@@ -47,3 +47,17 @@ def attach_image_codec(modules: list[Any], model_path: str, processor_path: str)
     for m in modules:
         if m is not None:
             m.image_codec = codec
+
+
+def checkpoint_names(lm: Any) -> dict[str, str]:
+    """Module name -> checkpoint name of a vision-language `lm` (empty for other models): transformers 5 nests a
+    Qwen2-VL's decoder under `model.language_model.` and its vision tower under `model.visual.`, and saves them
+    as `model.` and `visual.`, the names the rollout engine serves. Derived with transformers' own reverse rename
+    (what `save_pretrained` applies), over placeholders, so no tensor is touched."""
+    if getattr(lm.config, "vision_config", None) is None:
+        return {}
+    from transformers.core_model_loading import revert_weight_conversion
+
+    marks = {k: torch.empty(0) for k in lm.state_dict()}
+    back = {id(v): k for k, v in marks.items()}
+    return {back[id(v)]: k for k, v in revert_weight_conversion(lm, marks).items() if id(v) in back}

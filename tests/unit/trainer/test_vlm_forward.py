@@ -88,3 +88,16 @@ def test_a_cut_never_splits_an_image_run(vlm: str) -> None:
                              max_len=len(prompt) + second + 10)
     s = batch.samples[0]
     assert len(s.response_ids) == second and len(s.images) == 1
+
+
+def test_pushed_weights_carry_the_checkpoint_names_the_engine_serves(vlm: str) -> None:
+    from rollout.engine.base import checkpoint_weight_spec, validate_weights
+    from trainer.model import iter_full_state
+
+    dist = Dist(DistEnv(0, 1, 0), torch.device("cpu"), timeout_s=60)
+    policy = build_policy(PolicyConfig(model_name=vlm), vlm, dist)
+    spec, aliases = checkpoint_weight_spec(vlm, "float32")
+    pushed = dict(iter_full_state(policy))
+    assert any(n.startswith("visual.") for n in pushed), "the vision tower is pushed too: the whole model as served"
+    assert len(validate_weights(spec, pushed, aliases)) == len(spec)
+    dist.close()
