@@ -55,6 +55,17 @@ class VllmConfig(Section):
     travel pickled inside the RPC, far slower). Holds one copy of the weights between pushes."""
 
 
+class VisionConfig(Section):
+    """The computer-use path (selected by the `computer_use` dataset: `data.train.dataset_name=computer_use`).
+    `policy.model_name` must then be a Qwen2-VL / Qwen2.5-VL folder (`tiny-qwen2-vl` is made locally); its
+    multimodal processor is loaded with `AutoProcessor` from `policy.tokenizer.name` (else the model folder), the
+    same one on the trainer and the rollout side."""
+
+    max_image_bytes_per_trajectory: int = Field(4 * 2**20, ge=1024)
+    """Most PNG bytes of screenshots one trajectory carries (inline, through the replay buffer): an episode whose
+    next screenshot would pass it ends as `context_full`. 224x224 pages are 2-20 KB each."""
+
+
 class ColocatedConfig(Section):
     enabled: bool = False
     """Share GPUs between training and generation. grpo-fleet always runs generation in its own fleet, so only
@@ -183,6 +194,12 @@ class PolicyConfig(Section):
     """How the trainer pushes weights to rollout workers."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """How rollout workers generate."""
+    vision: VisionConfig = Field(default_factory=VisionConfig)
+    """Screenshots as model inputs: the computer-use path, which the `computer_use` dataset selects
+    (`data.train.dataset_name=computer_use`). `policy.model_name` must then be a Qwen2-VL / Qwen2.5-VL folder
+    (`tiny-qwen2-vl` is made locally); its multimodal processor loads with `AutoProcessor` from
+    `policy.tokenizer.name`, else the model folder, the same one on the trainer and the rollout side
+    (docs/computer-use.md, "Policy")."""
 
     @field_validator("weight_sync", mode="before")
     @classmethod

@@ -104,3 +104,10 @@ class MasterConfig(Section):
                 "(prompt and answer share it)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _computer_use_needs_a_vlm(self) -> "MasterConfig":
+        from fleet.config.vision import check_computer_use
+
+        check_computer_use(self)
+        return self
