@@ -76,6 +76,8 @@ class ComputerSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     work: set[object] = field(default_factory=set)
     """Requests being served now (a long action is not idleness)."""
+    ready: bool = False
+    """Opened (browser started, first screenshot taken): only then do the lease and idle bounds apply."""
 
 
 def renderer_spec(cfg: SandboxConfig, task: ComputerTask, marker: str, uid: int | None,
@@ -146,7 +148,8 @@ class ComputerSessions:
         interval = max(0.05, min(1.0, self.bounds.lease_s / 4))
         while True:
             await asyncio.sleep(interval)
-            for sid, why in overdue(list(self.sessions.values()), self.leases, self.bounds, time.monotonic()):
+            ready = [s for s in self.sessions.values() if s.ready]  # an opening session is its owner's request
+            for sid, why in overdue(ready, self.leases, self.bounds, time.monotonic()):
                 log.info("computer session %s removed: %s", sid, why)
                 try:
                     await self.delete(sid, why)
@@ -182,8 +185,12 @@ class ComputerSessions:
         session.work.add(self)
         try:
             t0 = time.monotonic()
-            session.renderer = await self._launch(session)
-            await session.renderer.load(task.html, limit_s=max(task.action_timeout_s, 10.0))
+            renderer = await self._launch(session)
+            if session.id not in self.sessions:  # deleted while the browser started (executor stopping)
+                await renderer.close()
+                raise SessionNotFound(f"computer session {session.id} was removed while it opened", reason="deleted")
+            session.renderer = renderer
+            await renderer.load(task.html, limit_s=max(task.action_timeout_s, 10.0))
             shot = await self._shoot(session, t0)
         except (RendererGone, CdpError, OSError) as exc:
             await self.delete(session.id, "renderer_failed")
@@ -193,6 +200,10 @@ class ComputerSessions:
             raise
         finally:
             session.work.discard(self)
+        # The owner's lease counts from now: its heartbeat starts once it has the session, and a browser start on a
+        # loaded host can take longer than the lease.
+        session.ready = True
+        self.leases[owner] = session.active = time.monotonic()
         return session, shot
 
     async def _launch(self, session: ComputerSession) -> Renderer:
