@@ -67,7 +67,27 @@ async def _gather(cfg: MasterConfig) -> list[str]:
             lines.append(f"worker    {info.worker_id:<16} {info.address:<21} version {info.weight_version} "
                          f"(epoch {info.weight_epoch})  {info.state}  in flight {info.groups_in_flight}  "
                          f"heartbeat {age:.1f}s ago")
+            if age < cfg.replay_buffer.worker_timeout_s:  # a dead worker is not asked (it would cost a timeout)
+                lines.extend(await episode_lines(info.address, cfg, t))
     return lines
+
+
+async def episode_lines(address: str, cfg: MasterConfig, timeout_s: float) -> list[str]:
+    """A worker's multi-turn episodes (its GetStatus `agent`), when it ran any; nothing when it does not answer."""
+    from grpofleet.v1 import rollout_worker_pb2, rollout_worker_pb2_grpc
+    from services.runtime.client import make_channel
+
+    async with make_channel(address, cfg.services) as ch:
+        try:
+            st = await rollout_worker_pb2_grpc.RolloutWorkerStub(ch).GetStatus(
+                rollout_worker_pb2.WorkerStatusRequest(), timeout=timeout_s)
+        except aio.AioRpcError:
+            return []  # a dead worker's line above says so
+    a = st.agent
+    if not a.episodes:
+        return []
+    ends = "  ".join(f"{k} {v}" for k, v in sorted(a.end_reasons.items()))
+    return [f"          episodes {a.episodes}  ({ends})  tool calls {a.tool_calls}  tool errors {a.tool_errors}"]
 
 
 def outage_line(address: str, exc: aio.AioRpcError) -> str:

@@ -57,7 +57,7 @@ class RolloutWorkerServicer(rollout_worker_pb2_grpc.RolloutWorkerServicer):
             groups_in_flight=len(w.in_flight), tokens_per_s=s.tokens_per_s(), tokens_generated=s.tokens_generated,
             groups_submitted=s.groups_submitted, weight_updates=s.weight_updates, total_pause_s=s.total_pause_s,
             last_pause_s=s.last_pause_s, state=w.state, engine=self.engine_name, scoring_retries=s.scoring_retries,
-            busy_s=s.busy_s, idle_s=s.idle_s,
+            busy_s=s.busy_s, idle_s=s.idle_s, agent=rollout_worker_pb2.AgentEpisodeStats(**w.episode_summary()),
         )
 
     async def Drain(  # noqa: N802

@@ -12,7 +12,9 @@ import contextlib
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -274,6 +276,15 @@ class RolloutWorker:
         trajectory = await self.local_tools.sample(prompt, payload, sampling, index)
         self.stats.tokens_generated += trajectory.episode.generated_tokens
         return trajectory
+
+    def episode_summary(self) -> dict[str, Any]:
+        """Multi-turn episodes of this worker (agent mode and in-process tool environments), summed."""
+        parts = [self.local_tools.summary(), *([self.agent.summary()] if self.agent is not None else [])]
+        reasons: Counter[str] = Counter()
+        for part in parts:
+            reasons.update(part["end_reasons"])
+        return {"episodes": sum(p["episodes"] for p in parts), "end_reasons": dict(reasons),
+                "tool_calls": sum(p["tool_calls"] for p in parts), "tool_errors": sum(p["tool_errors"] for p in parts)}
 
     # ---- drain ----------------------------------------------------------------------------------------------
     async def drain(self, timeout_s: float) -> tuple[int, int]:
