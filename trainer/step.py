@@ -86,6 +86,14 @@ class StepRunner:
                         mb.reference_logprobs = forward_logprobs(self.reference, packed, self.dist.device).float()
 
     def run(self, batch: StepBatch) -> dict[str, float]:
+        if self._no_signal(batch):
+            # Every rank sees the same broadcast batch, so all take this branch together (no collective skipped
+            # on one rank only).
+            log.info("step %d: no sample has a nonzero advantage and there is no KL term: no update "
+                     "(grpo.skip_update_without_signal)", batch.step)
+            return {"train/skipped_no_signal": 1.0, "train/optimizer_updates": 0.0, "perf/train_tokens": 0.0,
+                    "perf/train_tokens_per_s": 0.0, "timing/logprob_recompute_s": 0.0, "timing/train_s": 0.0,
+                    "train/lr": float(self.scheduler.get_last_lr()[0])}
         t0 = time.perf_counter()
         plan = self.plan(batch)
         # One optimizer update per step: every micro-batch's training forward runs on the pre-update weights, so it
@@ -104,9 +112,13 @@ class StepRunner:
             "timing/logprob_recompute_s": t1 - t0, "timing/train_s": t2 - t1,
             "perf/train_tokens": tokens.item(), "perf/train_tokens_per_s": tokens.item() / max(t2 - t0, 1e-9),
             "train/optimizer_updates": float(len(plan)), "train/lr": float(self.scheduler.get_last_lr()[0]),
-            "train/old_logprobs_from_forward": float(reuse),
+            "train/old_logprobs_from_forward": float(reuse), "train/skipped_no_signal": 0.0,
         })
         return metrics
+
+    def _no_signal(self, batch: StepBatch) -> bool:
+        return (self.cfg.grpo.skip_update_without_signal and self.reference is None
+                and not any(s.advantage != 0.0 for s in batch.samples))
 
     def _global_counts(self, minibatch: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         local = torch.zeros(2, dtype=torch.float64)

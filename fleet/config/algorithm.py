@@ -40,6 +40,11 @@ class GrpoConfig(Section):
     """Divide advantages by the group's reward standard deviation."""
     seed: int = 42
     """Seed of data order and sampling."""
+    skip_update_without_signal: bool = False
+    """Make no optimizer update in a step whose samples all have advantage 0 (no group with reward spread) when
+    there is no KL term: its gradient is exactly 0, yet AdamW would still move the weights by its momentum (and
+    decay them) with nothing learned from the step's data. The weight version still advances (the same weights);
+    `train/skipped_no_signal` logs it. false: update anyway, as NeMo RL does."""
     val_period: int = Field(0, ge=0)
     """Validate every this many steps (0 = never)."""
     val_at_start: bool = False

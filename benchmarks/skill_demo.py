@@ -1,0 +1,259 @@
+"""A skill acquired through the whole fleet, sync vs async (issue 21).
+
+    python benchmarks/skill_demo.py pretrain                      # the base model (format only, chance 1/10)
+    python benchmarks/skill_demo.py run [--seeds 1,2,3] [--modes sync,async] [--steps 150]
+    python benchmarks/skill_demo.py run --reuse                   # re-read finished runs, plot, write JSON
+    python benchmarks/skill_demo.py variants [--steps 60]         # async with tis / icepop / seq-mask-tis
+
+Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
+one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
+on the answer format with random answers (`fleet/pretrain.py`), learns "First digit of 4 7 1 9 2?" from a binary
+reward. The measure is the fleet's own validation (`grpo.val_period`): greedy answers to 200 held-out lists. Sync
+and async runs of one seed use the same grpo.seed (data order, sampling) and the same number of samples per step.
+
+Per run (all from the trainer's metrics.jsonl, times from its first record = the first weights pushed): validation
+accuracy and training reward per step, the step and the wall-clock second at which validation accuracy first
+reaches 0.8, the final validation accuracy, and the off-policy diagnostics (`loss/token_mult_prob_error`, the
+IS-ratio range). Results: benchmarks/results/skill_demo.json (+ docs/img/skill_demo.png, skill_offpolicy.png),
+benchmarks/results/skill_variants.json (+ docs/img/skill_variants.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "examples/configs/digits_skill.yaml"
+BASE_MODEL = ROOT / ".cache/models/tiny-qwen2-digits-format"
+RESULTS = ROOT / "benchmarks/results"
+TARGET = 0.8
+SYNC = ["grpo.async_grpo.enabled=false", "grpo.async_grpo.in_flight_weight_updates=false"]
+VARIANTS = {
+    "tis": ["loss_fn.truncated_importance_sampling_type=tis"],
+    "icepop": ["loss_fn.truncated_importance_sampling_type=icepop",
+               "loss_fn.truncated_importance_sampling_ratio_min=0.5"],
+    "seq-mask-tis": ["loss_fn.truncated_importance_sampling_type=seq-mask-tis",
+                     "loss_fn.truncated_importance_sampling_ratio_min=0.5"],
+}
+
+
+def pretrain() -> Path:
+    sys.path.insert(0, str(ROOT))
+    from envs.digits import format_corpus
+    from fleet.pretrain import ensure_format_model
+
+    return ensure_format_model(BASE_MODEL, format_corpus, name="digits")
+
+
+def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s: float,
+              tree: Path | None = None, after: int = 2) -> dict[str, Any]:
+    """One `grpo-fleet up`. `tree`: run the fleet's code from that snapshot of the repository (e.g. `git archive
+    HEAD` plus this benchmark's files) rather than from this checkout, so that edits in progress in a shared working
+    tree cannot break a long benchmark; models stay in this checkout's cache."""
+    rd = work / name
+    if rd.exists():
+        subprocess.run(["rm", "-rf", str(rd)], check=True)
+    log_path = work / f"{name}.log"
+    code = tree or ROOT
+    env = {**os.environ, "PYTHONPATH": str(code), "GRPO_FLEET_CACHE": str(ROOT / ".cache")}
+    cmd = [sys.executable, "-m", "launch.cli", "up", "--config", str(code / CONFIG.relative_to(ROOT)), f"run.dir={rd}",
+           f"policy.model_name={BASE_MODEL}", "logger.progress_bar=false", f"grpo.max_num_steps={steps}", *overrides]
+    print(f"[{name}] {' '.join(cmd[3:])}  (log: {log_path})", flush=True)
+    t0 = time.monotonic()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
+        stopped = _watch(proc, rd / "logs/metrics.jsonl", t0, timeout_s, after)
+    if proc.returncode != 0 and not stopped:
+        tail = log_path.read_text().splitlines()[-30:]
+        raise RuntimeError(f"{name}: grpo-fleet up exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
+    out = summarize(name, rd, overrides)
+    out["launcher_s"], out["stopped_early"] = time.monotonic() - t0, stopped
+    print(f"[{name}] " + json.dumps({k: out[k] for k in ("reach_step", "reach_s", "final_val", "wall_s")}), flush=True)
+    return out
+
+
+def _watch(proc: subprocess.Popen[bytes], metrics: Path, t0: float, timeout_s: float, after: int) -> str:
+    """Wait for the fleet; stop it (SIGTERM: the trainer checkpoints and the fleet shuts down cleanly) once
+    validation has reached the target and `after` more rounds have been logged, or when `timeout_s` has passed.
+    Returns why it was stopped ("" if it ran to its last step)."""
+    why = ""
+    while proc.poll() is None:
+        time.sleep(5)
+        if why:
+            continue
+        accs = [json.loads(line)["val/accuracy"] for line in _lines(metrics) if '"val/accuracy"' in line]
+        hit = next((i for i, a in enumerate(accs) if a >= TARGET), None)
+        if hit is not None and len(accs) - 1 - hit >= after:
+            why = "target reached"
+        elif time.monotonic() - t0 > timeout_s:
+            why = "timeout"
+        if why:
+            print(f"  stopping the fleet: {why}", flush=True)
+            proc.terminate()
+    proc.wait()
+    return why
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def summarize(name: str, rd: Path, overrides: list[str]) -> dict[str, Any]:
+    records = [json.loads(line) for line in (rd / "logs/metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [r for r in records if "histogram" not in r]
+    t0 = min(r["time"] for r in records)
+    train = [{"step": r["step"] + 1, "t": r["time"] - t0, "reward": r["reward/mean"],
+              "tmpe": r.get("loss/token_mult_prob_error"), "is_min": r.get("loss/is_ratio_min"),
+              "is_max": r.get("loss/is_ratio_max"), "is_oob": r.get("loss/is_oob_ratio"),
+              "zero_std": r.get("data/zero_std_groups_frac"), "age_max": r.get("age/max"),
+              "step_s": r.get("timing/step_s"), "grad_norm": r.get("train/grad_norm")}
+             for r in records if "reward/mean" in r]
+    # val/step = the number of steps the validated weights have trained; 0 = the base model.
+    val = [{"step": int(r["val/step"]), "t": r["time"] - t0, "acc": r["val/accuracy"]}
+           for r in records if "val/accuracy" in r]
+    train.sort(key=lambda s: s["step"])
+    val.sort(key=lambda v: v["step"])
+    reach = next((v for v in val if v["acc"] >= TARGET), None)
+    return {"name": name, "overrides": overrides, "train": train, "val": val,
+            "chance_val": val[0]["acc"] if val and val[0]["step"] == 0 else None,
+            "reach_step": reach["step"] if reach else None, "reach_s": reach["t"] if reach else None,
+            "final_val": val[-1]["acc"] if val else None, "wall_s": train[-1]["t"] if train else None,
+            "steps": len(train), "step_s_median": statistics.median([s["step_s"] for s in train if s["step_s"]])}
+
+
+def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"sync": "tab:blue", "async": "tab:orange", "tis": "tab:orange", "icepop": "tab:green",
+              "seq-mask-tis": "tab:red"}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
+    for run in runs:
+        mode = run["name"].split("-s")[0]
+        kw = {"color": colors.get(mode, "gray"), "alpha": 0.85, "linewidth": 1.2}
+        tr, va = run["train"], run["val"]
+        if offpolicy:
+            axes[0][0].plot([s["step"] for s in tr], [s["tmpe"] for s in tr], label=run["name"], **kw)
+            axes[0][1].plot([s["step"] for s in tr], [s["is_max"] for s in tr], label=run["name"], **kw)
+            axes[0][1].plot([s["step"] for s in tr], [s["is_min"] for s in tr], linestyle=":", **kw)
+            axes[1][0].plot([v["step"] for v in va], [v["acc"] for v in va], label=run["name"], **kw)
+            axes[1][1].plot([s["step"] for s in tr], [s["reward"] for s in tr], label=run["name"], **kw)
+        else:
+            for col, key in ((0, "step"), (1, "t")):
+                axes[0][col].plot([v[key] for v in va], [v["acc"] for v in va], label=run["name"], **kw)
+                axes[1][col].plot([s[key] for s in tr], [s["reward"] for s in tr], label=run["name"], **kw)
+    if offpolicy:
+        labels = (("step", "loss/token_mult_prob_error"), ("step", "IS ratio max (solid) / min (dotted)"),
+                  ("step", "validation accuracy (greedy, held out)"), ("step", "training reward"))
+        axes[0][1].set_yscale("log")
+    else:
+        labels = (("training step", "validation accuracy (greedy, held out)"),
+                  ("wall-clock s (from the first weights pushed)", "validation accuracy (greedy, held out)"),
+                  ("training step", "training reward"), ("wall-clock s", "training reward"))
+    for ax, (xl, yl) in zip([a for row in axes for a in row], labels, strict=True):
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+        if "accuracy" in yl:
+            ax.axhline(TARGET, color="black", linewidth=0.6, linestyle="--")
+            ax.axhline(0.1, color="gray", linewidth=0.6, linestyle=":")
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    print(f"plot: {path}")
+
+
+def _spread(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    xs = [r[key] for r in runs]
+    ok = [x for x in xs if x is not None]
+    return {"values": xs, "min": min(ok) if ok else None, "max": max(ok) if ok else None,
+            "median": statistics.median(ok) if ok else None}
+
+
+def run(args: argparse.Namespace) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    pretrain()
+    runs: list[dict[str, Any]] = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for mode in args.modes.split(","):
+            name = f"{mode}-s{seed}"
+            overrides = [f"grpo.seed={seed}", *(SYNC if mode == "sync" else []), *args.set]
+            if args.reuse:
+                runs.append(summarize(name, work / name, overrides))
+            else:
+                runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.tree))
+    by_mode = {m: [r for r in runs if r["name"].startswith(m + "-")] for m in args.modes.split(",")}
+    result = {"env": env_info(), "config": str(CONFIG.relative_to(ROOT)), "steps": args.steps, "target": TARGET,
+              "summary": {m: {k: _spread(rs, k) for k in ("reach_step", "reach_s", "final_val", "chance_val",
+                                                         "step_s_median")} for m, rs in by_mode.items()},
+              "runs": runs}
+    (RESULTS / "skill_demo.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["summary"], indent=1))
+    _plot(runs, ROOT / "docs/img/skill_demo.png", "first digit of a 5-digit list: tiny Qwen2 (format-pretrained, "
+          "chance 0.1) through the fleet, 2 CPU cores")
+    _plot([r for r in runs if r["name"].startswith("async")], ROOT / "docs/img/skill_offpolicy.png",
+          "async runs: off-policy diagnostics", offpolicy=True)
+
+
+def variants(args: argparse.Namespace) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    pretrain()
+    runs = []
+    for v in args.variants.split(","):
+        name, overrides = f"{v}-s{args.seed}", [f"grpo.seed={args.seed}", *VARIANTS[v], *args.set]
+        runs.append(summarize(name, work / name, overrides) if args.reuse
+                    else run_fleet(name, work, args.steps, overrides, args.timeout, args.tree))
+    (RESULTS / "skill_variants.json").write_text(json.dumps({"env": env_info(), "steps": args.steps,
+                                                             "runs": runs}, indent=1) + "\n")
+    _plot(runs, ROOT / "docs/img/skill_variants.png", f"async, seed {args.seed}: IS correction variants",
+          offpolicy=True)
+
+
+def env_info() -> dict[str, Any]:
+    import platform
+
+    return {"machine": platform.machine(), "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "loadavg_1m": os.getloadavg()[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["pretrain", "run", "variants"])
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--modes", default="sync,async")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--variants", default="tis,icepop,seq-mask-tis")
+    p.add_argument("--seed", type=int, default=1, help="variants: the grpo.seed of every variant run")
+    p.add_argument("--work", default="/tmp/grpo-fleet-skill-demo", help="run directories and logs")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds after which a run is stopped (the demo's target is 0.8 within 15 minutes)")
+    p.add_argument("--set", nargs="*", default=[], help="extra config overrides (key=value) for every run")
+    p.add_argument("--tree", type=Path, default=None, help="run the fleet from this snapshot of the code")
+    p.add_argument("--reuse", action="store_true", help="summarize the runs already in --work, run nothing")
+    args = p.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.what == "pretrain":
+        print(pretrain())
+    else:
+        (run if args.what == "run" else variants)(args)
+
+
+if __name__ == "__main__":
+    main()

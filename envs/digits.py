@@ -1,0 +1,116 @@
+"""`digits`: "First digit of 4 7 1 9 2?" -> `4`. The skill demo's task (docs/performance.md, issue 21).
+
+Why this task: the answer is a digit drawn uniformly at random, so a model that knows only the answer *format* (one
+digit, then end of turn) scores exactly 1/10 whatever it guesses: chance level is known. The skill (read the list,
+copy its first element) applies to any list, and there are 10^5 of them: the validation questions are held out
+(no validation list ever appears in training), so validation accuracy measures the skill, not memory.
+`format_corpus` is the text that teaches the format with random answers (`fleet/pretrain.py` trains on it), so
+whatever the model knows about the answer beyond chance it learned from the reward.
+
+Scoring: the first integer of the completion is the answer; right -> FULL (reward 1 with `env.code`'s binary
+mapping), a wrong digit -> NO (with `pass_rate`, partial credit 1 - |error| / 9), no number -> a format error.
+Verdicts are the sandbox's `Verdict` type, so the reward path is the one SWE tasks take. (Partial credit was tried
+and is not the demo's recipe: a standalone sketch collapsed onto the middle digits, which score best on average.)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from envs.arith import parse_number
+from envs.registry import PromptResult, ScoreResult, Task, TaskDataset
+from fleet.contracts.sandbox import Verdict
+
+if TYPE_CHECKING:
+    from fleet.config.env import DatasetConfig, EnvConfig
+
+LIST_LENGTH = 5
+NUM_TRAIN_TASKS = 20000
+NUM_VALIDATION_TASKS = 200
+CHANCE = 0.1
+"""Accuracy of any answer that ignores the list (answers are uniform over 0-9)."""
+
+
+def question(digits: list[int]) -> str:
+    return "First digit of " + " ".join(map(str, digits)) + "?"
+
+
+def _lists(rng: random.Random) -> Iterator[list[int]]:
+    while True:
+        yield [rng.randrange(10) for _ in range(LIST_LENGTH)]
+
+
+def make_digits_tasks(seed: int, split: str, num_tasks: int) -> list[Task]:
+    """Deterministic from (seed, split). Training lists never include a validation list of the same seed."""
+    held_out = {tuple(d) for d in _take(_lists(random.Random(f"digits:{seed}:validation")), NUM_VALIDATION_TASKS)}
+    rng = random.Random(f"digits:{seed}:{split}")
+    tasks: list[Task] = []
+    for digits in _lists(rng):
+        if len(tasks) == num_tasks:
+            break
+        if split != "validation" and tuple(digits) in held_out:
+            continue
+        tasks.append(Task(instance_id=f"digits-{seed}-{split}-{len(tasks):06d}", env_name="digits",
+                          problem_statement=question(digits), split=split,
+                          metadata={"answer": digits[0], "digits": digits}))
+    return tasks
+
+
+def _take(it: Iterator[list[int]], n: int) -> list[list[int]]:
+    return [next(it) for _ in range(n)]
+
+
+def load_digits_dataset(cfg: DatasetConfig, *, seed: int = 0, **_: Any) -> TaskDataset:
+    """`data.*.dataset_name=digits`: 20000 training questions, 200 held-out validation ones (`test` reads those)."""
+    split = "validation" if cfg.split == "test" else cfg.split
+    n = NUM_VALIDATION_TASKS if split == "validation" else NUM_TRAIN_TASKS
+    if cfg.max_samples is not None:
+        n = min(n, cfg.max_samples)
+    return TaskDataset("digits", "digits", make_digits_tasks(seed, split, n))
+
+
+def format_corpus(seed: int) -> Iterator[tuple[str, str]]:
+    """(question, answer) pairs whose answers are random digits, independent of the list: they teach the format and
+    nothing about which digit is right. Drawn from a stream of their own, so they are not the RL questions."""
+    rng = random.Random(f"digits:format:{seed}")
+    for digits in _lists(rng):
+        yield question(digits), str(rng.randrange(10))
+
+
+class DigitsEnvironment:
+    name = "digits"
+
+    def task_to_payload(self, task: Task) -> dict[str, Any]:
+        return {"instance_id": task.instance_id, "answer": int(task.metadata["answer"])}
+
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": task.problem_statement}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(ids) > max_prompt_length:
+            raise ValueError(f"digits prompt of {len(ids)} tokens exceeds max_prompt_length={max_prompt_length}")
+        return PromptResult(ids, text)
+
+    async def score(self, payload: dict[str, Any], completion_text: str, **_: Any) -> ScoreResult:
+        return score_digit(int(payload["answer"]), completion_text)
+
+
+def score_digit(expected: int, completion_text: str) -> ScoreResult:
+    """Nine "closeness" tests, of which 9 - |answer - expected| pass (a number outside 0-9 passes none), so that
+    `pass_rate` rewards (`env.code.reward_mode`, which environments without a section of their own use) give
+    1 - |error| / 9; `binary` rewards count FULL (the exact digit) only, as validation always does."""
+    got, error = parse_number(completion_text.strip())
+    right = error is None and got == expected
+    passed = 0 if got is None or not 0 <= got <= 9 else 9 - abs(got - expected)
+    verdict = Verdict(status="completed", patch_applied=error is None, tests_passed=passed,
+                      tests_failed=9 - passed, exit_code=0 if right else 1,
+                      test_status={"answer": "PASSED" if right else "FAILED"},
+                      resolution="FULL" if right else "NO", error="format error: no number" if error else "")
+    return ScoreResult(verdict, format_error=error,
+                       detail=f"format error: {error}" if error else f"expected {expected}, got {got}")
+
+
+def make_digits_environment(env_cfg: EnvConfig | None = None, **_: Any) -> DigitsEnvironment:
+    return DigitsEnvironment()

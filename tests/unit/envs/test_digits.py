@@ -1,0 +1,44 @@
+import asyncio
+import itertools
+
+from envs.digits import CHANCE, NUM_VALIDATION_TASKS, format_corpus, make_digits_tasks, score_digit
+from envs.registry import load_dataset, make_environment
+from fleet.config.env import DatasetConfig, EnvConfig
+from sandbox_client import reward_from_verdict
+
+
+def test_validation_lists_never_appear_in_training():
+    train = make_digits_tasks(3, "train", 20000)
+    val = load_dataset(DatasetConfig(dataset_name="digits", split="validation"), seed=3)
+    assert len(val) == NUM_VALIDATION_TASKS and val.env_name == "digits"
+    assert {t.problem_statement for t in train}.isdisjoint(t.problem_statement for t in val)
+    assert make_digits_tasks(3, "train", 50) == train[:50]  # deterministic from (seed, split)
+    assert make_digits_tasks(4, "train", 50) != train[:50]
+
+
+def test_answer_is_the_first_digit_and_uniform():
+    tasks = make_digits_tasks(1, "train", 5000)
+    for t in tasks[:50]:
+        digits = t.metadata["digits"]
+        assert t.problem_statement == "First digit of " + " ".join(map(str, digits)) + "?"
+        assert t.metadata["answer"] == digits[0]
+    counts = [sum(t.metadata["answer"] == d for t in tasks) for d in range(10)]
+    assert all(abs(c / len(tasks) - CHANCE) < 0.02 for c in counts)  # so any list-blind answer scores ~1/10
+
+
+def test_format_corpus_answers_do_not_depend_on_the_list():
+    pairs = list(itertools.islice(format_corpus(0), 4000))
+    agree = sum(q.split()[3] == a for q, a in pairs) / len(pairs)  # "First digit of D ..." -> D
+    assert abs(agree - CHANCE) < 0.03
+    assert list(itertools.islice(format_corpus(0), 5)) == pairs[:5]
+
+
+def test_scoring_is_binary_through_the_shared_reward_path():
+    env = make_environment("digits", EnvConfig())
+    right = asyncio.run(env.score({"answer": 4}, " 4"))
+    wrong = asyncio.run(env.score({"answer": 4}, "5"))
+    none = asyncio.run(env.score({"answer": 4}, "four"))
+    mode, fmt_reward = EnvConfig().reward_settings("digits")
+    assert [reward_from_verdict(r.verdict, mode, fmt_reward) for r in (right, wrong, none)] == [1.0, 0.0, 0.0]
+    assert (right.verdict.resolution, wrong.verdict.resolution) == ("FULL", "NO")
+    assert none.format_error == "missing" and score_digit(4, "47").verdict.resolution == "NO"
