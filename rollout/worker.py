@@ -23,6 +23,7 @@ from buffer_client import BufferClient
 from fleet.config import MasterConfig
 from fleet.contracts.weights import NO_WEIGHTS
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from rollout.agent.computer import ComputerRunner
 from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
@@ -89,6 +90,7 @@ class RolloutWorker:
         self.agent = AgentRunner(cfg, engine, decode.tokenizer, worker_id) if cfg.env.code.mode == "agent" else None
         # Environments whose tools run here (envs/lookup.py): multi-turn episodes in any mode, no sandbox.
         self.local_tools = LocalToolRunner(cfg, engine, decode.tokenizer)
+        self.computer = _computer_runner(cfg, engine, worker_id)
         self.weights = NO_WEIGHTS  # what the engine serves; set only once a push has loaded
         self.state = "starting"
         self.in_flight: dict[str, asyncio.Task[None]] = {}
@@ -231,6 +233,8 @@ class RolloutWorker:
         sample = self._agent_sample if agent else self._one_sample
         if LocalToolRunner.handles(prompt.env_name):
             sample = self._local_tools_sample
+        if ComputerRunner.handles(prompt.env_name):
+            sample = self._computer_sample
         # An image task's pull starts at lease time, not when the first answer reaches an executor.
         prefetch = asyncio.create_task(self.scorer.prefetch(payload), name=f"prefetch-{prompt.group_id}")
         try:
@@ -271,6 +275,15 @@ class RolloutWorker:
         self.stats.tokens_generated += trajectory.episode.generated_tokens
         return trajectory
 
+    async def _computer_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
+                               sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
+        if self.computer is None:
+            raise ValueError(f"group {prompt.group_id}: a computer_use task reached a worker whose config does not "
+                             "select the computer-use path (data.train.dataset_name=computer_use)")
+        trajectory = await self.computer.sample(prompt, payload, sampling, index)
+        self.stats.tokens_generated += trajectory.episode.generated_tokens
+        return trajectory
+
     async def _local_tools_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
                                   sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
         trajectory = await self.local_tools.sample(prompt, payload, sampling, index)
@@ -297,9 +310,22 @@ class RolloutWorker:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        if self.agent is not None:
-            await self.agent.close()  # its sessions go now, not when their lease runs out
+        for runner in (self.agent, self.computer):
+            if runner is not None:
+                await runner.close()  # its sessions go now, not when their lease runs out
         return len(done), len(pending)
+
+
+def _computer_runner(cfg: MasterConfig, engine: GenerationEngine, worker_id: str) -> ComputerRunner | None:
+    """The computer-use runner when the config selects that path, with the model's multimodal processor (from
+    `policy.tokenizer.name`, else the served folder: what the trainer loads)."""
+    from fleet.config.vision import uses_computer_use
+
+    if not uses_computer_use(cfg):
+        return None
+    from fleet.tinyvlm import load_processor
+
+    return ComputerRunner(cfg, engine, load_processor(cfg.policy.tokenizer.name or engine.model_path), worker_id)
 
 
 class Decoder:

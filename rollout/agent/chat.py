@@ -13,7 +13,11 @@ Hermes / Qwen 2.5 tools block in the system message instead, so the model always
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollout.agent.tools import Observation
 
 _PROBE_USER, _PROBE_ASSISTANT = "\x01U\x01", "\x01A\x01"
 HERMES_TOOLS = (
@@ -65,7 +69,7 @@ class ChatFormat:
             with_tools = self._render(messages, add_generation_prompt=True)
         return self.encode(with_tools)
 
-    def observation_ids(self, results: list[str], *, turn_closed: bool) -> list[int]:
+    def observation_ids(self, results: Sequence[str | list[dict[str, Any]]], *, turn_closed: bool) -> list[int]:
         """Tokens between one assistant turn and the next: (the end-of-turn token if the model did not write it,)
         the tool messages, and the next assistant turn opened."""
         before = self._render(self._base)
@@ -78,6 +82,13 @@ class ChatFormat:
         if turn_closed and self._end_text and close.startswith(self._end_text):
             close = close[len(self._end_text):]
         return self.encode(close + after[len(before):])
+
+    def observation_tokens(self, results: Sequence[Observation], max_tokens: int, *,
+                           turn_closed: bool) -> tuple[list[int], list[tuple[bytes, int, int]]]:
+        """`observation_ids` of tool results, each cut to `max_tokens`, and the images among them as (PNG, start,
+        length) of their placeholder runs in those ids: none here (a vision format overrides this)."""
+        texts = [self.truncate(r.text, max_tokens) for r in results]
+        return self.observation_ids(texts, turn_closed=turn_closed), []
 
     def turn_closed(self, ids: list[int]) -> bool:
         return bool(ids) and ids[-1] in self.end_ids

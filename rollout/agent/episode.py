@@ -9,6 +9,10 @@ weights) and are listed in `observation_spans`; the trainer masks them out of th
 End reasons: `submitted`, `max_turns`, `context_full` (the next turn or observation would not fit in
 `max_total_tokens`), `timeout` (the episode's wall clock; a turn cut short is dropped whole). A sandbox failure is
 not an end reason: `SessionUnavailable` propagates and the caller gives the whole group back.
+
+Computer use (rollout/agent/computer.py) runs the same loop with an observation before the first turn (the page's
+first screenshot), observations that carry images (their placeholder runs recorded in `images`; every generation
+gets the images of its whole context), one call per turn (`tools.max_calls_per_turn`) and a bound on image bytes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from rollout.engine.base import Generation, SamplingSpec
 log = logging.getLogger(__name__)
 OBSERVATION_VERSION = -1
 EndReason = Literal["submitted", "max_turns", "context_full", "timeout"]
-Generate = Callable[[str, Sequence[int], SamplingSpec], Awaitable[Generation]]
+Generate = Callable[..., Awaitable[Generation]]  # (request_id, context, sampling[, images=...]): engine.generate
 NO_CALL = ("error: no tool call found. Call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, "
            "or call submit when you are done.")
 
@@ -41,6 +45,8 @@ class EpisodeLimits:
     max_observation_tokens: int = 512
     """Tool output tokens per turn; longer output is cut in the middle with a marker."""
     episode_timeout_s: float = 600.0
+    max_image_bytes: int = 1 << 62
+    """Computer use: PNG bytes of screenshots per trajectory (`policy.vision.max_image_bytes_per_trajectory`)."""
 
 
 @dataclass
@@ -58,6 +64,8 @@ class Episode:
     """Attempts answered with an error observation (malformed, unknown tool, bad arguments, no such file)."""
     end_reason: EndReason = "max_turns"
     last_finish: str = ""
+    images: list[tuple[bytes, int, int]] = field(default_factory=list)
+    """Computer use: (PNG, start, length) in `token_ids` of each screenshot's placeholder run."""
 
     @property
     def generated_tokens(self) -> int:
@@ -73,7 +81,8 @@ class Episode:
         self.versions += gen.token_versions
         self.last_finish = gen.finish_reason
 
-    def add_observation(self, ids: list[int]) -> None:
+    def add_observation(self, ids: list[int], images: Sequence[tuple[bytes, int, int]] = ()) -> None:
+        self.images += [(png, len(self.token_ids) + start, n) for png, start, n in images]
         self.observation_spans.append((len(self.token_ids), len(ids)))
         self.token_ids += ids
         self.logprobs += [0.0] * len(ids)
@@ -87,12 +96,18 @@ class Episode:
 
 
 async def run_episode(generate: Generate, fmt: ChatFormat, tools: ToolRunner, prompt_ids: Sequence[int],
-                      sampling: SamplingSpec, limits: EpisodeLimits, request_id: str) -> Episode:
+                      sampling: SamplingSpec, limits: EpisodeLimits, request_id: str, *,
+                      first: Observation | None = None) -> Episode:
+    """`first`: an observation shown before the first turn (computer use: the page's first screenshot)."""
     episode = Episode(len(prompt_ids))
+    context = list(prompt_ids)
+    if first is not None:
+        obs, images = fmt.observation_tokens([first], limits.max_observation_tokens, turn_closed=False)
+        episode.add_observation(obs, images)
+        context += obs
     try:
         async with asyncio.timeout(limits.episode_timeout_s):
-            episode.end_reason = await _turns(generate, fmt, tools, list(prompt_ids), sampling, limits, request_id,
-                                              episode)
+            episode.end_reason = await _turns(generate, fmt, tools, context, sampling, limits, request_id, episode)
     except TimeoutError:
         episode.end_reason = "timeout"
     return episode
@@ -104,8 +119,9 @@ async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolRunner, context
         room = limits.max_total_tokens - len(context)
         if room <= 0:
             return "context_full"
-        gen = await generate(f"{request_id}/t{turn}", context,
-                             replace(sampling, max_new_tokens=min(limits.max_new_tokens_per_turn, room)))
+        spec = replace(sampling, max_new_tokens=min(limits.max_new_tokens_per_turn, room))
+        images = {"images": [png for png, _, _ in episode.images]} if episode.images else {}
+        gen = await generate(f"{request_id}/t{turn}", context, spec, **images)
         if len(gen.logprobs) != len(gen.token_ids) or len(gen.token_versions) != len(gen.token_ids):
             raise RuntimeError(f"engine contract: {len(gen.token_ids)} tokens, {len(gen.logprobs)} log-probs, "
                                f"{len(gen.token_versions)} versions")
@@ -118,11 +134,12 @@ async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolRunner, context
         if turn == limits.max_turns - 1:
             return "max_turns"
         budget = max(1, limits.max_observation_tokens // max(1, len(results)))
-        obs = fmt.observation_ids([fmt.truncate(r.text, budget) for r in results],
-                                  turn_closed=fmt.turn_closed(gen.token_ids))
+        obs, obs_images = fmt.observation_tokens(results, budget, turn_closed=fmt.turn_closed(gen.token_ids))
         if len(context) + len(obs) >= limits.max_total_tokens:
             return "context_full"  # no room left for the model to answer the observation
-        episode.add_observation(obs)
+        if sum(len(png) for png, _, _ in [*episode.images, *obs_images]) > limits.max_image_bytes:
+            return "context_full"  # the trajectory's screenshots would pass policy.vision's bound
+        episode.add_observation(obs, obs_images)
         context += obs
     return "max_turns"
 
@@ -130,7 +147,7 @@ async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolRunner, context
 async def _act(text: str, tools: ToolRunner, episode: Episode) -> tuple[list[Observation], bool]:
     """Run the turn's tool calls in order, up to a submit. Returns (observations, submitted)."""
     try:
-        calls = parse_tool_calls(text)
+        calls = parse_tool_calls(text)[: getattr(tools, "max_calls_per_turn", None)]
     except ToolCallError as exc:
         episode.tool_calls += 1  # an attempt that failed: counts in the error rate
         episode.tool_errors += 1

@@ -58,6 +58,10 @@ class Observation:
     text: str
     error: bool = False
     submitted: bool = False
+    image: bytes | None = None
+    """Computer use: a screenshot (PNG) shown after the text (rollout/agent/computer.py)."""
+    size: tuple[int, int] = (0, 0)
+    """(width, height) of `image`."""
 
 
 class ToolRunner(Protocol):

@@ -220,8 +220,10 @@ class GenerationEngine(ABC):
 
     # -- generation ---------------------------------------------------------------------------------------------
     @abstractmethod
-    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
-        """Sample one answer. Cancelling the awaiting task aborts the request."""
+    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec,
+                       images: Sequence[bytes] = ()) -> Generation:
+        """Sample one answer. Cancelling the awaiting task aborts the request. `images` (computer use): the PNGs of
+        the prompt's image placeholder runs, in order; each run is already expanded to its tokens in the prompt."""
 
     @property
     def served_version(self) -> int:

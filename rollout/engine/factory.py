@@ -25,9 +25,16 @@ def make_engine(cfg: MasterConfig, model_path: str | Path, *, initial_version: i
 
         return VllmEngine(model_path, v, dtype=cfg.policy.precision, tokenizer=cfg.policy.tokenizer.name,
                           max_model_len=v.max_model_len or cfg.policy.max_total_sequence_length, seed=cfg.grpo.seed,
-                          initial_version=initial_version)
+                          initial_version=initial_version, max_images_per_prompt=max_images(cfg))
     if g.backend == "hf":
         from rollout.engine.hf_engine import HfEngine
 
         return HfEngine(model_path, device=g.device, **common)  # type: ignore[arg-type]
     raise ValueError(f"policy.generation.backend={g.backend!r} is not an engine (expected 'vllm' or 'hf')")
+
+
+def max_images(cfg: MasterConfig) -> int:
+    """Screenshots one computer-use turn's context may hold (the first one and one per action); 0 off that path."""
+    from fleet.config.vision import uses_computer_use
+
+    return cfg.env.computer_use.max_actions + 1 if uses_computer_use(cfg) else 0

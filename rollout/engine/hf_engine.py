@@ -181,8 +181,12 @@ class HfEngine(GenerationEngine):
         self._spare.clear()
 
     # -- generation ---------------------------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
+    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec,
+                       images: Sequence[bytes] = ()) -> Generation:
         import torch
+
+        if images:  # the config refuses this pairing at load (fleet/config/vision.py); a direct caller learns why
+            raise ValueError("the hf engine has no image inputs: the computer-use path needs the vllm engine")
 
         prompt = list(prompt_token_ids)
         if not 0 < len(prompt) < self.max_model_len:

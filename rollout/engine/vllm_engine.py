@@ -50,6 +50,7 @@ from rollout.engine.base import (
     StagedWeights,
     UpdateStats,
 )
+from rollout.engine.images import image_inputs, image_prompt
 from rollout.engine.vllm_staging import (
     FileStaged,
     Progress,
@@ -100,10 +101,12 @@ class VllmEngine(GenerationEngine):
         initial_version: int = 0,
         stage_min_bytes: int = 0,
         engine_kwargs: dict[str, Any] | None = None,
+        max_images_per_prompt: int = 0,
     ) -> None:
         """`cfg`: `policy.generation.vllm_cfg` (defaults without one). `max_model_len`: the context length (default
         `cfg.max_model_len`, else 2048). `stage_min_bytes`: pushes smaller than this, not received into a staging
-        file, travel inline instead of being copied into one. `engine_kwargs`: extra `AsyncEngineArgs`."""
+        file, travel inline instead of being copied into one. `engine_kwargs`: extra `AsyncEngineArgs`.
+        `max_images_per_prompt` > 0: a vision-language model with image inputs (rollout/engine/images.py)."""
         super().__init__(model_path, dtype=dtype, initial_version=initial_version)
         self.cfg = cfg = cfg if cfg is not None else VllmConfig()
         self.max_model_len = max_model_len or cfg.max_model_len or 2048
@@ -124,6 +127,7 @@ class VllmEngine(GenerationEngine):
             disable_log_stats=True,
             worker_extension_cls=vllm_worker.QUALNAME,
         )
+        self._image_token_id = image_inputs(self.model_path, max_images_per_prompt, self._engine_kwargs)
         self._engine_kwargs.update(engine_kwargs or {})
         self._cpu_kv_bytes = int(cfg.cpu_kvcache_space_gb * GiB)
         self._staging_dir = cfg.staging_dir
@@ -155,8 +159,8 @@ class VllmEngine(GenerationEngine):
         t0 = time.perf_counter()
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         if current_platform.is_cpu():
-            self._load_mode = self._cpu_weight_layout
-            if self._cpu_weight_layout == "plain":
+            self._load_mode = "reload" if self._image_token_id is not None else self._cpu_weight_layout
+            if self._load_mode == "plain":
                 t1 = time.perf_counter()
                 unpacked = await self._rpc(self._llm, ("grpo_fleet_unpack_and_load", (str(self.model_path),)))
                 log.info("unpacked %s CPU GEMM weights in %.1f s", unpacked, time.perf_counter() - t1)
@@ -247,7 +251,8 @@ class VllmEngine(GenerationEngine):
             output_kind=RequestOutputKind.DELTA,
         )
 
-    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec) -> Generation:
+    async def generate(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec,
+                       images: Sequence[bytes] = ()) -> Generation:
         prompt = list(prompt_token_ids)
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_model_len={self.max_model_len}")
@@ -256,6 +261,8 @@ class VllmEngine(GenerationEngine):
         params = self._params(sampling, len(prompt))
         # A salt per served version: prefix blocks computed by older weights are never reused by this request.
         engine_prompt = {"prompt_token_ids": prompt, "cache_salt": f"v{self._served_version}"}
+        if images:
+            engine_prompt.update(image_prompt(prompt, images, self._image_token_id))
         tokens: list[int] = []
         logprobs: list[float] = []
         final = None
@@ -322,6 +329,8 @@ class VllmEngine(GenerationEngine):
                 await llm.resume_generation()
                 raise EngineUnavailableError(f"weight load of version {version} failed: {exc!r}") from exc
             t2 = time.perf_counter()
+            if self._image_token_id is not None:  # old vision embeddings go, in the scheduler and the worker
+                await llm.reset_encoder_cache()
             await llm.update_weight_version(str(version))
             self._served_version = version
             await llm.resume_generation()
