@@ -3,6 +3,7 @@ episodes against single-shot answers on the same tasks with the same engine, mea
 
     .venv/bin/python benchmarks/agent_bench.py                         # sessions + episodes, HF engine, tiny model
     .venv/bin/python benchmarks/agent_bench.py --engine vllm --episodes 32 --samples 200
+    .venv/bin/python benchmarks/agent_bench.py learn    # the tiny model learns a tool env (agent_learn.py)
 
 Sessions: a real executor + HTTP server (bwrap, root) over a small git repository, driven by `SessionClient`:
 `open` (checkout, uid hand-over, HTTP) and `exec` of `echo hi` (HTTP + bwrap + prlimit + setpriv), against
@@ -176,4 +177,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if sys.argv[1:2] == ["learn"]:  # the tool-use learning demo (benchmarks/agent_learn.py)
+        from agent_learn import main as learn
+
+        learn(sys.argv[2:])
+    else:
+        asyncio.run(main())

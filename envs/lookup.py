@@ -112,15 +112,17 @@ class LookupTools:
         return Observation(str(self.table[key]))
 
 
-def score_episode(expected: int, answer: str | None) -> ScoreResult:
-    """Always a `completed` verdict with two tests, `format` (the episode called `answer`) and `answer` (with the
-    right value); an episode that never answered is a format error (`format_error_reward`)."""
+def score_episode(expected: int, answer: str | None, looked_up: bool = False) -> ScoreResult:
+    """Always a `completed` verdict with three tests: `format` (the episode called `answer`), `lookup` (it looked up
+    the question's key) and `answer` (with the right value). FULL iff the value is right (binary reward); the other
+    two are the partial credit of `pass_rate`, the shaping a tiny model's first steps need (as in `arith`). An
+    episode that never answered is a format error (`format_error_reward`)."""
     right = answer is not None and answer == str(expected)
-    verdict = Verdict(status="completed", patch_applied=answer is not None,
-                      tests_passed=int(answer is not None) + int(right),
-                      tests_failed=int(answer is None) + int(not right), exit_code=0 if right else 1,
-                      test_status={"format": "PASSED" if answer is not None else "FAILED",
-                                   "answer": "PASSED" if right else "FAILED"},
+    tests = {"format": answer is not None, "lookup": looked_up, "answer": right}
+    passed = sum(tests.values())
+    verdict = Verdict(status="completed", patch_applied=answer is not None, tests_passed=passed,
+                      tests_failed=len(tests) - passed, exit_code=0 if right else 1,
+                      test_status={k: "PASSED" if v else "FAILED" for k, v in tests.items()},
                       resolution="FULL" if right else "NO",
                       error="" if answer is not None else "format error (missing): the episode never called answer")
     detail = "format error: missing" if answer is None else f"expected {expected}, got {answer!r}"
@@ -133,7 +135,7 @@ class LookupEnvironment:
     """Episodes of this environment run in the rollout worker's agent loop with `episode_tools` (no sandbox)."""
 
     def task_to_payload(self, task: Task) -> dict[str, Any]:
-        return {"instance_id": task.instance_id, "table": dict(task.metadata["table"]),
+        return {"instance_id": task.instance_id, "table": dict(task.metadata["table"]), "key": task.metadata["key"],
                 "answer": int(task.metadata["answer"])}
 
     def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
@@ -149,7 +151,7 @@ class LookupEnvironment:
         return LookupTools({str(k): int(v) for k, v in payload["table"].items()})
 
     def score_tools(self, payload: dict[str, Any], tools: LookupTools) -> ScoreResult:
-        return score_episode(int(payload["answer"]), tools.answer)
+        return score_episode(int(payload["answer"]), tools.answer, payload.get("key") in tools.lookups)
 
     async def score(self, payload: dict[str, Any], completion_text: str, **_: Any) -> ScoreResult:
         """A single-shot completion (no episode): its last `answer` call, if any, is the answer -- the value cannot

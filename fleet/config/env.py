@@ -80,7 +80,7 @@ class ArithEnvConfig(Section):
 
 
 class LookupEnvConfig(Section):
-    num_keys: int = Field(10, ge=2, le=1000)
+    num_keys: int = Field(10, ge=1, le=1000)
     """Keys `k0`..`k{num_keys-1}` a task's table draws from."""
     table_size: int = Field(4, ge=1)
     """Keys in one task's table (at most `num_keys`); the question names one of them."""
@@ -89,7 +89,8 @@ class LookupEnvConfig(Section):
     num_tasks: int = Field(4000, ge=1)
     """Tasks in the generated training set."""
     reward_mode: Literal["binary", "pass_rate"] = "binary"
-    """binary: 1 for the right value, else 0. pass_rate: tests `format` (an answer was given) and `answer`."""
+    """binary: 1 for the right value, else 0. pass_rate: the fraction of three tests, `format` (an answer was
+    given), `lookup` (the question's key was looked up) and `answer` (the right value)."""
     format_error_reward: float = 0.0
     """Reward of an episode that never called `answer`."""
 

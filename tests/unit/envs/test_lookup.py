@@ -71,7 +71,10 @@ def test_scoring_right_wrong_and_missing_answers_through_the_reward_mapping() ->
     assert (right.verdict.resolution, wrong.verdict.resolution, missing.format_error) == ("FULL", "NO", "missing")
     assert [reward_for(cfg, "lookup", r.verdict) for r in (right, wrong, missing)] == [1.0, 0.0, 0.0]
     cfg.env.lookup.reward_mode, cfg.env.lookup.format_error_reward = "pass_rate", -0.5
-    assert [reward_for(cfg, "lookup", r.verdict) for r in (right, wrong, missing)] == [1.0, 0.5, -0.5]
+    looked_up_wrong = score_episode(57, "58", looked_up=True)
+    assert [reward_for(cfg, "lookup", r.verdict) for r in (right, wrong, missing)] == [2 / 3, 1 / 3, -0.5]
+    assert reward_for(cfg, "lookup", looked_up_wrong.verdict) == 2 / 3
+    assert reward_for(cfg, "lookup", score_episode(57, "57", looked_up=True).verdict) == 1.0
     env = make_environment("lookup")
     guessed = asyncio.run(env.score({"answer": 57}, call("answer", value="57")))
     assert guessed.verdict.resolution == "FULL"  # a single-shot completion is a guess, graded the same way
