@@ -5,12 +5,13 @@ executor `cap` bytes of memory, not 100 MB. On timeout or cancellation the whole
 its leader, and its pid namespace takes every process of the sandbox down with it (even ones that left the group with
 setsid).
 
-Why the pipes are read in ticks (`_PipeReader`) rather than on every readiness: the runner writes one small record per
-test phase and pytest one progress write per test (unbuffered), ~1,800 writes for a 455-test suite. A reader blocked
-on the pipe is woken by every one of them, and on our 2-core VMs each wake-up (a cross-CPU interrupt) cost the test
-process ~40 us: +50 ms per task, more than the whole sandbox. So a pipe that has just been read is left alone for
-`_TICK_S` while its data pools in the (enlarged) pipe buffer; a stream that fills its buffer is read continuously, and
-at exit everything is read at once. Nothing is lost: what a killed process wrote stays in the pipe until read.
+Why the pipes are polled (`_Drain`) rather than read on readiness: the runner writes one small record per test phase
+and pytest one progress write per test (unbuffered), ~1,800 writes for a 455-test suite. A reader waiting on the pipe
+is woken by every one of them, and on our 2-core VMs each wake-up (a cross-CPU interrupt) cost the test process ~40 us:
++50 ms per task, more than the whole sandbox. So the pipes are not in the event loop's epoll set at all: every
+`_TICK_S` one timer reads whatever pooled in their (enlarged) buffers, at once again while a stream fills its buffer,
+every millisecond once the process has exited (until EOF). Nothing is lost: what a killed process wrote stays in the
+pipe until read.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-_CHUNK = 1 << 20
+_CHUNK = 256 << 10
 # After the command exits or is killed, how long its pipes may stay open (only possible without bwrap).
 _DRAIN_GRACE_S = 2.0
 _TICK_S = 0.02
+_EXITED_TICK_S = 0.001
 _PIPE_BYTES = 1 << 20  # 20 ms of a fast writer; the kernel allocates pages only as they fill
 _BURST = 128 << 10  # a read this large: the writer is streaming, read again at once
 _F_SETPIPE_SZ = 1031
@@ -41,7 +43,7 @@ class TailBuffer:
         self.total = 0
         self._buf = bytearray()
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes | memoryview) -> None:
         self.total += len(chunk)
         self._buf += chunk[-self.cap:]
         if len(self._buf) > self.cap:
@@ -59,7 +61,7 @@ class HeadBuffer:
         self.total = 0
         self.data = bytearray()
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes | memoryview) -> None:
         self.total += len(chunk)
         room = self.cap - len(self.data)
         if room > 0:
@@ -84,44 +86,42 @@ class RunResult:
     """What the test process wrote on the report pipe (when one was given)."""
 
 
-class _PipeReader:
-    """Reads one pipe to EOF into `sink`, woken at most once per `_TICK_S` while the writer trickles (see the module
-    docstring); `exited()` reads what is there at once and from then on reads on every readiness."""
+class _Drain:
+    """Polls a run's pipes (non-blocking) into their sinks until each reaches EOF or `close()`; see the module
+    docstring for why they are polled."""
 
-    def __init__(self, fd: int, sink: TailBuffer | HeadBuffer) -> None:
-        self.fd, self.sink = fd, sink
+    def __init__(self, pipes: list[tuple[int, TailBuffer | HeadBuffer]]) -> None:
+        self.open = dict(pipes)
+        for fd in self.open:
+            os.set_blocking(fd, False)
         self.loop = asyncio.get_running_loop()
         self.done: asyncio.Future[None] = self.loop.create_future()
-        self._timer: asyncio.TimerHandle | None = None
-        self._immediate = False
-        os.set_blocking(fd, False)
-        self.loop.add_reader(fd, self._ready)
+        self._interval = _TICK_S
+        self._buf = memoryview(bytearray(_CHUNK))
+        self._timer: asyncio.Handle | None = self.loop.call_later(self._interval, self._tick)
 
-    def _ready(self) -> None:
-        self.loop.remove_reader(self.fd)
-        self._timer = None
-        got = 0
-        try:
-            while chunk := os.read(self.fd, _CHUNK):
-                self.sink.feed(chunk)
-                got += len(chunk)
-            self._finish()  # EOF
-            return
-        except BlockingIOError:
-            pass
-        except OSError:
+    def _tick(self) -> None:
+        busy = False
+        for fd, sink in list(self.open.items()):
+            got, eof = _read_available(fd, sink, self._buf)
+            busy = busy or got >= _BURST
+            if eof:
+                del self.open[fd]
+                os.close(fd)
+        if not self.open:
+            self._timer = None
             self._finish()
-            return
-        if self._immediate or got >= _BURST:
-            self.loop.add_reader(self.fd, self._ready)
+        elif busy:  # the writer is streaming: keep up with it
+            self._timer = self.loop.call_soon(self._tick)
         else:
-            self._timer = self.loop.call_later(_TICK_S, self.loop.add_reader, self.fd, self._ready)
+            self._timer = self.loop.call_later(self._interval, self._tick)
 
     def exited(self) -> None:
-        self._immediate = True
+        """The process is gone: read what it left now, and poll for EOF (which follows at once with bwrap)."""
+        self._interval = _EXITED_TICK_S
         if self._timer is not None:
             self._timer.cancel()
-            self._ready()
+            self._tick()
 
     def _finish(self) -> None:
         if not self.done.done():
@@ -130,9 +130,26 @@ class _PipeReader:
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self.loop.remove_reader(self.fd)
+            self._timer = None
+        for fd in self.open:
+            os.close(fd)
+        self.open.clear()
         self._finish()
-        os.close(self.fd)
+
+
+def _read_available(fd: int, sink: TailBuffer | HeadBuffer, buf: memoryview) -> tuple[int, bool]:
+    """(bytes read, EOF reached) from a non-blocking pipe, reading until it is empty. Into `buf`: `os.read` would
+    allocate (and on most ticks free unused) a chunk-sized buffer per call, the larger part of a tick's cost."""
+    got = 0
+    try:
+        while n := os.readv(fd, [buf]):
+            sink.feed(buf[:n])
+            got += n
+    except BlockingIOError:
+        return got, False
+    except OSError:
+        return got, True
+    return got, True
 
 
 def open_pipe() -> tuple[int, int]:
@@ -219,9 +236,7 @@ async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, o
     finally:
         for fd in (out_write, err_write, *child_fds):
             os.close(fd)  # ours only: the write ends must close when bwrap exits, or the reads never end
-    readers = [_PipeReader(out_read, out), _PipeReader(err_read, err)]
-    if report and sink:
-        readers.append(_PipeReader(report.read_fd, sink))
+    drain = _Drain([(out_read, out), (err_read, err), *([(report.read_fd, sink)] if report and sink else [])])
     timed_out = False
     try:
         try:
@@ -229,15 +244,13 @@ async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, o
         except TimeoutError:
             timed_out = True
             _kill_group(proc)
-        for reader in readers:
-            reader.exited()
+        drain.exited()
         # With bwrap the pipes close when its pid namespace dies; without it, a daemon may keep them open.
-        await asyncio.wait([r.done for r in readers], timeout=_DRAIN_GRACE_S)
+        await asyncio.wait([drain.done], timeout=_DRAIN_GRACE_S)
     finally:
         if proc.returncode is None:  # killed but not yet reaped, or cancelled: never leave a sandbox behind
             _kill_group(proc)
             with contextlib.suppress(TimeoutError, ProcessLookupError):
                 await asyncio.shield(asyncio.wait_for(proc.wait(), _DRAIN_GRACE_S))
-        for reader in readers:
-            reader.close()
+        drain.close()
     return RunResult(proc.returncode, timed_out, True, out, err, time.monotonic() - t0, report=sink)

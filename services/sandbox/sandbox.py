@@ -111,6 +111,7 @@ class SandboxPolicy:
         self.work_root = work_root.resolve()
         self.pool_size = pool_size
         self.as_root = os.geteuid() == 0
+        self._visible_paths: list[tuple[str, str | None]] | None = None
 
     def uid_for_slot(self, slot: int) -> int | None:
         """The uid a pool slot's tests run as (None: the executor's own, when it is not root)."""
@@ -139,7 +140,13 @@ class SandboxPolicy:
 
     def _visible(self) -> list[tuple[str, str | None]]:
         """(path, symlink target or None) of each `visible_paths` entry that exists: the only host folders, with the
-        interpreter's and the runner's, that the sandbox sees (a merged-/usr `/bin` stays a link)."""
+        interpreter's and the runner's, that the sandbox sees (a merged-/usr `/bin` stays a link). Looked up once per
+        policy: the host's system folders do not change under a running executor."""
+        if self._visible_paths is None:
+            self._visible_paths = self._find_visible()
+        return self._visible_paths
+
+    def _find_visible(self) -> list[tuple[str, str | None]]:
         out: list[tuple[str, str | None]] = []
         for path in dict.fromkeys(os.path.normpath(p) for p in self.cfg.visible_paths):
             if os.path.islink(path):
