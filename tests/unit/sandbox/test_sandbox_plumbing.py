@@ -121,6 +121,16 @@ async def test_run_limited_caps_output_and_kills_the_whole_group_on_timeout(tmp_
     assert not _alive(background)
 
 
+async def test_run_limited_reads_every_byte_of_many_small_writes_and_of_what_an_exited_writer_left(
+        tmp_path: Path) -> None:
+    # The pipes are polled, not read on every write: nothing may be lost between ticks or after the exit.
+    script = "i=0; while [ $i -lt 3000 ]; do echo line-$i; i=$((i+1)); done; echo last >&2"
+    result = await run_limited(["sh", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path), limit_s=60,
+                               output_cap=1 << 20)
+    lines = result.stdout.text().splitlines()
+    assert (result.exit_code, len(lines), lines[-1], result.stderr.text()) == (0, 3000, "line-2999", "last\n")
+
+
 async def test_run_limited_reports_the_exit_code(tmp_path: Path) -> None:
     result = await run_limited(["sh", "-c", "echo out; echo err >&2; exit 3"], env={"PATH": "/usr/bin:/bin"},
                                cwd=str(tmp_path), limit_s=30, output_cap=100)
