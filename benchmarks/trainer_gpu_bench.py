@@ -30,6 +30,10 @@ Peak memory is split into parameters + gradients + optimizer state (allocated af
 decoder's forward leaves allocated, autocast's bf16 weight copies included) and logits (the fused lm_head's own
 peak, measured alone at the same token count); `other_gb` is the rest of the peak.
 
+`--profile` times one step by kernel category (trainer_gpu_profile.profile_step), `--attn-bench` / `--head-bench` the
+attention and lm_head-softmax kernels alone; `--attn flash_attention_4` needs the flash-attn-4 package (carried in as
+wheels); `--cpu-smoke` runs every code path on a CPU (tiny `--layers`, `--no-compile`) before a device call.
+
 Compiled layers run with dynamic shapes from the first step (as the trainer's do from its second step on), so each
 mode compiles once. JSON goes to --out, else $OUT/trainer_gpu_bench.json, else ./trainer_gpu_bench.json (rank 0),
 rewritten after every measurement.
@@ -57,16 +61,15 @@ from trainer_gpu_parts import (  # noqa: E402
     PEAK_FLOPS,
     SHAPES,
     ActivationProbe,
-    attention_bench,
     check_logprob_grads,
     flops_per_token,
+    grpo_batch,
     logits_memory_gb,
     logits_sweep,
-    observation_spans,
-    profile_kernels,
+    trainer_config,
 )
+from trainer_gpu_profile import attention_bench, head_bench, profile_step  # noqa: E402
 
-from trainer.batch import Group, Trajectory, build_step_batch  # noqa: E402
 from trainer.dist import Dist, pick_device, read_env  # noqa: E402
 from trainer.logprobs import trained_only  # noqa: E402
 from trainer.model import wrap_policy  # noqa: E402
@@ -94,8 +97,19 @@ def parse() -> argparse.Namespace:
                    help="ablation: clip with clip_grad_norm_ and a host sync before the optimizer step (the path "
                         "several ranks take) instead of inside the fused AdamW")
     p.add_argument("--skip-naive", action="store_true")
-    p.add_argument("--profile", default="", help="LENxBATCH:MODE of one trainer measurement to profile (kernels)")
-    p.add_argument("--attn-bench", default="", help="sequence lengths of the attention-kernel microbenchmark")
+    p.add_argument("--attn", choices=("sdpa", "flash_attention_4"), default="sdpa",
+                   help="policy.attn_implementation of the trainer (the naive loop keeps sdpa); flash_attention_4 "
+                   "runs outside the compiled layers (trainer.model.flash_attention_4_outside_compile)")
+    p.add_argument("--fp32-residual", action="store_true",
+                   help="ablation: policy.low_precision_residual=false (fp32 residual stream on one GPU)")
+    p.add_argument("--profile", default="", help="LENxBATCH:MODE,... trainer measurements to profile ('all': every "
+                   "one): a kernel-category table (trainer_gpu_profile.profile_step)")
+    p.add_argument("--attn-bench", default="", help="LEN[xBATCH],... of the attention-kernel microbenchmark")
+    p.add_argument("--no-flex", action="store_true", help="attention microbenchmark without FlexAttention")
+    p.add_argument("--head-bench", type=int, default=0, help="rows of one lm_head softmax block to time (0: none)")
+    p.add_argument("--dynamic-vocab", action="store_true",
+                   help="ablation: the lm_head softmax kernels compiled with a symbolic vocabulary (before issue 22)")
+    p.add_argument("--cpu-smoke", action="store_true", help="run on CPU (tiny --layers, --no-compile): code paths only")
     p.add_argument("--logits-sweep", default="", help="token counts: the fused lm_head's memory alone, kept "
                    "logit gradients 0 and --saved-grad-gb")
     p.add_argument("--budget-s", type=float, default=0.0, help="start no measurement after this many seconds")
@@ -110,13 +124,13 @@ def configs(args: argparse.Namespace) -> list[tuple[int, int]]:
     return [(args.seq_len, int(b)) for b in args.batch_sizes.split(",")]
 
 
-def qwen2(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
+def qwen2(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, attn: str = "sdpa") -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     shape = SHAPES[args.shape]
     kw: dict[str, Any] = {**shape, "num_hidden_layers": args.layers or shape["num_hidden_layers"],
                           "tie_word_embeddings": True, "max_position_embeddings": 262144, "use_cache": False,
-                          "attn_implementation": "sdpa"}
+                          "attn_implementation": attn}
     torch.manual_seed(0)
     with torch.device(device):
         model: Any = Qwen2ForCausalLM(Qwen2Config(**kw))
@@ -157,76 +171,13 @@ def bench_naive(args: argparse.Namespace, seq_len: int, batch: int, device: torc
     return _figures(batch * seq_len, dt, model, seq_len)
 
 
-def trainer_config(args: argparse.Namespace, seq_len: int, batch: int, ac: str, world: int) -> Any:
-    """The trainer config of the measurement: MasterConfig where pydantic is installed; otherwise (the lent GPU
-    machines have torch and transformers only) a stand-in carrying the same values for the keys the step reads."""
-    values = {
-        "policy.precision": "bfloat16", "policy.compile": not args.no_compile,
-        "policy.activation_checkpointing": ac != "none",
-        "policy.activation_checkpointing_scope": "layer" if ac == "none" else ac,
-        "policy.logprob_chunk_tokens": args.chunk, "policy.fsdp_reshard_after_forward": not args.keep_gathered,
-        "policy.logprob_saved_grad_gb": args.saved_grad_gb,
-        "policy.max_total_sequence_length": seq_len,
-        "policy.generation.max_new_tokens": 16, "policy.train_global_batch_size": batch * world,
-        "policy.train_micro_batch_size": batch, "grpo.num_prompts_per_step": batch * world,
-        "grpo.num_generations_per_prompt": 1, "policy.optimizer.lr": 1e-6,
-        "loss_fn.reference_policy_kl_penalty": 0.0, "loss_fn.use_importance_sampling_correction": True,
-        "loss_fn.truncated_importance_sampling_type": "tis", "loss_fn.truncated_importance_sampling_ratio": 2.0,
-    }
-    try:
-        from fleet.config import parse_config
-    except ImportError:
-        return _standin(values)
-    return parse_config({}, [f"{k}={json.dumps(v)}" for k, v in values.items()])
-
-
-def _standin(values: dict[str, Any]) -> Any:
-    from types import SimpleNamespace
-
-    loss = {"reference_policy_kl_penalty": 0.0, "reference_policy_kl_type": "k3", "ratio_clip_min": 0.2,
-            "ratio_clip_max": 0.2, "ratio_clip_c": None, "use_importance_sampling_correction": False,
-            "truncated_importance_sampling_type": None, "truncated_importance_sampling_ratio": None,
-            "truncated_importance_sampling_ratio_min": None, "sequence_level_importance_ratios": False,
-            "token_level_loss": True, "kl_score_function_gradient": True, "tis_clamps_below": True}
-    loss.update({k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("loss_fn.")})
-    optimizer = SimpleNamespace(lr=values["policy.optimizer.lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                                warmup_steps=0)
-    policy = SimpleNamespace(
-        precision=values["policy.precision"], compile=values["policy.compile"],
-        activation_checkpointing=values["policy.activation_checkpointing"],
-        activation_checkpointing_scope=values["policy.activation_checkpointing_scope"],
-        logprob_chunk_tokens=values["policy.logprob_chunk_tokens"], attn_implementation="sdpa",
-        logprob_saved_grad_gb=values["policy.logprob_saved_grad_gb"],
-        fsdp_reshard_after_forward=values["policy.fsdp_reshard_after_forward"],
-        max_total_sequence_length=values["policy.max_total_sequence_length"], sequence_packing=True,
-        train_global_batch_size=values["policy.train_global_batch_size"],
-        train_micro_batch_size=values["policy.train_micro_batch_size"], max_grad_norm=1.0, optimizer=optimizer)
-    return SimpleNamespace(policy=policy, loss_fn=SimpleNamespace(**loss))
-
-
-def grpo_batch(n: int, seq_len: int, vocab: int, agent: bool) -> Any:
-    g = torch.Generator().manual_seed(0)
-    groups = []
-    for i in range(n):
-        resp = torch.randint(0, vocab, (seq_len - 1,), generator=g).tolist()
-        # -11.9 ~ log(1 / vocab): random weights give about that, so the IS weights stay near 1.
-        spans = observation_spans(len(resp), seed=i) if agent else []
-        traj = Trajectory(resp, [-11.9] * len(resp), [0] * len(resp), float(i % 2), observation_spans=spans)
-        groups.append(Group(f"0:{i}", [1], [traj], 0))
-    # One generation per group gives zero advantages; give them signs so the loss has a gradient.
-    batch = build_step_batch(groups, 0, leave_one_out=False, normalize=False, max_len=seq_len)
-    for i, s in enumerate(batch.samples):
-        s.advantage = 1.0 if i % 2 else -1.0
-    return batch
-
-
 class TrainerBench:
     """One policy + optimizer for one activation-checkpointing mode, measured at several lengths."""
 
     def __init__(self, args: argparse.Namespace, ac: str, dist: Dist) -> None:
         self.args, self.ac, self.dist = args, ac, dist
         cfg = trainer_config(args, 4096, 1, ac, dist.world_size)
-        self.lm = qwen2(args, dist.device, torch.float32)
+        self.lm = qwen2(args, dist.device, torch.float32, args.attn)
         self.policy = wrap_policy(self.lm, cfg.policy, dist, name=f"bench-{ac}")
         self.opt, self.sched = make_optimizer(self.policy, cfg)
         if args.sync_clip:
@@ -256,7 +207,7 @@ class TrainerBench:
         head = sum(trained_only(mb.packed, mb.mask).targets.numel() for mb in plan[0]) / (batch * seq_len)
         out: dict[str, Any] = _figures(batch * seq_len, dt, self.lm, seq_len, head)
         if profile and dist.is_main:
-            out["kernels"] = profile_kernels(lambda: runner._update(plan[0]))
+            out["profile"] = profile_step(lambda: runner._update(plan[0]))
         trained = sum(float((mb.mask != 0).sum()) for mb in plan[0])
         out.update(recompute_s=recompute_s, first_recompute_s=first_recompute_s, warmup_step_s=warm_s,
                    static_gb=static_gb, activations_gb=activations_gb, trained_token_fraction=trained / (
@@ -297,7 +248,9 @@ class Report:
             "shape": args.shape, "model": SHAPES[args.shape], "layers": args.layers or None,
             "compile": not args.no_compile, "mask": args.mask, "logprob_chunk_tokens": args.chunk,
             "logprob_saved_grad_gb": args.saved_grad_gb, "fsdp_reshard_after_forward": not args.keep_gathered,
-            "sync_clip": args.sync_clip, "steps": args.steps, "warmup": args.warmup, "peak_flops": PEAK_FLOPS,
+            "sync_clip": args.sync_clip, "low_precision_residual": not args.fp32_residual,
+            "static_vocab_head_kernels": not args.dynamic_vocab, "attn_implementation": args.attn,
+            "steps": args.steps, "warmup": args.warmup, "peak_flops": PEAK_FLOPS,
             "tokens_per_s_is": "per GPU", "mfu_headline": "mfu_causal", "trainer": [], "naive": [],
         }
 
@@ -323,7 +276,7 @@ def _run_mode(args: argparse.Namespace, ac: str, dist: Dist, report: Report) -> 
             continue
         if bench is None:
             bench = TrainerBench(args, ac, dist)
-        profile = args.profile == f"{seq_len}x{batch}:{ac}"
+        profile = args.profile == "all" or f"{seq_len}x{batch}:{ac}" in args.profile.split(",")
 
         def measure(b: TrainerBench = bench, s: int = seq_len, n: int = batch, p: bool = profile) -> dict[str, Any]:
             return b.run(s, n, p)
@@ -338,21 +291,38 @@ def _run_mode(args: argparse.Namespace, ac: str, dist: Dist, report: Report) -> 
     torch.cuda.empty_cache()
 
 
+def _cpu_shims() -> None:
+    """--cpu-smoke: the CUDA calls the bench makes become no-ops (memory figures read 0), so every code path runs."""
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        setattr(torch.cuda, name, lambda *_a, **_k: None)
+    torch.cuda.get_device_name = lambda *_a, **_k: "cpu (smoke)"
+
+
 def main() -> int:
     args = parse()
     env = read_env()
     device = pick_device(env)
-    if device.type != "cuda":
-        raise SystemExit("trainer_gpu_bench needs CUDA")
+    if device.type != "cuda" and not args.cpu_smoke:
+        raise SystemExit("trainer_gpu_bench needs CUDA (or --cpu-smoke)")
+    if args.cpu_smoke:
+        _cpu_shims()
+    if args.dynamic_vocab:
+        import trainer.logprobs
+
+        trainer.logprobs._static_vocab = lambda *_t: None
     torch.backends.cuda.matmul.allow_tf32 = True
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.assume_static_by_default = False  # dynamic sequence length from the first compile
     dist = Dist(env, device, timeout_s=1800)
     report = Report(args, dist)
-    report.data["saved_vs_recomputed_logit_grads"] = check_logprob_grads(device)
+    if not args.cpu_smoke:  # 5000 x 32000 logits: seconds on a GPU, a minute on a small CPU
+        report.data["saved_vs_recomputed_logit_grads"] = check_logprob_grads(device)
     if args.attn_bench and dist.is_main:
-        report.data["attention"] = attention_bench(SHAPES[args.shape], [int(s) for s in args.attn_bench.split(",")],
-                                                   device)
+        pairs = [(c.lower().split("x") + ["1"])[:2] for c in args.attn_bench.split(",")]
+        report.data["attention"] = attention_bench(SHAPES[args.shape], [(int(s), int(b)) for s, b in pairs], device,
+                                                   flex=not args.no_flex)
+    if args.head_bench and dist.is_main:
+        report.data["head_bench"] = head_bench(SHAPES[args.shape]["vocab_size"], args.head_bench, device)
     if args.logits_sweep and dist.is_main:
         shape = SHAPES[args.shape]
         report.data["logits_sweep"] = logits_sweep(shape["hidden_size"], shape["vocab_size"],

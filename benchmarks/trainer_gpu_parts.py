@@ -1,10 +1,11 @@
 """Pieces of benchmarks/trainer_gpu_bench.py: model shapes, FLOP counts (both MFU conventions), agent-mode
-observation spans, the peak-memory split, a kernel profile, a microbenchmark of the attention kernels torch offers
-on this GPU, and the on-device check of the fused log-prob's saved vs recomputed logit gradients."""
+observation spans, the peak-memory split, and the on-device check of the fused log-prob's saved vs recomputed logit
+gradients (profiles and kernel microbenchmarks: trainer_gpu_profile.py)."""
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import json
 from typing import Any
 
 import torch
@@ -92,83 +93,13 @@ def logits_memory_gb(hidden: int, vocab: int, tokens: int, *, chunk: int, saved_
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = linear_logprobs(h, w, t, chunk=chunk, compiled=True, save_bytes=saved_bytes)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = linear_logprobs(h, w, t, chunk=chunk, compiled=device.type == "cuda", save_bytes=saved_bytes)
     out.sum().backward()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     del h, w, t, out
     return peak / GIB
-
-
-def profile_kernels(fn: Any, rows: int = 25, show: bool = True) -> list[dict[str, Any]]:
-    """The CUDA kernels of one call of `fn`, most device time first (also printed as a table)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
-    events.sort(key=lambda e: -e.device_time_total)
-    total = sum(e.device_time_total for e in events)
-    if show:
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
-    return [{"kernel": e.key[:160], "ms": e.device_time_total / 1e3, "share": e.device_time_total / total,
-             "calls": e.count} for e in events[:rows]]
-
-
-def _time_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gqa: bool, backend: Any,
-                    kernels: bool) -> dict[str, Any]:
-    from torch.nn.attention import sdpa_kernel
-    from triton.testing import do_bench
-
-    def fwd() -> torch.Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-
-    def fwd_bwd() -> None:
-        out = fwd()
-        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-
-    ctx = sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
-    try:
-        with ctx:
-            row: dict[str, Any] = {"fwd_ms": do_bench(fwd, warmup=25, rep=100, return_mode="median"),
-                                   "fwd_bwd_ms": do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")}
-            if kernels:
-                row["kernels"] = [k["kernel"] for k in profile_kernels(fwd_bwd, rows=4, show=False)]
-    except RuntimeError as e:
-        return {"error": str(e).splitlines()[0][:200]}
-    return row
-
-
-def attention_bench(shape: dict[str, int], seq_lens: list[int], device: torch.device) -> list[dict[str, Any]]:
-    """Causal bf16 attention of the shape's heads at each length, fwd and fwd+bwd, per SDPA backend, with GQA
-    (`enable_gqa`, as transformers calls it) and with K/V repeated to all heads. TFLOP/s count the causal half:
-    forward 2 S^2 H D, forward + backward 3x that (the MFU convention, not the kernel's recomputation)."""
-    from torch.nn.attention import SDPBackend
-
-    heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
-    dim = shape["hidden_size"] // heads
-    backends = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-                "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    rows: list[dict[str, Any]] = []
-    for s in seq_lens:
-        q, k, v = (torch.randn(1, h, s, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
-                   for h in (heads, kv, kv))
-        kr, vr = (x.detach().repeat_interleave(heads // kv, dim=1).requires_grad_() for x in (k, v))
-        fwd_flops = 2.0 * s * s * heads * dim  # causal half of 4 S^2 H D
-        for name, backend in backends.items():
-            for gqa in (True, False):
-                row: dict[str, Any] = {"seq_len": s, "backend": name, "gqa": gqa, "head_dim": dim}
-                row.update(_time_attention(q, k if gqa else kr, v if gqa else vr, gqa=gqa, backend=backend,
-                                           kernels=name == "default"))
-                if "fwd_ms" in row:
-                    row.update(fwd_tflops=fwd_flops / row["fwd_ms"] / 1e9,
-                               fwd_bwd_tflops=3 * fwd_flops / row["fwd_bwd_ms"] / 1e9)
-                print(row, flush=True)
-                rows.append(row)
-        torch.cuda.empty_cache()
-    return rows
 
 
 def check_logprob_grads(device: torch.device) -> dict[str, float]:
@@ -184,8 +115,77 @@ def check_logprob_grads(device: torch.device) -> dict[str, float]:
     res = []
     for save in (0, 1 << 30):
         hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = linear_logprobs(hh, ww, t, chunk=1024, compiled=True, save_bytes=save)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = linear_logprobs(hh, ww, t, chunk=1024, compiled=device.type == "cuda", save_bytes=save)
         res.append((out.detach(), *torch.autograd.grad(out, (hh, ww), go)))
     names = ("logprob", "grad_hidden", "grad_weight")
     return {n: float((a - b).abs().max() / b.abs().max()) for n, a, b in zip(names, res[1], res[0], strict=True)}
+
+
+def trainer_config(args: argparse.Namespace, seq_len: int, batch: int, ac: str, world: int) -> Any:
+    """The trainer config of the measurement: MasterConfig where pydantic is installed; otherwise (the lent GPU
+    machines have torch and transformers only) a stand-in carrying the same values for the keys the step reads."""
+    values = {
+        "policy.precision": "bfloat16", "policy.compile": not args.no_compile,
+        "policy.activation_checkpointing": ac != "none",
+        "policy.activation_checkpointing_scope": "layer" if ac == "none" else ac,
+        "policy.logprob_chunk_tokens": args.chunk, "policy.fsdp_reshard_after_forward": not args.keep_gathered,
+        "policy.logprob_saved_grad_gb": args.saved_grad_gb,
+        "policy.low_precision_residual": not args.fp32_residual,
+        "policy.attn_implementation": args.attn,
+        "policy.max_total_sequence_length": seq_len,
+        "policy.generation.max_new_tokens": 16, "policy.train_global_batch_size": batch * world,
+        "policy.train_micro_batch_size": batch, "grpo.num_prompts_per_step": batch * world,
+        "grpo.num_generations_per_prompt": 1, "policy.optimizer.lr": 1e-6,
+        "loss_fn.reference_policy_kl_penalty": 0.0, "loss_fn.use_importance_sampling_correction": True,
+        "loss_fn.truncated_importance_sampling_type": "tis", "loss_fn.truncated_importance_sampling_ratio": 2.0,
+    }
+    try:
+        from fleet.config import parse_config
+    except ImportError:
+        return _standin(values)
+    return parse_config({}, [f"{k}={json.dumps(v)}" for k, v in values.items()])
+
+
+def _standin(values: dict[str, Any]) -> Any:
+    from types import SimpleNamespace
+
+    loss = {"reference_policy_kl_penalty": 0.0, "reference_policy_kl_type": "k3", "ratio_clip_min": 0.2,
+            "ratio_clip_max": 0.2, "ratio_clip_c": None, "use_importance_sampling_correction": False,
+            "truncated_importance_sampling_type": None, "truncated_importance_sampling_ratio": None,
+            "truncated_importance_sampling_ratio_min": None, "sequence_level_importance_ratios": False,
+            "token_level_loss": True, "kl_score_function_gradient": True, "tis_clamps_below": True}
+    loss.update({k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("loss_fn.")})
+    optimizer = SimpleNamespace(lr=values["policy.optimizer.lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                                warmup_steps=0)
+    policy = SimpleNamespace(
+        precision=values["policy.precision"], compile=values["policy.compile"],
+        activation_checkpointing=values["policy.activation_checkpointing"],
+        activation_checkpointing_scope=values["policy.activation_checkpointing_scope"],
+        logprob_chunk_tokens=values["policy.logprob_chunk_tokens"],
+        attn_implementation=values["policy.attn_implementation"],
+        logprob_saved_grad_gb=values["policy.logprob_saved_grad_gb"],
+        low_precision_residual=values["policy.low_precision_residual"],
+        fsdp_reshard_after_forward=values["policy.fsdp_reshard_after_forward"],
+        max_total_sequence_length=values["policy.max_total_sequence_length"], sequence_packing=True,
+        train_global_batch_size=values["policy.train_global_batch_size"],
+        train_micro_batch_size=values["policy.train_micro_batch_size"], max_grad_norm=1.0, optimizer=optimizer)
+    return SimpleNamespace(policy=policy, loss_fn=SimpleNamespace(**loss))
+
+
+def grpo_batch(n: int, seq_len: int, vocab: int, agent: bool) -> Any:
+    from trainer.batch import Group, Trajectory, build_step_batch
+
+    g = torch.Generator().manual_seed(0)
+    groups = []
+    for i in range(n):
+        resp = torch.randint(0, vocab, (seq_len - 1,), generator=g).tolist()
+        # -11.9 ~ log(1 / vocab): random weights give about that, so the IS weights stay near 1.
+        spans = observation_spans(len(resp), seed=i) if agent else []
+        traj = Trajectory(resp, [-11.9] * len(resp), [0] * len(resp), float(i % 2), observation_spans=spans)
+        groups.append(Group(f"0:{i}", [1], [traj], 0))
+    # One generation per group gives zero advantages; give them signs so the loss has a gradient.
+    batch = build_step_batch(groups, 0, leave_one_out=False, normalize=False, max_len=seq_len)
+    for i, s in enumerate(batch.samples):
+        s.advantage = 1.0 if i % 2 else -1.0
+    return batch

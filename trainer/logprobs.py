@@ -165,9 +165,17 @@ def _fwd_chunk_save(logits: torch.Tensor, targets: torch.Tensor, inv_temp: float
 
 
 # torch.compile'd versions of the chunk kernels (CUDA only): one fused pass over each [chunk, vocab] block instead of
-# five eager ones (cast, scale, logsumexp, exp, scatter). Made on first use; dynamic, so the last short chunk does
-# not recompile.
+# five eager ones (cast, scale, logsumexp, exp, scatter). Made on first use; dynamic in the chunk's rows, so the last
+# short chunk does not recompile, but static in the vocabulary (`_static_vocab`): compiled with a symbolic row length
+# they ran at half this speed on an H200 (docs/performance.md, issue 22).
 _COMPILED: dict[str, object] = {}
+HEAD_RANGE = "lm_head_logprobs"  # the profiler range around the fused head's forward and backward
+
+
+def _static_vocab(*tensors: torch.Tensor) -> None:
+    """Mark the vocabulary dimension (dim 1) of the compiled chunk kernels' [rows, vocab] inputs static."""
+    for t in tensors:
+        torch._dynamo.mark_static(t, 1)
 
 
 def _kernels(compiled: bool) -> tuple[object, object, object]:
@@ -201,6 +209,12 @@ class _LinearLogprob(torch.autograd.Function):
         compiled: bool,
         save_rows: int,
     ) -> torch.Tensor:
+        with torch.profiler.record_function(HEAD_RANGE):  # a named range in profiles (benchmarks/)
+            return _LinearLogprob._forward(ctx, hidden, weight, targets, inv_temp, chunk, compiled, save_rows)
+
+    @staticmethod
+    def _forward(ctx: torch.autograd.function.FunctionCtx, hidden: torch.Tensor, weight: torch.Tensor,
+                 targets: torch.Tensor, inv_temp: float, chunk: int, compiled: bool, save_rows: int) -> torch.Tensor:
         n = hidden.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -211,17 +225,22 @@ class _LinearLogprob(torch.autograd.Function):
         saved = torch.empty((save_rows, w.shape[0]), dtype=dtype, device=hidden.device)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            if e <= save_rows:
-                logits = torch.mm(h_all[s:e], w.t(), out=saved[s:e])
-                out[s:e], lse[s:e] = fwd_save(logits, targets[s:e], inv_temp)  # type: ignore[operator]
-            else:
-                out[s:e], lse[s:e] = fwd(h_all[s:e] @ w.t(), targets[s:e], inv_temp)  # type: ignore[operator]
+            logits = torch.mm(h_all[s:e], w.t(), out=saved[s:e]) if e <= save_rows else h_all[s:e] @ w.t()
+            if compiled:
+                _static_vocab(logits)
+            kernel = fwd_save if e <= save_rows else fwd
+            out[s:e], lse[s:e] = kernel(logits, targets[s:e], inv_temp)  # type: ignore[operator]
         ctx.save_for_backward(hidden, weight, targets, lse, saved)
         ctx.inv_temp, ctx.chunk, ctx.compiled, ctx.dtype = inv_temp, chunk, compiled, dtype  # type: ignore
         return out
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        with torch.profiler.record_function(HEAD_RANGE):
+            return _LinearLogprob._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, lse, saved = ctx.saved_tensors  # type: ignore[attr-defined]
         inv_temp, chunk = ctx.inv_temp, ctx.chunk  # type: ignore[attr-defined]
         _, bwd, _ = _kernels(ctx.compiled)  # type: ignore[attr-defined]
@@ -242,7 +261,10 @@ class _LinearLogprob(torch.autograd.Function):
         for s in range(k, hidden.shape[0], chunk):
             h = h_all[s : s + chunk]
             # The chunk's logits are recomputed rather than saved: saving them is the [T, vocab] memory we avoid.
-            g = bwd(h @ w.t(), targets[s : s + chunk], lse[s : s + chunk], grad_out[s : s + chunk],  # type: ignore
+            logits = h @ w.t()
+            if ctx.compiled:  # type: ignore[attr-defined]
+                _static_vocab(logits)
+            g = bwd(logits, targets[s : s + chunk], lse[s : s + chunk], grad_out[s : s + chunk],  # type: ignore
                     inv_temp)
             grad_h[s : s + chunk] = g @ w
             grad_w.add_(g.t() @ h)

@@ -118,9 +118,13 @@ def build_policy(cfg: PolicyConfig, path: str, dist: Dist) -> PolicyModule:
 
 def wrap_policy(lm: Any, cfg: PolicyConfig, dist: Dist, *, name: str = "policy") -> PolicyModule:
     """AC, compile, FSDP2 (or device placement) around an HF model holding fp32 parameters."""
+    if cfg.low_precision_residual and not dist.distributed:
+        low_precision_residual(lm, DTYPES[cfg.precision])
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(lm, cfg.activation_checkpointing_scope)
     if cfg.compile:
+        if getattr(lm.config, "_attn_implementation", None) == "flash_attention_4":
+            flash_attention_4_outside_compile()
         for layer in _layers(lm):
             layer.compile()
     module = PolicyModule(lm, temperature=LOGPROB_TEMPERATURE, chunk_tokens=cfg.logprob_chunk_tokens,
@@ -135,6 +139,30 @@ def wrap_policy(lm: Any, cfg: PolicyConfig, dist: Dist, *, name: str = "policy")
              sum(p.numel() for p in lm.parameters()) / 1e6, cfg.precision, dist.distributed,
              cfg.activation_checkpointing and cfg.activation_checkpointing_scope, cfg.compile)
     return module
+
+
+def flash_attention_4_outside_compile() -> None:
+    """Run transformers' `flash_attention_4` attention eagerly inside compiled layers (a graph break around it).
+    Traced by Dynamo, FlashAttention-4's CuTe DSL re-enters its JIT on every call (on an H200 a step never finished
+    within 150 s); eager, its kernels are cached and the rest of the layer still compiles (docs/performance.md)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.flash_attention import flash_attention_forward
+
+    AttentionInterface.register("flash_attention_4", torch.compiler.disable(flash_attention_forward))
+
+
+def low_precision_residual(lm: Any, dtype: torch.dtype) -> None:
+    """Cast the input embeddings' output to `dtype` (in place, a forward hook), so the residual stream, the norms'
+    inputs and what the layers save for the backward are `dtype` rather than the fp32 of the master weights: the
+    single process then computes what FSDP2's bf16 MixedPrecisionPolicy (and a bf16 rollout engine) does, with half
+    the bytes through every residual add and norm. No-op for float32."""
+    if dtype == torch.float32:
+        return
+
+    def cast(_module: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        return out.to(dtype) if out.is_floating_point() else out
+
+    lm.get_input_embeddings().register_forward_hook(cast)
 
 
 def _checkpointed(forward: Any) -> Any:

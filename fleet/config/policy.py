@@ -176,11 +176,19 @@ class PolicyConfig(Section):
     compute at long context."""
     compile: bool = False
     """torch.compile the model's layers (GPU)."""
+    low_precision_residual: bool = True
+    """One process with `precision` bfloat16/float16: cast the embeddings' output to that dtype, so the residual
+    stream and the norms run in it (as under FSDP2's mixed precision and in a bf16 rollout engine) instead of in the
+    fp32 of the master weights: fewer bytes per residual add and norm, smaller saved activations (H200, Qwen2 0.5B:
+    1-3.5% more tokens/s, 2.7 GB less at 4K x 16). false keeps the fp32 residual. Several ranks (FSDP2) compute in
+    the low precision anyway; float32 is unaffected."""
     fsdp_reshard_after_forward: bool = True
     """FSDP2 (several ranks): free each layer's gathered parameters after its forward and gather them again for the
     backward (less memory); false keeps them until the backward (fewer collectives and less CPU work per step)."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
-    """Attention kernel of the trainer's model (packed rows use a block-diagonal causal mask)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_4", "flex_attention"] = "sdpa"
+    """Attention kernel of the trainer's model (packed rows use a block-diagonal causal mask). `flash_attention_4`
+    (GPU; needs the `flash-attn-4` package, not a dependency of grpo-fleet): FlashAttention-4's CuTe kernels, on an
+    H200 at head dim 64 1.2-1.3x cuDNN's forward + backward (docs/performance.md, issue 22)."""
     sequence_packing: bool = True
     """Pack a micro-batch's samples into rows of `policy.max_total_sequence_length` tokens instead of padding each
     sample to the longest one."""
