@@ -32,7 +32,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples/configs/digits_skill.yaml"
-BASE_MODEL = ROOT / ".cache/models/tiny-qwen2-digits-format"
 RESULTS = ROOT / "benchmarks/results"
 TARGET = 0.8
 SYNC = ["grpo.async_grpo.enabled=false", "grpo.async_grpo.in_flight_weight_updates=false"]
@@ -45,15 +44,21 @@ VARIANTS = {
 }
 
 
-def pretrain() -> Path:
+def base_model(task: str) -> Path:
+    return ROOT / f".cache/models/tiny-qwen2-{task}-format"
+
+
+def pretrain(task: str) -> Path:
+    """The base model of `task` (`digits`: first digit, `digits_max`: largest digit): format only, chance 1/10."""
     sys.path.insert(0, str(ROOT))
-    from envs.digits import format_corpus
+    from envs.digits import format_corpus, max_format_corpus
     from fleet.pretrain import ensure_format_model
 
-    return ensure_format_model(BASE_MODEL, format_corpus, name="digits")
+    corpus = {"digits": format_corpus, "digits_max": max_format_corpus}[task]
+    return ensure_format_model(base_model(task), corpus, name=task)
 
 
-def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s: float,
+def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s: float, task: str,
               tree: Path | None = None, after: int = 2) -> dict[str, Any]:
     """One `grpo-fleet up`. `tree`: run the fleet's code from that snapshot of the repository (e.g. `git archive
     HEAD` plus this benchmark's files) rather than from this checkout, so that edits in progress in a shared working
@@ -65,7 +70,8 @@ def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s
     code = tree or ROOT
     env = {**os.environ, "PYTHONPATH": str(code), "GRPO_FLEET_CACHE": str(ROOT / ".cache")}
     cmd = [sys.executable, "-m", "launch.cli", "up", "--config", str(code / CONFIG.relative_to(ROOT)), f"run.dir={rd}",
-           f"policy.model_name={BASE_MODEL}", "logger.progress_bar=false", f"grpo.max_num_steps={steps}", *overrides]
+           f"policy.model_name={base_model(task)}",
+           f"data.train.dataset_name={task}", "logger.progress_bar=false", f"grpo.max_num_steps={steps}", *overrides]
     print(f"[{name}] {' '.join(cmd[3:])}  (log: {log_path})", flush=True)
     t0 = time.monotonic()
     with log_path.open("w") as log:
@@ -188,7 +194,7 @@ def _spread(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    pretrain()
+    pretrain(args.task)
     runs: list[dict[str, Any]] = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         for mode in args.modes.split(","):
@@ -197,7 +203,7 @@ def run(args: argparse.Namespace) -> None:
             if args.reuse:
                 runs.append(summarize(name, work / name, overrides))
             else:
-                runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.tree))
+                runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree))
     by_mode = {m: [r for r in runs if r["name"].startswith(m + "-")] for m in args.modes.split(",")}
     result = {"env": env_info(), "config": str(CONFIG.relative_to(ROOT)), "steps": args.steps, "target": TARGET,
               "summary": {m: {k: _spread(rs, k) for k in ("reach_step", "reach_s", "final_val", "chance_val",
@@ -214,12 +220,12 @@ def run(args: argparse.Namespace) -> None:
 def variants(args: argparse.Namespace) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    pretrain()
+    pretrain(args.task)
     runs = []
     for v in args.variants.split(","):
         name, overrides = f"{v}-s{args.seed}", [f"grpo.seed={args.seed}", *VARIANTS[v], *args.set]
         runs.append(summarize(name, work / name, overrides) if args.reuse
-                    else run_fleet(name, work, args.steps, overrides, args.timeout, args.tree))
+                    else run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree))
     (RESULTS / "skill_variants.json").write_text(json.dumps({"env": env_info(), "steps": args.steps,
                                                              "runs": runs}, indent=1) + "\n")
     _plot(runs, ROOT / "docs/img/skill_variants.png", f"async, seed {args.seed}: IS correction variants",
@@ -236,6 +242,7 @@ def env_info() -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["pretrain", "run", "variants"])
+    p.add_argument("--task", default="digits_max", choices=["digits_max", "digits"])
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--modes", default="sync,async")
     p.add_argument("--steps", type=int, default=150)
@@ -250,7 +257,7 @@ def main() -> None:
     args = p.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.what == "pretrain":
-        print(pretrain())
+        print(pretrain(args.task))
     else:
         (run if args.what == "run" else variants)(args)
 

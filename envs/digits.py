@@ -1,9 +1,13 @@
-"""`digits`: "First digit of 4 7 1 9 2?" -> `4`. The skill demo's task (docs/performance.md, issue 21).
+"""`digits`: "First digit of 4 7 1 9 2?" -> `4`, and `digits_max`: "Largest digit of 3 1 4 1 2?" -> `4`. The skill
+demo's tasks (docs/performance.md, issue 21).
 
-Why this task: the answer is a digit drawn uniformly at random, so a model that knows only the answer *format* (one
-digit, then end of turn) scores exactly 1/10 whatever it guesses: chance level is known. The skill (read the list,
-copy its first element) applies to any list, and there are 10^5 of them: the validation questions are held out
-(no validation list ever appears in training), so validation accuracy measures the skill, not memory.
+Why these tasks: the answer is a digit, uniform over 0-9 (for `max` the largest digit is drawn first), so a model
+that knows only the answer *format* (one digit, then end of turn) scores 1/10 whatever it guesses: chance level is
+known. The skill (read the list; copy its first element, or find its largest) applies to any list, and there are
+10^5 of them: the validation questions are held out (no validation list ever appears in training), so validation
+accuracy measures the skill, not memory. `max` is the demo's task: the answer depends on the list as a bag of
+digits, which a tiny model's first, nearly uniform attention already carries; `first` needs attention to become
+position-selective first, and a standalone GRPO sketch sat at chance for 60-130 steps before it did.
 `format_corpus` is the text that teaches the format with random answers (`fleet/pretrain.py` trains on it), so
 whatever the model knows about the answer beyond chance it learned from the reward.
 
@@ -33,28 +37,49 @@ CHANCE = 0.1
 """Accuracy of any answer that ignores the list (answers are uniform over 0-9)."""
 
 
-def question(digits: list[int]) -> str:
-    return "First digit of " + " ".join(map(str, digits)) + "?"
+QUESTIONS = {"first": "First digit of", "max": "Largest digit of"}
 
 
-def _lists(rng: random.Random) -> Iterator[list[int]]:
+def question(digits: list[int], kind: str = "first") -> str:
+    return f"{QUESTIONS[kind]} " + " ".join(map(str, digits)) + "?"
+
+
+def answer(digits: list[int], kind: str = "first") -> int:
+    return digits[0] if kind == "first" else max(digits)
+
+
+def _lists(rng: random.Random, kind: str = "first") -> Iterator[list[int]]:
+    """Uniform digits for `first`. For `max` the largest digit m is drawn uniformly first (the other digits are
+    uniform in 0..m, m placed at a random position), so that the answer is uniform too: a plain list of 5 random
+    digits has max 9 41% of the time, and "always 9" would be a 41% chance level."""
     while True:
-        yield [rng.randrange(10) for _ in range(LIST_LENGTH)]
+        if kind == "first":
+            yield [rng.randrange(10) for _ in range(LIST_LENGTH)]
+        else:
+            m = rng.randrange(10)
+            digits = [rng.randrange(m + 1) for _ in range(LIST_LENGTH)]
+            digits[rng.randrange(LIST_LENGTH)] = m
+            yield digits
 
 
-def make_digits_tasks(seed: int, split: str, num_tasks: int) -> list[Task]:
-    """Deterministic from (seed, split). Training lists never include a validation list of the same seed."""
-    held_out = {tuple(d) for d in _take(_lists(random.Random(f"digits:{seed}:validation")), NUM_VALIDATION_TASKS)}
-    rng = random.Random(f"digits:{seed}:{split}")
+def make_digits_tasks(seed: int, split: str, num_tasks: int, kind: str = "first") -> list[Task]:
+    """Deterministic from (seed, split, kind). Training lists never include a validation list of the same seed. For
+    `max`, small maxima have few lists (1 with max 0, 31 with max 1), so the all-zero list is only ever seen in
+    validation and lists with max 1 are rarer in training; validation answers stay uniform."""
+    if kind not in QUESTIONS:
+        raise ValueError(f"digits task kind {kind!r}: expected one of {', '.join(QUESTIONS)}")
+    val_rng = random.Random(f"digits:{kind}:{seed}:validation")
+    held_out = {tuple(d) for d in _take(_lists(val_rng, kind), NUM_VALIDATION_TASKS)}
+    rng = random.Random(f"digits:{kind}:{seed}:{split}")
     tasks: list[Task] = []
-    for digits in _lists(rng):
+    for digits in _lists(rng, kind):
         if len(tasks) == num_tasks:
             break
         if split != "validation" and tuple(digits) in held_out:
             continue
-        tasks.append(Task(instance_id=f"digits-{seed}-{split}-{len(tasks):06d}", env_name="digits",
-                          problem_statement=question(digits), split=split,
-                          metadata={"answer": digits[0], "digits": digits}))
+        tasks.append(Task(instance_id=f"digits-{kind}-{seed}-{split}-{len(tasks):06d}", env_name="digits",
+                          problem_statement=question(digits, kind), split=split,
+                          metadata={"answer": answer(digits, kind), "digits": digits}))
     return tasks
 
 
@@ -62,21 +87,30 @@ def _take(it: Iterator[list[int]], n: int) -> list[list[int]]:
     return [next(it) for _ in range(n)]
 
 
-def load_digits_dataset(cfg: DatasetConfig, *, seed: int = 0, **_: Any) -> TaskDataset:
-    """`data.*.dataset_name=digits`: 20000 training questions, 200 held-out validation ones (`test` reads those)."""
+def load_digits_dataset(cfg: DatasetConfig, *, seed: int = 0, kind: str = "first", **_: Any) -> TaskDataset:
+    """`data.*.dataset_name=digits` (first digit) or `digits_max` (largest digit): 20000 training questions, 200
+    held-out validation ones (`test` reads those)."""
     split = "validation" if cfg.split == "test" else cfg.split
     n = NUM_VALIDATION_TASKS if split == "validation" else NUM_TRAIN_TASKS
     if cfg.max_samples is not None:
         n = min(n, cfg.max_samples)
-    return TaskDataset("digits", "digits", make_digits_tasks(seed, split, n))
+    return TaskDataset(cfg.dataset_name, "digits", make_digits_tasks(seed, split, n, kind))
 
 
-def format_corpus(seed: int) -> Iterator[tuple[str, str]]:
+def load_digits_max_dataset(cfg: DatasetConfig, **kwargs: Any) -> TaskDataset:
+    return load_digits_dataset(cfg, **{**kwargs, "kind": "max"})
+
+
+def format_corpus(seed: int, kind: str = "first") -> Iterator[tuple[str, str]]:
     """(question, answer) pairs whose answers are random digits, independent of the list: they teach the format and
     nothing about which digit is right. Drawn from a stream of their own, so they are not the RL questions."""
-    rng = random.Random(f"digits:format:{seed}")
-    for digits in _lists(rng):
-        yield question(digits), str(rng.randrange(10))
+    rng = random.Random(f"digits:format:{kind}:{seed}")
+    for digits in _lists(rng, kind):
+        yield question(digits, kind), str(rng.randrange(10))
+
+
+def max_format_corpus(seed: int) -> Iterator[tuple[str, str]]:
+    return format_corpus(seed, "max")
 
 
 class DigitsEnvironment:

@@ -125,7 +125,7 @@ _DATASETS: dict[str, str | DatasetLoader] = {
     "computer_use": "envs.computer_use.env:load_computer_use_dataset",
     "lookup": "envs.lookup:load_lookup_dataset",
     "digits": "envs.digits:load_digits_dataset",
-    "digits": "envs.digits:load_digits_dataset",
+    "digits_max": "envs.digits:load_digits_max_dataset",
 }
 _PREPARERS: dict[str, str] = {
     "swe_embedded": "envs.swe.builder:prepare_embedded_dataset",
@@ -135,7 +135,6 @@ _ENVIRONMENTS: dict[str, str | EnvFactory] = {
     "arith": "envs.arith:make_arith_environment",
     "computer_use": "envs.computer_use.env:make_computer_use_environment",
     "lookup": "envs.lookup:make_lookup_environment",  # multi-turn, tools run in the rollout worker
-    "digits": "envs.digits:make_digits_environment",
     "digits": "envs.digits:make_digits_environment",
 }
 

@@ -1,6 +1,8 @@
 import asyncio
 import itertools
 
+import pytest
+
 from envs.digits import CHANCE, NUM_VALIDATION_TASKS, format_corpus, make_digits_tasks, score_digit
 from envs.registry import load_dataset, make_environment
 from fleet.config.env import DatasetConfig, EnvConfig
@@ -42,3 +44,23 @@ def test_scoring_is_binary_through_the_shared_reward_path():
     assert [reward_from_verdict(r.verdict, mode, fmt_reward) for r in (right, wrong, none)] == [1.0, 0.0, 0.0]
     assert (right.verdict.resolution, wrong.verdict.resolution) == ("FULL", "NO")
     assert none.format_error == "missing" and score_digit(4, "47").verdict.resolution == "NO"
+
+
+def test_largest_digit_task_has_uniform_answers_and_held_out_lists():
+    train = load_dataset(DatasetConfig(dataset_name="digits_max"), seed=2)
+    val = load_dataset(DatasetConfig(dataset_name="digits_max", split="validation"), seed=2)
+    assert {t.problem_statement for t in train}.isdisjoint(t.problem_statement for t in val)
+    for t in train[:200]:
+        assert t.problem_statement == "Largest digit of " + " ".join(map(str, t.metadata["digits"])) + "?"
+        assert t.metadata["answer"] == max(t.metadata["digits"])
+    # Validation answers are uniform (plain random lists have max 9 41% of the time). Training loses the lists
+    # held out, so small maxima, which have few lists (1 for max 0, 31 for max 1), are rarer there.
+    val_counts = [sum(t.metadata["answer"] == d for t in val) for d in range(10)]
+    assert all(8 <= c <= 35 for c in val_counts), val_counts
+    counts = [sum(t.metadata["answer"] == d for t in train) for d in range(2, 10)]
+    assert max(counts) / min(counts) < 1.3, counts
+
+
+def test_unknown_task_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match="'median'"):
+        make_digits_tasks(0, "train", 1, "median")
