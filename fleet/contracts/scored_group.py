@@ -155,6 +155,10 @@ def _trajectory_facts(traj: memoryview) -> tuple[int, int | None, int | None]:
     )
 
 
+OBSERVATION_VERSION = -1
+"""The token version of observation tokens (the Trajectory contract, protos/grpofleet/v1/common.proto)."""
+
+
 def check_payload(h: replay_buffer_pb2.ScoredGroupHeader, payload: bytes) -> None:
     """Raise ValueError naming the first disagreement between the header and the serialized ScoredGroup, or the
     first rule of a whole group the payload breaks."""
@@ -183,7 +187,9 @@ def check_payload(h: replay_buffer_pb2.ScoredGroupHeader, payload: bytes) -> Non
             logprobs == tokens,
             f"group.trajectories[{i}]: {logprobs} log-probs for {tokens} tokens (they differ in length)",
         )
-        _require(first is None or first >= h.min_version,
+        # -1: an observation token (agent mode, computer use), made by no weights; a computer-use episode starts
+        # with one (the first screenshot), so only versions of generated tokens are bounded below.
+        _require(first is None or first == OBSERVATION_VERSION or first >= h.min_version,
                  f"group.trajectories[{i}] has a token of version {first} < group.min_version")  # fmt: skip
         _require(last is None or last <= h.max_version,
                  f"group.trajectories[{i}] has a token of version {last} > group.max_version")  # fmt: skip
