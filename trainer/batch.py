@@ -143,9 +143,19 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
         "data/truncated_frac": sum(t.finish_reason == "length" for g in groups for t in g.trajectories)
         / max(1, len(samples)),
         **agent_stats([t for g in groups for t in g.trajectories]),
+        **_image_stats(groups),
     }
     ages = [step - g.min_version for g in groups]
     return StepBatch(step, samples, [g.group_id for g in groups], stats, ages)
+
+
+def _image_stats(groups: list[Group]) -> dict[str, float]:
+    """Computer use: screenshots and their PNG bytes in the step (what crossed the replay buffer inline)."""
+    images = [png for g in groups for t in g.trajectories for png, _, _ in t.images]
+    if not images:
+        return {}
+    return {"vision/images": float(len(images)), "vision/image_bytes": float(sum(len(p) for p in images)),
+            "vision/image_tokens": float(sum(n for g in groups for t in g.trajectories for _, _, n in t.images))}
 
 
 @dataclass

@@ -30,14 +30,19 @@ def image_token_id(model_path: str | Path) -> int:
     return int(cfg["image_token_id"])
 
 
-def image_inputs(model_path: str | Path, max_images: int, engine_kwargs: dict[str, Any]) -> int | None:
-    """The image token of a VLM served with up to `max_images` images per prompt (None when 0), and its engine
-    arguments added to `engine_kwargs`: screenshots only, no video (its processor needs torchvision,
-    fleet/vlm_compat.py)."""
+def image_inputs(model_path: str | Path, max_images: int,
+                 engine_kwargs: dict[str, Any]) -> tuple[int | None, dict[int, float] | None]:
+    """(image token, logit bias) of a VLM served with up to `max_images` images per prompt ((None, None) when 0),
+    its engine arguments added to `engine_kwargs`: screenshots only, no video (its processor needs torchvision,
+    fleet/vlm_compat.py). The bias bans the vision tokens from sampling: a generated `<|image_pad|>` would read as
+    an image placeholder in the next turn's context (a random-weight model emits them). Log-probs stay raw (before
+    any bias), so pi_gen is the model's; the banned tokens' mass is what the IS weights then miss."""
     if max_images <= 0:
-        return None
+        return None, None
     engine_kwargs["limit_mm_per_prompt"] = {"image": max_images, "video": 0}
-    return image_token_id(model_path)
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return image_token_id(model_path), {int(cfg[k]): -100.0 for k in keys if k in cfg}
 
 
 def image_prompt(prompt: list[int], images: Sequence[bytes], token_id: int | None) -> dict[str, Any]:

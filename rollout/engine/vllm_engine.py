@@ -127,7 +127,8 @@ class VllmEngine(GenerationEngine):
             disable_log_stats=True,
             worker_extension_cls=vllm_worker.QUALNAME,
         )
-        self._image_token_id = image_inputs(self.model_path, max_images_per_prompt, self._engine_kwargs)
+        self._image_token_id, self._logit_bias = image_inputs(self.model_path, max_images_per_prompt,
+                                                              self._engine_kwargs)
         self._engine_kwargs.update(engine_kwargs or {})
         self._cpu_kv_bytes = int(cfg.cpu_kvcache_space_gb * GiB)
         self._staging_dir = cfg.staging_dir
@@ -247,6 +248,7 @@ class VllmEngine(GenerationEngine):
             include_stop_str_in_output=True,
             ignore_eos=s.ignore_eos,
             logprobs=0,
+            logit_bias=self._logit_bias,
             detokenize=bool(s.stop_strings),  # only stop strings need text; the worker decodes ids itself
             output_kind=RequestOutputKind.DELTA,
         )
