@@ -12,7 +12,6 @@ failed. A command the browser answers with an error is `CdpError`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -143,8 +142,8 @@ class CdpPipe:
             self._writer = None
         if self._reader_task is not None:
             self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
+            # gather, not a suppressed await: a cancellation of the caller itself must still go through.
+            await asyncio.gather(self._reader_task, return_exceptions=True)
             self._reader_task = None
         if self._read_transport is not None:
             self._read_transport.close()
