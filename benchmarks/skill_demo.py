@@ -3,7 +3,8 @@
     python benchmarks/skill_demo.py pretrain                      # the base model (format only, chance 1/10)
     python benchmarks/skill_demo.py run [--seeds 1,2,3] [--modes sync,async] [--steps 150]
     python benchmarks/skill_demo.py run --reuse                   # re-read finished runs, plot, write JSON
-    python benchmarks/skill_demo.py variants [--steps 60]         # async with tis / icepop / seq-mask-tis
+    python benchmarks/skill_demo.py variants --config examples/configs/arith_learn.yaml --steps 60 \
+        --variants tis,icepop,seq-mask-tis,tis+fix --out arith_variants   # the IS variants where async collapsed
 
 Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
 one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
@@ -35,6 +36,8 @@ CONFIG = ROOT / "examples/configs/digits_skill.yaml"
 RESULTS = ROOT / "benchmarks/results"
 TARGET = 0.8
 SYNC = ["grpo.async_grpo.enabled=false", "grpo.async_grpo.in_flight_weight_updates=false"]
+# The fix for the async collapse of the arith demo (docs/services/trainer.md): `variants tis+fix` adds these.
+FIX = ["policy.optimizer.lr=3e-4", "grpo.async_grpo.max_trajectory_age_steps=1", "grpo.skip_update_without_signal=true"]
 VARIANTS = {
     "tis": ["loss_fn.truncated_importance_sampling_type=tis"],
     "icepop": ["loss_fn.truncated_importance_sampling_type=icepop",
@@ -58,20 +61,21 @@ def pretrain(task: str) -> Path:
     return ensure_format_model(base_model(task), corpus, name=task)
 
 
-def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s: float, task: str,
-              tree: Path | None = None, after: int = 2) -> dict[str, Any]:
-    """One `grpo-fleet up`. `tree`: run the fleet's code from that snapshot of the repository (e.g. `git archive
-    HEAD` plus this benchmark's files) rather than from this checkout, so that edits in progress in a shared working
-    tree cannot break a long benchmark; models stay in this checkout's cache."""
+def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s: float, task: str | None,
+              tree: Path | None = None, after: int = 2, config: Path = CONFIG) -> dict[str, Any]:
+    """One `grpo-fleet up` of `config` (`task` None: its own model and data). `tree`: run the fleet's code from that
+    snapshot of the repository (e.g. `git archive HEAD` plus this benchmark's files) rather than from this checkout,
+    so that edits in progress in a shared working tree cannot break a long benchmark; models stay in this
+    checkout's cache."""
     rd = work / name
     if rd.exists():
         subprocess.run(["rm", "-rf", str(rd)], check=True)
     log_path = work / f"{name}.log"
     code = tree or ROOT
     env = {**os.environ, "PYTHONPATH": str(code), "GRPO_FLEET_CACHE": str(ROOT / ".cache")}
-    cmd = [sys.executable, "-m", "launch.cli", "up", "--config", str(code / CONFIG.relative_to(ROOT)), f"run.dir={rd}",
-           f"policy.model_name={base_model(task)}",
-           f"data.train.dataset_name={task}", "logger.progress_bar=false", f"grpo.max_num_steps={steps}", *overrides]
+    task_keys = [f"policy.model_name={base_model(task)}", f"data.train.dataset_name={task}"] if task else []
+    cmd = [sys.executable, "-m", "launch.cli", "up", "--config", str(code / config.resolve().relative_to(ROOT)),
+           f"run.dir={rd}", *task_keys, "logger.progress_bar=false", f"grpo.max_num_steps={steps}", *overrides]
     print(f"[{name}] {' '.join(cmd[3:])}  (log: {log_path})", flush=True)
     t0 = time.monotonic()
     with log_path.open("w") as log:
@@ -145,10 +149,10 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
     import matplotlib.pyplot as plt
 
     colors = {"sync": "tab:blue", "async": "tab:orange", "tis": "tab:orange", "icepop": "tab:green",
-              "seq-mask-tis": "tab:red"}
+              "seq-mask-tis": "tab:red", "tis+fix": "tab:blue"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
     for run in runs:
-        mode = run["name"].split("-s")[0]
+        mode = run["name"].rsplit("-s", 1)[0]
         kw = {"color": colors.get(mode, "gray"), "alpha": 0.85, "linewidth": 1.2}
         tr, va = run["train"], run["val"]
         if offpolicy:
@@ -211,7 +215,8 @@ def run(args: argparse.Namespace) -> None:
               "runs": runs}
     (RESULTS / "skill_demo.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
-    _plot(runs, ROOT / "docs/img/skill_demo.png", "first digit of a 5-digit list: tiny Qwen2 (format-pretrained, "
+    what = {"digits": "first digit", "digits_max": "largest digit"}[args.task]
+    _plot(runs, ROOT / "docs/img/skill_demo.png", f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, "
           "chance 0.1) through the fleet, 2 CPU cores")
     _plot([r for r in runs if r["name"].startswith("async")], ROOT / "docs/img/skill_offpolicy.png",
           "async runs: off-policy diagnostics", offpolicy=True)
@@ -220,16 +225,22 @@ def run(args: argparse.Namespace) -> None:
 def variants(args: argparse.Namespace) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    pretrain(args.task)
+    config = Path(args.config).resolve()
+    task = args.task if config == CONFIG else None  # another config brings its own model and data
+    if task:
+        pretrain(task)
     runs = []
     for v in args.variants.split(","):
-        name, overrides = f"{v}-s{args.seed}", [f"grpo.seed={args.seed}", *VARIANTS[v], *args.set]
+        kind, _, recipe = v.partition("+")
+        overrides = [f"grpo.seed={args.seed}", *VARIANTS[kind], *(FIX if recipe == "fix" else []), *args.set]
+        name = f"{v}-s{args.seed}"
         runs.append(summarize(name, work / name, overrides) if args.reuse
-                    else run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree))
-    (RESULTS / "skill_variants.json").write_text(json.dumps({"env": env_info(), "steps": args.steps,
-                                                             "runs": runs}, indent=1) + "\n")
-    _plot(runs, ROOT / "docs/img/skill_variants.png", f"async, seed {args.seed}: IS correction variants",
-          offpolicy=True)
+                    else run_fleet(name, work, args.steps, overrides, args.timeout, task, args.tree, config=config))
+    out = RESULTS / f"{args.out}.json"
+    out.write_text(json.dumps({"env": env_info(), "config": str(config.relative_to(ROOT)), "steps": args.steps,
+                               "runs": runs}, indent=1) + "\n")
+    _plot(runs, ROOT / f"docs/img/{args.out}.png", f"async, seed {args.seed}: IS correction variants "
+          f"({config.name}, {args.steps} steps)", offpolicy=True)
 
 
 def env_info() -> dict[str, Any]:
@@ -248,6 +259,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--variants", default="tis,icepop,seq-mask-tis")
     p.add_argument("--seed", type=int, default=1, help="variants: the grpo.seed of every variant run")
+    p.add_argument("--config", default=str(CONFIG), help="variants: the config (another one brings its own model)")
+    p.add_argument("--out", default="skill_variants", help="variants: results/<out>.json and docs/img/<out>.png")
     p.add_argument("--work", default="/tmp/grpo-fleet-skill-demo", help="run directories and logs")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds after which a run is stopped (the demo's target is 0.8 within 15 minutes)")
