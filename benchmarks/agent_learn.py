@@ -214,8 +214,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-pretrain", action="store_true", help="use --model-dir as it is")
     ap.add_argument("--work", type=Path, default=ROOT / "runs/bench_lookup")
     ap.add_argument("--timeout-s", type=float, default=1800)
+    ap.add_argument("overrides", nargs="*", help="config overrides for the fleet run (key=value)")
     args = ap.parse_args(argv)
-    result: dict[str, Any] = {"config": str(CONFIG.relative_to(ROOT)), "steps": args.steps}
+    result: dict[str, Any] = {"config": str(CONFIG.relative_to(ROOT)), "steps": args.steps,
+                              "overrides": args.overrides}
     if not args.skip_pretrain:
         from fleet.config import load_config
 
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     elif (meta := args.model_dir / "pretrain.json").exists():
         result["pretrain"] = json.loads(meta.read_text())
     args.work.mkdir(parents=True, exist_ok=True)
-    run = run_fleet("lookup", args.work, args.steps, [f"policy.model_name={args.model_dir}"], CONFIG,
+    run = run_fleet("lookup", args.work, args.steps, [f"policy.model_name={args.model_dir}", *args.overrides], CONFIG,
                     args.timeout_s)
     records = [json.loads(line) for line in (args.work / "lookup/logs/metrics.jsonl").read_text().splitlines()
                if line.strip()]
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     for s in run["steps"]:
         r = agent.get(s["step"], {})
         s["turns"], s["tool_error_rate"] = r.get("agent/turns_mean", 0.0), r.get("agent/tool_error_rate", 0.0)
+        s["token_mult_prob_error"] = r.get("loss/token_mult_prob_error")  # engine vs trainer log-probs (1.0: equal)
     result["run"] = {k: run[k] for k in ("wall_s", "step_s", "final_reward", "final_resolved", "steps")}
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")

@@ -15,8 +15,8 @@ the table gives another value, a key not in it an error). The episode ends with 
 Episodes run in the agent loop of agent mode (`rollout/agent`: same parser, chat format, observation masks,
 trajectory contract, budgets from `env.code.agent`), but the tools run in the rollout worker's process
 (`LookupTools`): they read a dict from the task's payload and touch nothing else, so a sandbox would isolate
-nothing; a session round-trip would only cost time. Verdicts are the sandbox's `Verdict` type (two tests, `format`
-and `answer`, like `arith`), so the reward path is the one of every environment.
+nothing; a session round-trip would only cost time. Verdicts are the sandbox's `Verdict` type (tests `format`,
+`lookup` and `answer`, as `arith` has tests), so the reward path is the one of every environment.
 """
 
 from __future__ import annotations
