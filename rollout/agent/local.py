@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpofleet.v1 import common_pb2
 from rollout.agent.chat import ChatFormat
-from rollout.agent.episode import run_episode
+from rollout.agent.episode import EpisodeLimits, run_episode
 from rollout.agent.runner import _trajectory, limits_from_config
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, reward_for
@@ -30,8 +30,9 @@ LOCAL_TOOL_ENVS = frozenset({"lookup"})
 class LocalToolRunner:
     def __init__(self, cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any) -> None:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
-        self.limits = limits_from_config(cfg)
-        self._fmt: ChatFormat | None = None  # made on first use: a worker that never leases such a task needs none
+        # Made on first use: a worker that never leases such a task needs neither (nor valid agent budgets).
+        self._limits: EpisodeLimits | None = None
+        self._fmt: ChatFormat | None = None
         self._envs: dict[str, Any] = {}
         self.end_reasons: Counter[str] = Counter()
         self.tool_calls = self.tool_errors = 0
@@ -41,6 +42,12 @@ class LocalToolRunner:
         if self._fmt is None:
             self._fmt = ChatFormat(self.tokenizer)
         return self._fmt
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        if self._limits is None:
+            self._limits = limits_from_config(self.cfg)
+        return self._limits
 
     @staticmethod
     def handles(env_name: str) -> bool:
