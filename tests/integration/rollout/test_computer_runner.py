@@ -96,3 +96,19 @@ async def test_an_episode_sees_screenshots_acts_once_per_turn_and_is_graded(serv
     for i, v in enumerate(t.token_versions):
         assert (v == -1) == (i in observed) and (t.generation_logprobs[i] == 0.0) == (i in observed)
     assert runner.summary()["actions"] == 1
+
+
+async def test_an_unreachable_sandbox_gives_the_group_back_never_a_zero_reward() -> None:
+    from rollout.scoring import ScoringUnavailable
+
+    cfg = parse_config({}, ["data.train.dataset_name=computer_use", "policy.model_name=tiny-qwen2-vl",
+                            "env.code.sandbox_urls=[http://127.0.0.1:9]", "env.code.max_retries=0"])
+    proc = load_processor(resolve_model("tiny-qwen2-vl"))
+    runner = ComputerRunner(cfg, ScriptedEngine(proc.tokenizer, [_call("done")]), proc, "worker-u")  # type: ignore
+    task = make_computer_tasks(CU, 0, "train", 1)[0]
+    group = common_pb2.PromptGroup(group_id="g", env_name="computer_use", prompt_token_ids=[1, 2, 3])
+    try:
+        with pytest.raises(ScoringUnavailable, match="sandbox computer session failed"):
+            await runner.sample(group, ComputerUseEnvironment(CU).task_to_payload(task), SamplingSpec(), 0)
+    finally:
+        await runner.close()
