@@ -23,7 +23,7 @@ def test_get_status_carries_the_episode_counts_of_the_worker() -> None:
     worker.local_tools.end_reasons.update({"submitted": 5, "max_turns": 2})
     worker.local_tools.tool_calls, worker.local_tools.tool_errors = 13, 3
     reply = asyncio.run(RolloutWorkerServicer(worker, "vllm").GetStatus(rollout_worker_pb2.WorkerStatusRequest(),
-                                                                         None))  # type: ignore[arg-type]
+                                                                         None))
     a = reply.agent
     assert (a.episodes, dict(a.end_reasons), a.tool_calls, a.tool_errors) == (7, {"submitted": 5, "max_turns": 2},
                                                                               13, 3)
