@@ -16,7 +16,7 @@ from fleet.contracts.sandbox import TaskSpec, TaskStatus, Verdict
 from services.sandbox import grading
 from services.sandbox.cgroups import TaskStats
 from services.sandbox.process import RunResult
-from services.sandbox.report import RunReport, disagreements, read_report
+from services.sandbox.report import FAILING, RunReport, disagreements, read_report
 
 _CPU = (-signal.SIGXCPU, 128 + signal.SIGXCPU)
 _KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
@@ -45,8 +45,15 @@ def _read(spec: TaskSpec, result: RunResult, key: bytes | None, limits: Limits, 
     violations = list(rep.violations)
     if not killed:
         violations += disagreements(rep, result.exit_code, shell=shell)
-    if rep.exit_status is None and expected and not violations:
-        notes.append("pytest did not run to the end")
+    if rep.exit_status is None:
+        # The runner's end-of-run checks (hooks, pytest internals, skips and xfails from code under test) never ran:
+        # a patch that rigs the outcomes and then kills its own process must gain nothing, so no pass counts.
+        passing = [t for t, s in rep.status.items() if s not in FAILING]
+        rep.status = {t: s for t, s in rep.status.items() if s in FAILING}
+        if (expected or passing) and not violations:
+            notes.append("pytest did not run to the end" + (f": without its end-of-run checks the {len(passing)} "
+                                                             "tests it reported passing do not count" if passing
+                                                             else ""))
     if rep.unfinished:
         notes.append(f"the test process died inside {', '.join(rep.unfinished[:5])} (counted as failed)")
     if rep.truncated:

@@ -122,6 +122,20 @@ def _passing(cls, item, call):
 
 _T.from_item_and_call = classmethod(_passing)
 '''
+# Rigs every report, then kills pytest before the runner's end-of-run checks could see it (a hook that runs first).
+KILL_BEFORE_THE_CHECKS = '''
+import os as _os, signal as _signal
+import pytest as _pytest
+
+
+class _Killer:
+    @_pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        _os.kill(_os.getpid(), _signal.SIGKILL)
+
+
+_CONFIG.pluginmanager.register(_Killer(), "killer")
+'''
 NOOP_RUNTEST = '''
 import _pytest.python as _p
 _p.Function.runtest = lambda self: None
@@ -296,6 +310,8 @@ CASES: list[Case] = [
         CHEAT + FIND_CONFIG + '_CONFIG.pluginmanager.register(Cheat(), "cheat")\n'), VIOLATION),
     Case("in_process", "report_constructor_patched", in_init(PATCH_RUNNER), VIOLATION),
     Case("in_process", "test_runtest_replaced", in_init(NOOP_RUNTEST), VIOLATION),
+    Case("in_process", "rigged_reports_then_killed_before_the_end_checks", in_init(
+        PATCH_RUNNER + FIND_CONFIG + KILL_BEFORE_THE_CHECKS), frozenset({"completed"})),
     Case("in_process", "every_test_made_xfail", in_init(ALL_XFAIL), VIOLATION),
     Case("in_process", "xfail_raised_from_code_under_test", changes({"calc/core.py": XFAIL_IN_CODE}), VIOLATION),
     Case("in_process", "skip_raised_from_code_under_test", changes({"calc/core.py": SKIP_IN_CODE}), VIOLATION),
