@@ -164,7 +164,7 @@ async def measure_versions(repo: Path, spec: TaskSpec, pool: int, n: int, rounds
                (("current", ROOT, 64000), ("baseline", baseline, 65000))]
     out: dict[str, Any] = {"pool": pool}
     rows: dict[str, list[dict[str, float]]] = {"bare": [], "current": [], "baseline": []}
-    parts: dict[str, dict[str, list[float]]] = {"current": {}, "baseline": {}}
+    parts: dict[str, list[dict[str, float]]] = {"current": [], "baseline": []}
     try:
         clients = [SandboxClient([url], max_concurrency=n, task_timeout=600) for _, url in servers]
         for client in clients:
@@ -176,9 +176,7 @@ async def measure_versions(repo: Path, spec: TaskSpec, pool: int, n: int, rounds
                 t0 = time.monotonic()
                 tasks = await sandbox_batch(client, spec, n)
                 rows[name].append(summary([t["latency_s"] for t in tasks], time.monotonic() - t0))
-                for t in tasks:
-                    for key, value in t.items():
-                        parts[name].setdefault(key, []).append(value)
+                parts[name].append(_round_means(tasks))
         for client in clients:
             await client.close()
     finally:
@@ -188,7 +186,7 @@ async def measure_versions(repo: Path, spec: TaskSpec, pool: int, n: int, rounds
     for name, values in rows.items():
         out[name] = _median_round(values)
     for name in ("current", "baseline"):
-        breakdown = {k: round(statistics.fmean(v), 4) for k, v in sorted(parts[name].items())}
+        breakdown = _median_of_rounds(parts[name])
         out[f"{name}_breakdown_mean_s"] = breakdown
         out[f"{name}_overhead"] = overheads({"bare": out["bare"], "sandbox_breakdown_mean_s": breakdown})
     return out
@@ -237,7 +235,7 @@ async def measure_pool(repo: Path, spec: TaskSpec, pool: int, n: int, rounds: in
     await server.start()
     bare_rounds: list[dict[str, float]] = []
     sandbox_rounds: list[dict[str, float]] = []
-    breakdown: dict[str, list[float]] = {}
+    breakdown: list[dict[str, float]] = []
     try:
         async with SandboxClient([f"http://127.0.0.1:{server.port}"], max_concurrency=n, task_timeout=600) as client:
             await sandbox_batch(client, spec, pool)  # warm-up: page cache, first imports
@@ -248,13 +246,11 @@ async def measure_pool(repo: Path, spec: TaskSpec, pool: int, n: int, rounds: in
                 t0 = time.monotonic()
                 tasks = await sandbox_batch(client, spec, n)
                 sandbox_rounds.append(summary([t["latency_s"] for t in tasks], time.monotonic() - t0))
-                for t in tasks:
-                    for key, value in t.items():
-                        breakdown.setdefault(key, []).append(value)
+                breakdown.append(_round_means(tasks))
     finally:
         await server.stop(0)
     return {"pool": pool, "bare": _median_round(bare_rounds), "sandbox": _median_round(sandbox_rounds),
-            "sandbox_breakdown_mean_s": {k: round(statistics.fmean(v), 4) for k, v in sorted(breakdown.items())}}
+            "sandbox_breakdown_mean_s": _median_of_rounds(breakdown)}
 
 
 async def measure_executors(spec: TaskSpec, counts: list[int], per_executor: int, rounds: int,
@@ -290,12 +286,23 @@ def _median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(statistics.median(r[key] for r in rounds), 3) for key in rounds[0]}
 
 
+def _round_means(tasks: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.fmean(t.get(key, 0.0) for t in tasks) for key in tasks[0]}
+
+
+def _median_of_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each phase's per-round mean, median over rounds: the statistic the bare runs get (`_median_round` of their
+    per-round mean latency). A mean over every task let one loaded round weigh on the executor's side only."""
+    return {key: round(statistics.median(r[key] for r in rounds), 4) for key in sorted(rounds[0])}
+
+
 def overheads(row: dict[str, Any]) -> dict[str, float]:
     """Per-task overhead vs the bare run at the same concurrency, in % of the bare time.
 
-    service: what the executor adds around the tests (fresh tree, patches, sandbox start, grading), from its own
-    timings; tests_in_sandbox: bwrap + limits around the same pytest; end_to_end: also HTTP, polling and the client
-    (queueing for a pool slot excluded: bare runs wait for their semaphore outside the timer too).
+    Both sides are medians over rounds of a round's mean. service: what the executor adds around the tests (fresh
+    tree, patches, sandbox start, grading), from its own timings; tests_in_sandbox: bwrap + limits around the same
+    pytest; end_to_end: also HTTP, polling and the client (queueing for a pool slot excluded: bare runs wait for their
+    semaphore outside the timer too).
     """
     bare = row["bare"]["latency_mean_s"]
     parts = row["sandbox_breakdown_mean_s"]
