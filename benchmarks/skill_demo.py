@@ -5,6 +5,7 @@
     python benchmarks/skill_demo.py run --reuse                   # re-read finished runs, plot, write JSON
     python benchmarks/skill_demo.py variants --config examples/configs/arith_learn.yaml --steps 60 \
         --variants tis,icepop,seq-mask-tis,tis+fix --out arith_variants   # the IS variants where async collapsed
+    python benchmarks/skill_demo.py collect --work DIR --out NAME   # all runs under DIR: one JSON, one figure
 
 Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
 one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
@@ -243,6 +244,24 @@ def variants(args: argparse.Namespace) -> None:
           f"({config.name}, {args.steps} steps)", offpolicy=True)
 
 
+def collect(args: argparse.Namespace) -> None:
+    """Every finished run under --work (variants of several seeds) into results/<out>.json and one figure."""
+    work = Path(args.work)
+    runs = [summarize(rd.name, rd, []) for rd in sorted(work.iterdir()) if (rd / "logs/metrics.jsonl").is_file()]
+    for r in runs:
+        tr = [x for x in r["train"] if x["tmpe"] is not None]
+        r["max_token_mult_prob_error"] = max(x["tmpe"] for x in tr)
+        r["is_ratio_range"] = [min(x["is_min"] for x in tr), max(x["is_max"] for x in tr)]
+        r["min_reward_after_10"] = min(x["reward"] for x in tr[10:]) if len(tr) > 10 else None
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"env": env_info(), "work": str(work), "runs": runs},
+                                                         indent=1) + "\n")
+    _plot(runs, ROOT / f"docs/img/{args.out}.png", "async arith demo: IS correction variants and the fix, by seed",
+          offpolicy=True)
+    for r in runs:
+        print(r["name"], "max tmpe", round(r["max_token_mult_prob_error"], 2), "IS range",
+              [round(x, 3) for x in r["is_ratio_range"]], "min reward after step 10", r["min_reward_after_10"])
+
+
 def env_info() -> dict[str, Any]:
     import platform
 
@@ -252,7 +271,7 @@ def env_info() -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["pretrain", "run", "variants"])
+    p.add_argument("what", choices=["pretrain", "run", "variants", "collect"])
     p.add_argument("--task", default="digits_max", choices=["digits_max", "digits"])
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--modes", default="sync,async")
@@ -272,7 +291,7 @@ def main() -> None:
     if args.what == "pretrain":
         print(pretrain(args.task))
     else:
-        (run if args.what == "run" else variants)(args)
+        {"run": run, "variants": variants, "collect": collect}[args.what](args)
 
 
 if __name__ == "__main__":
