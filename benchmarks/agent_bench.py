@@ -102,10 +102,10 @@ async def bench_sessions(spec: TaskSpec, work: Path, samples: int) -> dict[str, 
 async def bench_episodes(args: argparse.Namespace, spec: TaskSpec, work: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from envs.agent.chat import ChatFormat
+    from envs.agent.tools import TOOL_SPECS, ToolBox
     from fleet.tinymodel import ensure_tiny_model
-    from rollout.agent.chat import ChatFormat
     from rollout.agent.episode import EpisodeLimits, run_episode
-    from rollout.agent.tools import TOOL_SPECS, ToolBox
     from rollout.engine import make_engine
     from rollout.engine.base import SamplingSpec
     from sandbox_client.sessions import SessionClient

@@ -65,9 +65,9 @@ def pretrain(out: Path, steps: int, tool_frac: float, batch: int = 32, lr: float
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from envs.agent.chat import ChatFormat
     from envs.lookup import LookupEnvironment, make_lookup_tasks
     from fleet.paths import resolve_model
-    from rollout.agent.chat import ChatFormat
 
     if lookup is None:
         from fleet.config.env import LookupEnvConfig
@@ -147,10 +147,10 @@ async def evaluate(model_dir: Path, n: int, temperature: float = 1.0, seed: int 
     """Episodes of the model on `n` fresh tasks through the agent loop (HF engine): success and tool-use rates."""
     from transformers import AutoTokenizer
 
+    from envs.agent.chat import ChatFormat
     from envs.lookup import LookupEnvironment, make_lookup_tasks
     from fleet.config import MasterConfig
     from fleet.config.env import LookupEnvConfig
-    from rollout.agent.chat import ChatFormat
     from rollout.agent.episode import EpisodeLimits, run_episode
     from rollout.engine import make_engine
     from rollout.engine.base import SamplingSpec

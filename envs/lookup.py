@@ -28,9 +28,9 @@ from envs.registry import PromptResult, ScoreResult, Task, TaskDataset
 from fleet.contracts.sandbox import Verdict
 
 if TYPE_CHECKING:
+    from envs.agent.parser import ToolCall
+    from envs.agent.tools import Observation
     from fleet.config.env import DatasetConfig, EnvConfig, LookupEnvConfig
-    from rollout.agent.parser import ToolCall
-    from rollout.agent.tools import Observation
 
 SYSTEM_PROMPT = "Use the tools. Answer with the value."
 LOOKUP_TOOL_SPECS: list[dict[str, Any]] = [
@@ -92,7 +92,7 @@ class LookupTools:
         self.answer: str | None = None
 
     async def run(self, call: ToolCall) -> Observation:
-        from rollout.agent.tools import Observation
+        from envs.agent.tools import Observation
 
         args = call.arguments
         if call.name == "answer":
@@ -139,7 +139,7 @@ class LookupEnvironment:
                 "answer": int(task.metadata["answer"])}
 
     def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
-        from rollout.agent.chat import ChatFormat
+        from envs.agent.chat import ChatFormat
 
         fmt = ChatFormat(tokenizer)
         ids = fmt.prompt_ids(SYSTEM_PROMPT, task.problem_statement, LOOKUP_TOOL_SPECS, fallback=COMPACT_TOOLS)
@@ -156,7 +156,7 @@ class LookupEnvironment:
     async def score(self, payload: dict[str, Any], completion_text: str, **_: Any) -> ScoreResult:
         """A single-shot completion (no episode): its last `answer` call, if any, is the answer -- the value cannot
         be known without a lookup, so this scores a guess."""
-        from rollout.agent.parser import ToolCallError, parse_tool_calls
+        from envs.agent.parser import ToolCallError, parse_tool_calls
 
         try:
             calls = parse_tool_calls(completion_text)

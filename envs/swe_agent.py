@@ -31,8 +31,8 @@ class SweAgentEnvironment(SweEnvironment):
     def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
         """Code context is never inlined: the agent reads the files it wants. A statement too long for
         `max_prompt_length` is cut (with a marker)."""
-        from rollout.agent.chat import ChatFormat
-        from rollout.agent.tools import TOOL_SPECS
+        from envs.agent.chat import ChatFormat
+        from envs.agent.tools import TOOL_SPECS
 
         fmt = ChatFormat(tokenizer)
         statement = task.problem_statement

@@ -13,14 +13,19 @@ from __future__ import annotations
 import base64
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from envs.computer_use.actions import Action
 from sandbox_client.results import SandboxError, SandboxRequestError
 from sandbox_client.sessions import _TRANSPORT, SessionClient, SessionUnavailable
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig
+
+
+class Action(Protocol):
+    """An action in its wire form: `envs.computer_use.actions` makes them (the client only sends them)."""
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 class ActionRejected(SandboxError):

@@ -1,6 +1,6 @@
 """The computer-use actions: what a model may do to the screen, as tool calls, and their JSON form.
 
-`parse_action(name, arguments)` validates one tool call (as `rollout/agent/parser.py` extracts it from
+`parse_action(name, arguments)` validates one tool call (as `envs/agent/parser.py` extracts it from
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) and raises `ActionError` with a message written for the
 model: it becomes the error observation of that turn. `COMPUTER_TOOLS` are the JSON-schema descriptions handed to
 the chat template (`tools=`). `action.to_json()` / `action_from_json` carry an action over HTTP to the sandbox,

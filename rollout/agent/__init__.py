@@ -1,5 +1,6 @@
 """Agent mode (`env.code.mode: agent`): multi-turn episodes of tool calls against a sandbox session.
 
-`parser` reads Qwen/Hermes `<tool_call>` JSON, `tools` runs shell / file_editor / submit against a session,
-`chat` turns the tokenizer's chat template into prompt and observation token ids, `episode` is the loop.
+`episode` is the loop; `runner` (sandbox code sessions), `local` (in-process tools) and `computer` (computer-use
+sessions) run it for their environments. The tool protocol they share with the environments (the `<tool_call>`
+parser, the chat format, the session tools) lives a floor below, in `envs/agent`.
 """

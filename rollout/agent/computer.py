@@ -3,7 +3,7 @@
 The episode shape is the contract's (/work/notes/cu-contract.md): the trainer's prompt is text only (system prompt,
 the action tools through the chat template, the task's instruction); the runner opens a sandbox computer session
 for the task's payload, and the page's first screenshot is the first observation, before the first generation.
-Then each turn: generate, parse one tool call (`rollout/agent/parser.py` extracts it, the environment's
+Then each turn: generate, parse one tool call (`envs/agent/parser.py` extracts it, the environment's
 `parse_action` validates it), send it, and append the new screenshot as an observation; a bad call gets an error
 observation (text, no screenshot: the page did not change). `done` ends the episode and `finish` grades the page.
 
@@ -24,15 +24,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from envs.agent.chat import ChatFormat
+from envs.agent.parser import ToolCall
+from envs.agent.tools import Observation
 from envs.computer_use.actions import ActionError, Done, parse_action
 from fleet.contracts.sandbox import Verdict
 from fleet.vision import ImageCodec
 from grpofleet.v1 import common_pb2
-from rollout.agent.chat import ChatFormat
 from rollout.agent.episode import Episode, run_episode
-from rollout.agent.parser import ToolCall
 from rollout.agent.runner import _trajectory, limits_from_config
-from rollout.agent.tools import Observation
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, reward_for
 from sandbox_client.computer import ActionRejected, ComputerClient, ComputerSession, ComputerVerdict

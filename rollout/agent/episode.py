@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from rollout.agent.chat import ChatFormat
-from rollout.agent.parser import ToolCallError, parse_tool_calls
-from rollout.agent.tools import Observation, ToolRunner
+from envs.agent.chat import ChatFormat
+from envs.agent.parser import ToolCallError, parse_tool_calls
+from envs.agent.tools import Observation, ToolRunner
 from rollout.engine.base import Generation, SamplingSpec
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from envs.agent.chat import ChatFormat
 from grpofleet.v1 import common_pb2
-from rollout.agent.chat import ChatFormat
 from rollout.agent.episode import EpisodeLimits, run_episode
 from rollout.agent.runner import _trajectory, limits_from_config
 from rollout.engine.base import SamplingSpec

@@ -15,11 +15,11 @@ import uuid
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from envs.agent.chat import ChatFormat
+from envs.agent.tools import ToolBox
 from fleet.contracts.sandbox import Verdict
 from grpofleet.v1 import common_pb2
-from rollout.agent.chat import ChatFormat
 from rollout.agent.episode import Episode, EpisodeLimits, run_episode
-from rollout.agent.tools import ToolBox
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, reward_for
 from rollout.wire import to_proto_verdict

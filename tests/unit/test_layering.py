@@ -28,8 +28,6 @@ FLOOR_OF = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
 # longer matches anything fails the test too.
 # Keys are (importer, imported) prefixes.
 KNOWN: dict[tuple[str, str], str] = {
-    ("envs", "rollout.agent"): "the agent tool protocol (rollout/agent chat.py, parser.py, tools.py) is shared by the "
-    "agent-mode environments and the rollout worker: it belongs a floor below both",
     ("envs.swe.builder", "services.sandbox.executor"): "`grpo-fleet data build` validates every bug with the real "
     "executor in process: the task-set build tooling (envs/cli.py, envs/swe/builder.py) belongs on the launch floor",
     ("envs.swe.image_build", "services.sandbox.images.contract"): "an embedded task's eval script is built with the "

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
+from envs.agent.parser import ToolCall
 from envs.lookup import LookupTools, make_lookup_tasks, score_episode
 from envs.registry import load_dataset, make_environment
 from fleet.config import MasterConfig
@@ -18,7 +19,6 @@ from fleet.config.env import DatasetConfig, EnvConfig, LookupEnvConfig
 from fleet.tinymodel import ensure_tiny_model
 from grpofleet.v1 import common_pb2
 from rollout.agent.local import LocalToolRunner
-from rollout.agent.parser import ToolCall
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
 

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollout.agent.chat import ChatFormat
+from envs.agent.chat import ChatFormat
 from rollout.engine.base import Generation, SamplingSpec
 from sandbox_client.sessions import CommandResult, SessionToolError
 

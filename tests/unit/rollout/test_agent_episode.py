@@ -10,10 +10,10 @@ import pytest
 from agent_helpers import QWEN_TOOLS_TEMPLATE, LocalBackend, ScriptedPolicy, call
 from transformers import AutoTokenizer
 
+from envs.agent.chat import ChatFormat
+from envs.agent.tools import TOOL_SPECS, ToolBox
 from fleet.tinymodel import ensure_tiny_model
-from rollout.agent.chat import ChatFormat
 from rollout.agent.episode import OBSERVATION_VERSION, Episode, EpisodeLimits, run_episode
-from rollout.agent.tools import TOOL_SPECS, ToolBox
 from rollout.engine.base import SamplingSpec
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from agent_helpers import LocalBackend, call
 
-from rollout.agent.parser import ToolCall, ToolCallError, parse_tool_calls
-from rollout.agent.tools import TOOL_NAMES, TOOL_SPECS, ToolBox
+from envs.agent.parser import ToolCall, ToolCallError, parse_tool_calls
+from envs.agent.tools import TOOL_NAMES, TOOL_SPECS, ToolBox
 
 
 def test_calls_are_parsed_in_order_with_text_around_them() -> None:

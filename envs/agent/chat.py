@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rollout.agent.tools import Observation
+    from envs.agent.tools import Observation
 
 _PROBE_USER, _PROBE_ASSISTANT = "\x01U\x01", "\x01A\x01"
 HERMES_TOOLS = (

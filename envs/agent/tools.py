@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollout.agent.parser import ToolCall
+from envs.agent.parser import ToolCall
 from sandbox_client.sessions import CommandResult, SessionToolError
 
 SUBMIT = "submit"
