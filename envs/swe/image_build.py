@@ -49,7 +49,7 @@ def eval_command(test_command: str) -> str:
 def eval_script(task: Task) -> str:
     """An eval script of SWE-bench 5's shape for an embedded task."""
     from fleet.contracts.sandbox import TaskSpec
-    from services.sandbox.images.contract import derived_eval_script
+    from fleet.contracts.swe_eval import derived_eval_script
 
     command = eval_command(task.test_command or "python -m pytest")
     spec = TaskSpec(repo_url=task.repo_url, base_commit=task.base_commit, patch="", test_patch=task.test_patch,

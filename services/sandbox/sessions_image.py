@@ -22,10 +22,11 @@ import shlex
 import uuid
 
 from fleet.contracts.sandbox import TaskSpec
+from fleet.contracts.swe_eval import WORKDIR
 from services.sandbox.executor import Executor
 from services.sandbox.images import contract
 from services.sandbox.images.pull import PullError
-from services.sandbox.images.runtime import IO_DIR, WORKDIR, ImageEnv
+from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.process import RunResult
 from services.sandbox.session_diff import SessionDiff, graded_paths, pathspecs

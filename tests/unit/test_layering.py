@@ -30,8 +30,6 @@ FLOOR_OF = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
 KNOWN: dict[tuple[str, str], str] = {
     ("envs.swe.builder", "services.sandbox.executor"): "`grpo-fleet data build` validates every bug with the real "
     "executor in process: the task-set build tooling (envs/cli.py, envs/swe/builder.py) belongs on the launch floor",
-    ("envs.swe.image_build", "services.sandbox.images.contract"): "an embedded task's eval script is built with the "
-    "executor's SWE-bench eval contract: that contract belongs on the ground floor",
 }
 
 

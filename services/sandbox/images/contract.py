@@ -22,15 +22,15 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from fleet.contracts.sandbox import TaskSpec, TaskStatus, Verdict
-from services.sandbox.images.runtime import IO_DIR, WORKDIR, ImageEnv
+from fleet.contracts.swe_eval import GIT as _GIT
+from fleet.contracts.swe_eval import WORKDIR, derived_eval_script
+from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
 from services.sandbox.workspace import InfraError, parse_numstat, rename_sources
 
 EVAL_LOG_CAP = 16 << 20
 """Eval output kept for grading: the parsers need the whole marked slice, not a tail."""
 _STEP_LIMIT_S = 300.0
-_GIT = "git -c safe.directory=* -c core.hooksPath=/dev/null -c core.fsmonitor=false"
-_HEREDOC = "EOF_114329324912"
 
 
 @cache
@@ -96,31 +96,6 @@ def apply_script() -> str:
         lines.append(f"{prefix} {patch} && {{ echo GRPO_APPLIED; exit 0; }}")
     lines.append(f"{_GIT} apply --check --reverse {patch} && {{ echo GRPO_APPLIED; exit 0; }}")
     lines.append("exit 1")
-    return "\n".join(lines) + "\n"
-
-
-def _test_files(spec: TaskSpec) -> list[str]:
-    return sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
-
-
-def derived_eval_script(spec: TaskSpec, test_paths: list[str]) -> str:
-    """An eval script of SWE-bench 5's shape for rows that carry none (SWE-Gym, SWE-smith, R2E-Gym, older rows)."""
-    start, end = _swebench()["start"], _swebench()["end"]
-    base = shlex.quote("HEAD" if spec.setup_patch else spec.base_commit)
-    files = " ".join(shlex.quote(p) for p in test_paths)
-    # `python3 -m`: the tree on sys.path even where the repository is not installed (and every image has python3).
-    command = spec.test_command or "python3 -m pytest -rA " + " ".join(shlex.quote(p) for p in _test_files(spec))
-    lines = ["#!/bin/bash", "set -uxo pipefail",
-             "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; "
-             "conda activate testbed; fi", f"cd {WORKDIR}"]
-    if test_paths:
-        lines.append(f"{_GIT} checkout {base} -- {files} 2>/dev/null || true")
-    if spec.test_patch.strip():
-        body = spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
-        lines.append(f"{_GIT} apply --verbose - <<'{_HEREDOC}'\n{body}{_HEREDOC}")
-    lines += [f": '{start}'", command, f": '{end}'"]
-    if test_paths:
-        lines.append(f"{_GIT} checkout {base} -- {files} 2>/dev/null || true")
     return "\n".join(lines) + "\n"
 
 

@@ -23,9 +23,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fleet.config.infra import SandboxConfig
+from fleet.contracts.swe_eval import WORKDIR
 from services.sandbox.images.cache import CachedImage
 from services.sandbox.images.pull import PullError
-from services.sandbox.images.runtime import IO_DIR, WORKDIR, ImageEnv
+from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.process import RunResult, TailBuffer
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fleet.config.infra import SandboxConfig
+from fleet.contracts.swe_eval import WORKDIR
 from services.sandbox.cgroups import CgroupRoot
 from services.sandbox.images.cache import CachedImage, ImageCache
 from services.sandbox.images.layers import Layer, RunLayers
@@ -29,7 +30,6 @@ from services.sandbox.process import RunResult, run_limited
 
 log = logging.getLogger(__name__)
 IO_DIR = "/run/grpo-io"
-WORKDIR = "/testbed"
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
