@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
 
@@ -86,6 +86,22 @@ class Generation:
     """Weight version that produced each token."""
     finish_reason: FinishReason
     prompt_len: int = 0
+
+
+def spans_to_versions(spans: Sequence[Any] | None, n: int) -> list[int]:
+    """Weight-version spans (`[start, end)` with a `version`, as vLLM reports them) -> one int version per token."""
+    if n == 0:
+        return []
+    if not spans:
+        raise RuntimeError("vLLM returned no weight-version labels for a non-empty output")
+    versions: list[int] = []
+    for s in spans:
+        if s.start != len(versions):
+            raise RuntimeError(f"weight-version spans are not contiguous: {spans}")
+        versions.extend([int(s.version)] * (s.end - s.start))
+    if len(versions) != n:
+        raise RuntimeError(f"weight-version spans cover {len(versions)} of {n} tokens")
+    return versions
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from rollout.engine.base import (
     SamplingSpec,
     StagedWeights,
     UpdateStats,
+    spans_to_versions,
 )
 from rollout.engine.images import image_inputs, image_prompt
 from rollout.engine.vllm_staging import (
@@ -68,22 +69,6 @@ log = logging.getLogger(__name__)
 GiB = 1 << 30
 RpcCall = tuple[str, tuple[Any, ...]]
 """A `WorkerExtension` method's name and its arguments."""
-
-
-def spans_to_versions(spans: Sequence[Any] | None, n: int) -> list[int]:
-    """vLLM's `[start, end)` weight-version spans -> one int version per output token."""
-    if n == 0:
-        return []
-    if not spans:
-        raise RuntimeError("vLLM returned no weight-version labels for a non-empty output")
-    versions: list[int] = []
-    for s in spans:
-        if s.start != len(versions):
-            raise RuntimeError(f"weight-version spans are not contiguous: {spans}")
-        versions.extend([int(s.version)] * (s.end - s.start))
-    if len(versions) != n:
-        raise RuntimeError(f"weight-version spans cover {len(versions)} of {n} tokens")
-    return versions
 
 
 class VllmEngine(GenerationEngine):

@@ -19,8 +19,9 @@ from rollout.engine import (
     make_engine,
     validate_weights,
 )
+from rollout.engine.base import spans_to_versions
 from rollout.engine.hf_engine import HfEngine, sample_next
-from rollout.engine.vllm_engine import VllmEngine, spans_to_versions
+from rollout.engine.vllm_engine import VllmEngine
 
 SPEC = {"a.weight": TensorSpec((2, 3), "float32"), "b.bias": TensorSpec((3,), "float32")}
 GOOD = {"a.weight": torch.zeros(2, 3), "b.bias": torch.zeros(3)}
