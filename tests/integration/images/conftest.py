@@ -89,3 +89,26 @@ def image_cfg(images: ImageSet, tmp_path: Path, shared_cache: Path) -> SandboxCo
     return SandboxConfig(pool_size=2, work_root=str(tmp_path / "work"), memory_mb=2048, cpu_s=60, max_processes=128,
                          image_cache_dir=str(shared_cache), image_registry=images.registry,
                          image_tls_verify=False, result_ttl_s=600)
+
+ENGINE = Path(__file__).resolve().parents[3] / "scripts" / "docker-engine.sh"
+
+
+def _answers() -> bool:
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def docker_engine() -> Iterator[None]:
+    """A Docker engine for the module that asks for one: one that runs already is used and left running, one
+    started here is stopped after the module."""
+    if _answers():
+        yield
+        return
+    if not ENGINE.is_file() or shutil.which("dockerd") is None:
+        pytest.skip("no Docker engine and no scripts/docker-engine.sh to start one")
+    subprocess.run(["bash", str(ENGINE), "start"], check=True, timeout=300)
+    try:
+        yield
+    finally:
+        subprocess.run(["bash", str(ENGINE), "stop"], check=False, timeout=120)

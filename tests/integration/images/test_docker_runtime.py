@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from image_helpers import ImageSet
@@ -14,29 +11,7 @@ from image_helpers import ImageSet
 from fleet.config.infra import SandboxConfig
 from services.sandbox.executor import Executor
 
-ROOT = Path(__file__).resolve().parents[3]
-ENGINE = ROOT / "scripts" / "docker-engine.sh"
 pytestmark = pytest.mark.slow
-
-
-def _answers() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(
-        ["docker", "info"], capture_output=True, timeout=30).returncode == 0
-
-
-@pytest.fixture(scope="module")
-def docker_engine() -> Iterator[None]:
-    """An engine for this module: one that runs already is used and left running; one started here is stopped."""
-    if _answers():
-        yield
-        return
-    if not ENGINE.is_file() or shutil.which("dockerd") is None:
-        pytest.skip("no Docker engine and no scripts/docker-engine.sh to start one")
-    subprocess.run(["bash", str(ENGINE), "start"], check=True, timeout=300)
-    try:
-        yield
-    finally:
-        subprocess.run(["bash", str(ENGINE), "stop"], check=False, timeout=120)
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ its owner stops renewing."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,15 +20,10 @@ from sandbox_client.sessions import SessionClient
 from services.sandbox.server import SandboxServer
 
 
-def _docker_answers() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(
-        ["docker", "info"], capture_output=True, timeout=30).returncode == 0
-
-
 @pytest.fixture(params=["bwrap-image", pytest.param("docker", marks=pytest.mark.slow)])
 async def srv(request: pytest.FixtureRequest, image_cfg: SandboxConfig) -> AsyncIterator[SandboxServer]:
-    if request.param == "docker" and not _docker_answers():
-        pytest.skip("no Docker engine answers (tests/integration/images/test_docker_runtime.py starts one)")
+    if request.param == "docker":
+        request.getfixturevalue("docker_engine")  # started here if none runs, stopped after the module
     sessions = SandboxSessionConfig(max_sessions=2, lease_s=3.0, exec_timeout_s=20)
     server = SandboxServer(image_cfg.model_copy(update={"runtime": request.param, "sessions": sessions}))
     await server.start()
