@@ -163,12 +163,14 @@ def test_fleet_heals_buffer_redis_worker_and_sandbox_sigkills(task_slice: Path, 
     assert len({int(r["epoch"]) for r in trained_groups(run_dir)}) == 1, "the trainer must not have restarted"
     for name, _ in KILLS:
         assert f"{name} exited with -9; restarting (1/3)" in out, name
-    # One line when an outage starts and one when it ends, per outage, in the processes that rode them out. A
-    # rollout worker leases in a loop, so it meets every outage; the trainer only when a call of its falls into one
-    # (on a quiet machine a 1.5 s restart can pass while it trains).
-    seen = {name: outage_lines(run_dir / "logs" / "processes" / f"{name}.log") for name in ("trainer", "rollout-0")}
-    assert all(started == back for started, back in seen.values()), seen
-    assert seen["rollout-0"][0] >= 1, seen
+    # One line when an outage starts and one when it ends, per outage, in the processes that rode them out. A process
+    # meets an outage only when a call of its falls into one: a 1.5 s restart can pass while the trainer trains and a
+    # worker generates (CI saw rollout-0 miss both), so the check is that the outages someone met were logged whole.
+    # rollout-1 is SIGKILLed later, possibly inside an outage, so its lines need not pair up.
+    seen = {name: outage_lines(run_dir / "logs" / "processes" / f"{name}.log")
+            for name in ("trainer", "rollout-0", "rollout-1")}
+    assert all(started == back for name, (started, back) in seen.items() if name != "rollout-1"), seen
+    assert sum(back for _, back in seen.values()) >= 1, seen
 
 
 def test_redis_down_past_the_bound_stops_the_run_and_the_same_command_resumes(task_slice: Path,
