@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
     from fleet.config.env import DatasetConfig, EnvConfig
     from fleet.contracts.sandbox import TaskSpec, Verdict
 
@@ -127,9 +126,6 @@ _DATASETS: dict[str, str | DatasetLoader] = {
     "digits": "envs.digits:load_digits_dataset",
     "digits_max": "envs.digits:load_digits_max_dataset",
 }
-_PREPARERS: dict[str, str] = {
-    "swe_embedded": "envs.swe.builder:prepare_embedded_dataset",
-}
 _ENVIRONMENTS: dict[str, str | EnvFactory] = {
     "swe": "envs.swe_agent:make_swe_environment_for_mode",  # single-shot, or agent mode (env.code.mode)
     "arith": "envs.arith:make_arith_environment",
@@ -182,11 +178,3 @@ def make_environment(name: str, env_cfg: EnvConfig | None = None, **deps: Any) -
 
 get_environment = make_environment
 
-
-def prepare_dataset(cfg: MasterConfig, ds: DatasetConfig) -> None:
-    """Make `ds` available before a run (the embedded task set is built on first use); a no-op for other sources."""
-    entry = _PREPARERS.get(ds.dataset_name)
-    if entry is None:
-        return
-    module, attr = entry.split(":")
-    getattr(importlib.import_module(module), attr)(cfg, ds)

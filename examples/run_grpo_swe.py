@@ -61,9 +61,10 @@ def main() -> int:
     print(f"[4/7] generation: {g.backend}, temperature {g.temperature}, top_p {g.top_p}, max_new_tokens "
           f"{g.max_new_tokens}, G={cfg.grpo.num_generations_per_prompt}")
 
-    from envs.registry import load_dataset, prepare_dataset  # 5.
+    from envs.registry import load_dataset  # 5.
+    from launch.data.prepare import prepare_dataset
 
-    prepare_dataset(cfg, cfg.data.train)
+    prepare_dataset(cfg.data.train, grpo=cfg.grpo, sandbox=cfg.sandbox)
     train = load_dataset(cfg.data.train)
     print(f"[5/7] data: {len(train)} training tasks from {cfg.data.train.dataset_name} (environment {train.env_name})")
 

@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "data":
-        from envs.cli import data_main
+        from launch.data.cli import data_main
 
         return data_main(argv[1:])
     try:

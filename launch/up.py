@@ -42,11 +42,11 @@ def prepare(cfg: MasterConfig) -> None:
     with waiting(f"grpo-fleet: model {cfg.policy.model_name}"):
         model = resolve_model(cfg.policy.model_name)
     print(f"grpo-fleet: model ready at {model}", flush=True)
-    from envs.registry import prepare_dataset
+    from launch.data.prepare import prepare_dataset
 
     for ds in [cfg.data.train, cfg.data.validation]:
         if ds is not None:
-            prepare_dataset(cfg, ds)
+            prepare_dataset(ds, grpo=cfg.grpo, sandbox=cfg.sandbox)
 
 
 def _trained(metrics: Path) -> bool:

@@ -8,6 +8,7 @@ only then does rank 0 begin a run epoch and push those weights to the workers (T
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -74,7 +75,14 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
         model_path = resolve_model_path(cfg.policy.model_name) if dist.is_main else ""
         if dist.is_main:
             write_resolved(cfg, run_dir)
-            src = _sources(cfg, model_path, sources)
+            try:
+                src = _sources(cfg, model_path, sources)
+            except FileNotFoundError as exc:
+                # The trainer only reads a task set; building one runs the sandbox executor (the launch floor).
+                print(f"trainer: no training tasks: {exc}\n`grpo-fleet up` and `grpo-fleet prepare --config FILE` "
+                      "build the embedded set's first slice before the fleet starts; `grpo-fleet data build` builds "
+                      "the full set", file=sys.stderr, flush=True)
+                return 1
         dist.barrier()  # rank 0 made the tiny model, if it had to
         model_path = resolve_model_path(cfg.policy.model_name)
         ckpt = CheckpointManager(cfg, _under(run_dir, cfg.checkpointing.checkpoint_dir), dist,

@@ -167,7 +167,7 @@ class DatasetConfig(Section):
     context: Literal["oracle", "none"] = "oracle"
     """Code context in the prompt: the files the gold patch touches (SWE-bench 'oracle'), or none."""
     first_run_repos: list[str] | None = Field(default_factory=lambda: ["inflection", "toolz"])
-    """swe_embedded: the recipe repositories (envs/swe/recipe.yaml) that a run builds when `data_path` holds no task
+    """swe_embedded: the recipe repositories (launch/data/recipe.yaml) that a run builds when `data_path` holds no task
     set yet -- a small slice, so that a first run trains within minutes. None: every repository. A task set already
     there is used as it is; the full set builds on demand with `grpo-fleet data build`."""
     first_run_tasks: int | None = Field(None, ge=1)

@@ -27,10 +27,7 @@ FLOOR_OF = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
 # Arrows that point the wrong way today, each with why it is still there. The list only shrinks: an entry that no
 # longer matches anything fails the test too.
 # Keys are (importer, imported) prefixes.
-KNOWN: dict[tuple[str, str], str] = {
-    ("envs.swe.builder", "services.sandbox.executor"): "`grpo-fleet data build` validates every bug with the real "
-    "executor in process: the task-set build tooling (envs/cli.py, envs/swe/builder.py) belongs on the launch floor",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def unit_of(module: str) -> str | None:

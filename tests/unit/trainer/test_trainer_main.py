@@ -46,3 +46,14 @@ def test_misspelled_override_names_the_closest_key() -> None:
     proc, _ = _run("grpo.async_grpo.max_trajectory_age=2")
     assert proc.returncode == 2
     assert "did you mean 'grpo.async_grpo.max_trajectory_age_steps'" in proc.stderr
+
+
+def test_a_missing_task_set_fails_naming_the_commands_that_build_it(tmp_path: Path) -> None:
+    # The trainer never builds a task set (that runs the sandbox executor: the launch floor's job).
+    proc = subprocess.run([sys.executable, str(MAIN), "--config", str(ROOT / "examples/configs/grpo_swe_tiny.yaml"),
+                           f"data.train.data_path={tmp_path / 'none'}", f"run.dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "trainer: no training tasks" in proc.stderr and "grpo-fleet prepare --config" in proc.stderr
+    assert "grpo-fleet data build" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "none" / "train.jsonl").exists()

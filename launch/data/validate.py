@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from envs.registry import Task
-from envs.swe.candidates import Candidate
 from envs.swe.gitrepo import BareRepo
-from envs.swe.mutations import ModuleSites
-from envs.swe.recipe import RepoRecipe
-from envs.swe.statement import write_statement
 from fleet.contracts.sandbox import TaskSpec, Verdict
+from launch.data.candidates import Candidate
+from launch.data.mutations import ModuleSites
+from launch.data.recipe import RepoRecipe
+from launch.data.statement import write_statement
 
 log = logging.getLogger(__name__)
 

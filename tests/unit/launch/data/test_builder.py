@@ -4,9 +4,9 @@ import random
 import pytest
 
 from envs.registry import Task
-from envs.swe.builder import BuildError, BuildOptions, build_lock, build_taskset, select_in_order
-from envs.swe.candidates import Candidate
-from envs.swe.validate import Outcome, function_split
+from launch.data.builder import BuildError, BuildOptions, build_lock, build_taskset, select_in_order
+from launch.data.candidates import Candidate
+from launch.data.validate import Outcome, function_split
 
 
 def plan(n_functions: int, per_fn: int) -> list[Candidate]:

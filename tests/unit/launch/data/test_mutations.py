@@ -2,7 +2,7 @@ import difflib
 
 import pytest
 
-from envs.swe.mutations import BUG_KINDS, ModuleSites, mutate, scan_module
+from launch.data.mutations import BUG_KINDS, ModuleSites, mutate, scan_module
 
 MODULE = '''\
 import re

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from envs.cli import data_main
 from envs.registry import load_dataset, make_environment
-from envs.swe.builder import BuildOptions, BuildReport, build_taskset
 from envs.swe.payload import payload_to_spec, task_to_payload
 from envs.swe.taskset import read_manifest, read_split
 from fleet.config.env import DatasetConfig
 from fleet.config.infra import SandboxConfig
+from launch.data.builder import BuildOptions, BuildReport, build_taskset
+from launch.data.cli import data_main
 from services.sandbox.executor import Executor
 
 pytestmark = pytest.mark.slow

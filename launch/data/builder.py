@@ -1,7 +1,7 @@
 """`grpo-fleet data build`: sdists -> git repositories -> candidate bugs -> sandbox-validated SWE tasks.
 
 Per repository: fetch and verify the sdist, commit it to a bare repo, run the whole test suite once on the clean
-tree (the baseline), plan candidates (envs.swe.candidates), validate them through the executor, keep the first
+tree (the baseline), plan candidates (launch.data.candidates), validate them through the executor, keep the first
 `max_per_repo` that pass. Repositories are processed concurrently and share the executor's pool.
 
 Determinism: candidates are decided strictly in plan order (`select_in_order`), whatever order their sandbox runs
@@ -24,23 +24,19 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envs.registry import Task
-from envs.swe.candidates import Candidate, plan_candidates, test_files
 from envs.swe.gitrepo import BareRepo
-from envs.swe.mutations import BUG_KINDS
 from envs.swe.paths import default_sdist_cache, repos_dir
-from envs.swe.recipe import Recipe, RepoRecipe, load_recipe
-from envs.swe.sdist import extract_sdist, fetch_sdist
-from envs.swe.taskset import SPLITS, task_dir_of, write_jsonl, write_manifest
-from envs.swe.validate import TASK_REF, Baseline, Outcome, RepoValidator, Runner, run_with_retry
+from envs.swe.taskset import SPLITS, write_jsonl, write_manifest
 from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TaskSpec
-
-if TYPE_CHECKING:
-    from fleet.config import MasterConfig
-    from fleet.config.env import DatasetConfig
+from launch.data.candidates import Candidate, plan_candidates, test_files
+from launch.data.mutations import BUG_KINDS
+from launch.data.recipe import Recipe, RepoRecipe, load_recipe
+from launch.data.sdist import extract_sdist, fetch_sdist
+from launch.data.validate import TASK_REF, Baseline, Outcome, RepoValidator, Runner, run_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -326,50 +322,3 @@ def _swap_into_place(staging: Path, out: Path) -> None:
             target.unlink()
         (staging / name).rename(target)
     staging.rmdir()
-
-
-def first_run_plan(cfg: MasterConfig, ds: DatasetConfig) -> tuple[list[str] | None, int]:
-    """(repositories, tasks per repository) of the slice a run builds when no task set is there."""
-    repos = ds.first_run_repos
-    count = len(repos) if repos else len(load_recipe().repos)
-    want = ds.first_run_tasks or min(16, max(8, cfg.grpo.num_prompts_per_step * cfg.grpo.max_num_steps))
-    return repos, min(32, -(-want // count))
-
-
-def prepare_embedded_dataset(cfg: MasterConfig, ds: DatasetConfig) -> None:
-    """Build the embedded task set at `ds.data_path` (default: the cache's `tasks`) unless one is already there:
-    the small slice `ds.first_run_repos` / `ds.first_run_tasks` name, with a progress bar."""
-    from fleet.progress import counting
-
-    folder = task_dir_of(ds)
-    if (folder / "train.jsonl").is_file():
-        print(f"grpo-fleet: SWE task set ready at {folder}", flush=True)
-        return
-    repos, per_repo = first_run_plan(cfg, ds)
-    workers = cfg.sandbox.pool_size or os.cpu_count() or 2
-    names = ", ".join(repos) if repos else "every repository"
-    print(f"grpo-fleet: building a first SWE task slice in {folder} ({names}, up to {per_repo} tasks each; the full "
-          f"set: grpo-fleet data build --out {folder}) ...", flush=True)
-    bar = counting("tasks", total=per_repo * (len(repos) if repos else len(load_recipe().repos)), unit="task")
-    tried = Counter[str]()
-
-    def decided(repo: str, accepted: bool) -> None:
-        tried[repo] += 1
-        bar.update(1 if accepted else 0)
-        bar.set_postfix_str(f"{sum(tried.values())} candidates tried", refresh=False)
-
-    opts = BuildOptions(out=folder, repos=repos, max_per_repo=per_repo, seed=0, workers=workers,
-                        sandbox=cfg.sandbox, if_missing=True, on_decided=decided)
-    executor_log = logging.getLogger("services.sandbox.executor")
-    level = executor_log.level
-    executor_log.setLevel(max(level, logging.WARNING))  # a line per sandbox run would break the bar (as `data build`)
-    try:
-        # if_missing: a build already running into the same folder is waited for, not raced.
-        report = asyncio.run(build_taskset(opts))
-    finally:
-        bar.close()
-        executor_log.setLevel(level)
-    if report.reused:
-        print(f"grpo-fleet: SWE task set ready at {folder} (built by another process)", flush=True)
-    else:
-        print(f"grpo-fleet: built {len(report.tasks)} tasks in {report.seconds:.0f} s", flush=True)

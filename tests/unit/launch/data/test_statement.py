@@ -1,4 +1,4 @@
-from envs.swe.statement import parse_failures, write_statement
+from launch.data.statement import parse_failures, write_statement
 
 OUTPUT = """\
 ....F..F

@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="sandbox runs in parallel (default: cores, %(default)s)")
     b.add_argument("--cache-dir", type=Path, default=default_sdist_cache(),
                    help="downloaded sdists (default: %(default)s)")
-    b.add_argument("--recipe", type=Path, default=None, help="recipe YAML (default: envs/swe/recipe.yaml)")
+    b.add_argument("--recipe", type=Path, default=None, help="recipe YAML (default: launch/data/recipe.yaml)")
     b.add_argument("--kinds", default="", help="comma-separated bug kinds (default: all)")
     b.add_argument("--verbose", action="store_true", help="log every sandbox run")
     b.add_argument("--images", action="store_true",
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build_images(args: argparse.Namespace) -> int:
-    from envs.swe.image_build import build_task_images
+    from launch.data.image_build import build_task_images
 
     if not args.registry:
         print("error: --images needs --registry HOST[:PORT] (where executors will pull the images from)",
@@ -71,9 +71,9 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _build_tasks(args: argparse.Namespace) -> int:
-    from envs.swe.builder import BuildOptions, build_taskset
-    from envs.swe.mutations import BUG_KINDS
     from envs.swe.taskset import format_summary, summarize
+    from launch.data.builder import BuildOptions, build_taskset
+    from launch.data.mutations import BUG_KINDS
 
     kinds = tuple(k for k in args.kinds.split(",") if k) or BUG_KINDS
     unknown = [k for k in kinds if k not in BUG_KINDS]

@@ -6,34 +6,36 @@ from pathlib import Path
 
 import pytest
 
-from envs.swe import builder, taskset
-from envs.swe.recipe import load_recipe
-from envs.swe.sdist import SdistError, _check_members
+from envs.swe import taskset
 from fleet.config import load_config
+from launch.data import prepare
+from launch.data.recipe import load_recipe
+from launch.data.sdist import SdistError, _check_members
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TINY = ROOT / "examples" / "configs" / "grpo_swe_tiny.yaml"
 
 
 def test_the_default_slice_is_a_few_repositories_and_enough_tasks_for_the_tiny_run():
     cfg = load_config(TINY)
-    repos, per_repo = builder.first_run_plan(cfg, cfg.data.train)
+    repos, per_repo = prepare.first_run_plan(cfg.grpo, cfg.data.train)
     assert repos and len(repos) <= 3
     assert len(repos) * per_repo == 16  # 4 prompts x 6 steps, kept at most 16
 
 
 def test_the_slice_follows_the_config_keys():
     cfg = load_config(TINY, ["data.train.first_run_repos=[toolz]", "data.train.first_run_tasks=5"])
-    assert builder.first_run_plan(cfg, cfg.data.train) == (["toolz"], 5)
+    assert prepare.first_run_plan(cfg.grpo, cfg.data.train) == (["toolz"], 5)
     cfg = load_config(TINY, ["data.train.first_run_repos=null", "grpo.max_num_steps=1"])
-    repos, per_repo = builder.first_run_plan(cfg, cfg.data.train)
+    repos, per_repo = prepare.first_run_plan(cfg.grpo, cfg.data.train)
     assert repos is None and per_repo == -(-8 // len(load_recipe().repos))  # every repository, at least 8 tasks
 
 
 def test_a_task_set_already_there_is_used_without_building(tmp_path, capsys):
     (tmp_path / "train.jsonl").write_text("")
     cfg = load_config(TINY, [f"data.train.data_path={tmp_path}"])
-    builder.prepare_embedded_dataset(cfg, cfg.data.train)  # would fail without a network/sandbox if it built
+    # would fail without a network/sandbox if it built
+    prepare.prepare_embedded_dataset(cfg.data.train, grpo=cfg.grpo, sandbox=cfg.sandbox)
     assert "task set ready" in capsys.readouterr().out
 
 

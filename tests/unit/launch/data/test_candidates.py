@@ -1,8 +1,8 @@
 from pathlib import Path
 
-from envs.swe import candidates as cand
-from envs.swe.candidates import plan_candidates, source_files
-from envs.swe.recipe import RepoRecipe
+from launch.data import candidates as cand
+from launch.data.candidates import plan_candidates, source_files
+from launch.data.recipe import RepoRecipe
 
 LIB = '''\
 def add(a, b):

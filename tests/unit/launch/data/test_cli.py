@@ -1,8 +1,8 @@
 import re
 
-from envs.cli import data_main
 from envs.registry import Task
 from envs.swe.taskset import format_summary, summarize, write_jsonl, write_manifest
+from launch.data.cli import data_main
 
 
 def task(i: int, repo: str, kind: str, split: str) -> Task:
@@ -38,12 +38,14 @@ def test_build_rejects_unknown_kinds_before_doing_anything(tmp_path, capsys):
 
 
 def test_prepare_dataset_keeps_an_existing_task_set_and_ignores_generated_sources(tmp_path, capsys):
-    from envs.registry import prepare_dataset
     from fleet.config import MasterConfig
     from fleet.config.env import DatasetConfig
+    from launch.data.prepare import prepare_dataset
 
+    cfg = MasterConfig()
     write_jsonl(tmp_path / "train.jsonl", [task(0, "toolz", "op_change", "train")])
-    prepare_dataset(MasterConfig(), DatasetConfig(dataset_name="swe_embedded", data_path=str(tmp_path)))
+    prepare_dataset(DatasetConfig(dataset_name="swe_embedded", data_path=str(tmp_path)), grpo=cfg.grpo,
+                    sandbox=cfg.sandbox)
     assert f"SWE task set ready at {tmp_path}" in capsys.readouterr().out
-    prepare_dataset(MasterConfig(), DatasetConfig(dataset_name="arith"))
+    prepare_dataset(DatasetConfig(dataset_name="arith"), grpo=cfg.grpo, sandbox=cfg.sandbox)
     assert capsys.readouterr().out == ""

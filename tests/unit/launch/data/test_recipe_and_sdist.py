@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.swe.recipe import DEFAULT_RECIPE, Recipe, load_recipe
-from envs.swe.sdist import SdistError, extract_sdist, fetch_sdist
+from launch.data.recipe import DEFAULT_RECIPE, Recipe, load_recipe
+from launch.data.sdist import SdistError, extract_sdist, fetch_sdist
 
 
 def test_committed_recipe_loads_and_pins_eight_repositories():
@@ -65,6 +65,6 @@ def test_download_failure_is_reported_with_pips_message(tmp_path, monkeypatch):
     def fake_run(cmd, **kw):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for nope==9")
 
-    monkeypatch.setattr("envs.swe.sdist.subprocess.run", fake_run)
+    monkeypatch.setattr("launch.data.sdist.subprocess.run", fake_run)
     with pytest.raises(SdistError, match="No matching distribution"):
         fetch_sdist("nope", "9", "0" * 64, tmp_path)

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.swe.mutations import BUG_KINDS, FunctionSites, ModuleSites
-from envs.swe.recipe import RepoRecipe
+from launch.data.mutations import BUG_KINDS, FunctionSites, ModuleSites
+from launch.data.recipe import RepoRecipe
 
 
 @dataclass(frozen=True)
