@@ -11,8 +11,14 @@ position-selective first, and a standalone GRPO sketch sat at chance for 60-130 
 `format_corpus` is the text that teaches the format with random answers (`fleet/pretrain.py` trains on it), so
 whatever the model knows about the answer beyond chance it learned from the reward.
 
-Scoring: the first integer of the completion is the answer; right -> FULL (reward 1 with `env.code`'s binary
-mapping), a wrong digit -> NO (with `pass_rate`, partial credit 1 - |error| / 9), no number -> a format error.
+Scoring: the completion must be the answer and nothing else: one integer, then the end of turn. Right -> FULL
+(reward 1 with `env.code`'s binary mapping), a wrong digit -> NO (with `pass_rate`, partial credit 1 - |error| / 9);
+no number, text after the number, or no end of turn before `max_new_tokens` (a truncated answer) -> a format error
+(reward 0). The format is part of the reward on purpose (issue 21): when any text after the first integer still
+scored, nothing in the reward depended on the end-of-turn token, so its log-prob got a zero-mean policy gradient
+plus whatever the digit updates dragged along through the tied embeddings; in a sync fleet run with trainer and
+engine agreeing exactly (`token_mult_prob_error` 1.0000) the end of turn fell from p = 0.98 to 0.001 in 25 steps
+and every answer ran to the cap ("3assistantassistantassistant"), the "collapse" first seen in async runs.
 Verdicts are the sandbox's `Verdict` type, so the reward path is the one SWE tasks take. (Partial credit was tried
 and is not the demo's recipe: a standalone sketch collapsed onto the middle digits, which score best on average.)
 """
@@ -20,6 +26,7 @@ and is not the demo's recipe: a standalone sketch collapsed onto the middle digi
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -127,21 +134,35 @@ class DigitsEnvironment:
             raise ValueError(f"digits prompt of {len(ids)} tokens exceeds max_prompt_length={max_prompt_length}")
         return PromptResult(ids, text)
 
-    async def score(self, payload: dict[str, Any], completion_text: str, **_: Any) -> ScoreResult:
-        return score_digit(int(payload["answer"]), completion_text)
+    async def score(self, payload: dict[str, Any], completion_text: str, *, truncated: bool = False,
+                    **_: Any) -> ScoreResult:
+        return score_digit(int(payload["answer"]), completion_text, truncated=truncated)
 
 
-def score_digit(expected: int, completion_text: str) -> ScoreResult:
+_ANSWER_ONLY = re.compile(r"\s*([+-]?\d+)\s*")
+
+
+def score_digit(expected: int, completion_text: str, *, truncated: bool = False) -> ScoreResult:
     """Nine "closeness" tests, of which 9 - |answer - expected| pass (a number outside 0-9 passes none), so that
     `pass_rate` rewards (`env.code.reward_mode`, which environments without a section of their own use) give
-    1 - |error| / 9; `binary` rewards count FULL (the exact digit) only, as validation always does."""
-    got, error = parse_number(completion_text.strip())
+    1 - |error| / 9; `binary` rewards count FULL (the exact digit) only, as validation always does. Anything but
+    one integer ended by the end of turn (`truncated`: the answer hit `max_new_tokens`) is a format error: see the
+    module docstring for why the end of turn must count."""
+    match = _ANSWER_ONLY.fullmatch(completion_text)
+    got: int | None = None
+    error: str | None = None
+    if truncated:
+        error = "truncated: no end of turn after the answer"
+    elif match is None:
+        error = parse_number(completion_text.strip())[1] or "extra text around the answer"
+    else:
+        got = int(match.group(1))
     right = error is None and got == expected
     passed = 0 if got is None or not 0 <= got <= 9 else 9 - abs(got - expected)
     verdict = Verdict(status="completed", patch_applied=error is None, tests_passed=passed,
                       tests_failed=9 - passed, exit_code=0 if right else 1,
                       test_status={"answer": "PASSED" if right else "FAILED"},
-                      resolution="FULL" if right else "NO", error="format error: no number" if error else "")
+                      resolution="FULL" if right else "NO", error=f"format error: {error}" if error else "")
     return ScoreResult(verdict, format_error=error,
                        detail=f"format error: {error}" if error else f"expected {expected}, got {got}")
 

@@ -20,6 +20,7 @@ import torch
 from trainer.batch import MicroBatch, StepBatch, plan_rank
 from trainer.dist import Dist
 from trainer.grpo import count_valid, grpo_loss
+from trainer.grpo.diagnostics import WORST_TOKEN_KEYS, merge_worst, worst_token
 from trainer.logprobs import PackedInputs, trained_only
 from trainer.model import PolicyModule, autocast, forward_logprobs, packing_supported
 
@@ -106,6 +107,8 @@ class StepRunner:
         metrics = {k: sum(m[k] for m in per_update) / len(per_update) for k in per_update[0]}
         for k in ("loss/is_ratio_min", "loss/is_ratio_max"):
             metrics[k] = (min if k.endswith("min") else max)(m[k] for m in per_update)
+        worst = max(per_update, key=lambda m: m["loss/max_abs_logprob_diff"])  # one token's facts: not averaged
+        metrics.update({f"loss/{k}": worst[f"loss/{k}"] for k in WORST_TOKEN_KEYS})
         tokens = torch.tensor([float(sum(mb.tokens for mini in plan for mb in mini))], device=self.dist.device)
         self.dist.all_reduce(tokens)
         metrics.update({
@@ -139,6 +142,7 @@ class StepRunner:
         # Every host-to-device copy first, while nothing is queued: a copy from pageable memory waits for the
         # kernels queued before it, so one made between micro-batches would idle the GPU while the host launches.
         staged = [self._stage(mb) for mb in minibatch]
+        compared: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # for the worst-token diagnostics
         for mb, (packed, inputs, ref_lp) in zip(minibatch, staged, strict=True):
             with autocast(self.cfg.policy, self.dist):
                 lp = forward_logprobs(self.policy, packed, dev)
@@ -153,13 +157,18 @@ class StepRunner:
             if not mb.dummy:
                 lo = torch.minimum(lo, m["is_ratio_min"].double().reshape(1))
                 hi = torch.maximum(hi, m["is_ratio_max"].double().reshape(1))
+                compared.append((old.detach(), gen_lp, mask))
         grad_norm = self._clip_and_step()
+        worst = None  # after the step: reading the argmax waits for the device (this rank's share only)
+        for old_lp, gen_lp, mask in compared:
+            worst = merge_worst(worst, worst_token(old_lp, gen_lp, mask))
         self.dist.all_reduce(sums)
         self.dist.all_reduce(lo, "min")
         self.dist.all_reduce(hi, "max")
         out = {f"loss/{k}": v for k, v in zip(_SUM_METRICS, sums.tolist(), strict=True)}
         out.update({"loss/is_ratio_min": lo.item(), "loss/is_ratio_max": hi.item(),
                     "train/grad_norm": float(grad_norm), "loss/valid_tokens": n_tok.item()})
+        out.update({f"loss/{k}": v for k, v in (worst or dict.fromkeys(WORST_TOKEN_KEYS, -1.0)).items()})
         if isinstance(grad_norm, torch.Tensor):  # the device-side path: the skip decision is known only now
             self._after_step(out["train/grad_norm"])
         return out

@@ -64,3 +64,21 @@ def test_largest_digit_task_has_uniform_answers_and_held_out_lists():
 def test_unknown_task_kind_is_refused_by_name():
     with pytest.raises(ValueError, match="'median'"):
         make_digits_tasks(0, "train", 1, "median")
+
+
+def test_an_answer_counts_only_when_it_is_the_whole_completion_ended_by_the_end_of_turn():
+    # Issue 21: when text after the first integer still scored, the end-of-turn token's log-prob had no reward
+    # behind it and drifted away in a sync fleet run ("3assistantassistantassistant" scored as 3).
+    env = make_environment("digits", EnvConfig())
+    mode, fmt_reward = EnvConfig().reward_settings("digits")
+
+    def reward(text: str, truncated: bool = False) -> float:
+        result = asyncio.run(env.score({"answer": 3}, text, truncated=truncated))
+        return reward_from_verdict(result.verdict, mode, fmt_reward)
+
+    assert reward("3") == reward(" 3\n") == 1.0
+    assert reward("3assistantassistantassistant") == 0.0
+    assert reward("3", truncated=True) == 0.0  # the cap came before the end of turn
+    trailing = score_digit(3, "3 is the largest")
+    assert trailing.verdict.resolution == "NO" and trailing.format_error == "extra text around the answer"
+    assert score_digit(3, "3", truncated=True).format_error.startswith("truncated")
