@@ -13,21 +13,24 @@
   DELETE /session/{id}            -> {session_id, deleted}
 
 A removed session answers 404 saying why (`reason`: owner_lost, idle, lifetime, finished, deleted,
-executor_stopped, unknown).
+executor_stopped, unknown). `KindRoutes` holds what every session kind's routes share (the owner's heartbeat,
+delete, the draining refusal, the error mapping); `computer/routes.py` is the other kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
 from fleet.contracts.sandbox import SpecError, spec_from_json
 from services.sandbox.session_files import PathRefused
-from services.sandbox.sessions import SessionError, SessionManager
+from services.sandbox.session_registry import SessionError, SessionRegistry, SessionsFull
+from services.sandbox.sessions import SessionManager
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
+R = TypeVar("R", bound=SessionRegistry[Any])
 _OPEN_KEYS = {"owner", "request_id"}
 
 
@@ -55,20 +58,30 @@ def _text(data: dict[str, Any], key: str, *, required: bool = True) -> str:
     return value
 
 
-class SessionRoutes:
-    def __init__(self, manager: SessionManager, draining: Callable[[], bool]) -> None:
+class KindRoutes(Generic[R]):
+    """The routes of one session kind under `/{prefix}`: a kind adds its own (open, list, its verbs) to these."""
+
+    def __init__(self, manager: R, draining: Callable[[], bool]) -> None:
         self.m, self.draining = manager, draining
 
-    def add_to(self, app: web.Application) -> None:
-        r = app.router
-        r.add_post("/session", self._guard(self.open))
-        r.add_get("/session", self._guard(self.list))
-        r.add_post("/session/renew", self._guard(self.renew))
-        r.add_post("/session/{sid}/exec", self._guard(self.exec))
-        r.add_get("/session/{sid}/file", self._guard(self.read))
-        r.add_put("/session/{sid}/file", self._guard(self.write))
-        r.add_post("/session/{sid}/finish", self._guard(self.finish))
-        r.add_delete("/session/{sid}", self._guard(self.delete))
+    def add_common(self, app: web.Application, prefix: str) -> None:
+        app.router.add_post(f"/{prefix}/renew", self._guard(self.renew))
+        app.router.add_delete(f"/{prefix}/{{sid}}", self._guard(self.delete))
+
+    def refuse_if_draining(self) -> None:
+        if self.draining():
+            raise SessionsFull("executor is shutting down; open the session elsewhere", draining=True)
+
+    async def renew(self, request: web.Request) -> web.Response:
+        owner = _text(await _body(request), "owner")
+        return web.json_response({"owner": owner, "sessions": self.m.renew(owner)})
+
+    async def delete(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        deleted = await self.m.delete(sid, "deleted")
+        if not deleted and sid not in self.m.ended:
+            return _error(404, f"unknown {self.m.kind} {sid}", reason="unknown")
+        return web.json_response({"session_id": sid, "deleted": deleted})
 
     @staticmethod
     def _guard(handler: Handler) -> Handler:
@@ -86,9 +99,20 @@ class SessionRoutes:
                               field="path", reason="no_such_file")
         return guarded
 
+
+class SessionRoutes(KindRoutes[SessionManager]):
+    def add_to(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/session", self._guard(self.open))
+        r.add_get("/session", self._guard(self.list))
+        r.add_post("/session/{sid}/exec", self._guard(self.exec))
+        r.add_get("/session/{sid}/file", self._guard(self.read))
+        r.add_put("/session/{sid}/file", self._guard(self.write))
+        r.add_post("/session/{sid}/finish", self._guard(self.finish))
+        self.add_common(app, "session")
+
     async def open(self, request: web.Request) -> web.Response:
-        if self.draining():
-            return _error(503, "executor is shutting down; open the session elsewhere", draining=True)
+        self.refuse_if_draining()
         data = await _body(request)
         owner = _text(data, "owner")
         request_id = _text(data, "request_id", required=False)
@@ -100,10 +124,6 @@ class SessionRoutes:
     async def list(self, request: web.Request) -> web.Response:
         owner = request.query.get("owner")
         return web.json_response({"sessions": [self.m.sessions[s].info() for s in self.m.ids(owner)]})
-
-    async def renew(self, request: web.Request) -> web.Response:
-        owner = _text(await _body(request), "owner")
-        return web.json_response({"owner": owner, "sessions": self.m.renew(owner)})
 
     async def exec(self, request: web.Request) -> web.Response:
         data = await _body(request)
@@ -134,10 +154,3 @@ class SessionRoutes:
         if not isinstance(grade, bool):
             raise SessionError("grade_unchanged: must be true or false", field="grade_unchanged")
         return web.json_response(await self.m.finish(request.match_info["sid"], grade_unchanged=grade))
-
-    async def delete(self, request: web.Request) -> web.Response:
-        sid = request.match_info["sid"]
-        deleted = await self.m.delete(sid, "deleted")
-        if not deleted and sid not in self.m.ended:
-            return _error(404, f"unknown session {sid}", reason="unknown")
-        return web.json_response({"session_id": sid, "deleted": deleted})

@@ -13,8 +13,9 @@ edits, graded on `finish` exactly like a submitted patch (test files left out: s
 - **Finish**: the tree's diff against `base_commit` is graded by `Executor.run` in a fresh tree, with the integrity
   check and the task's test patch: nothing done to the session's tests or runner can count.
 - **Bounds and ownership**: at most `max_sessions`; a session goes when its owner stops renewing (`lease_s`), when
-  it is idle (`idle_timeout_s`) or old (`max_lifetime_s`), and when the executor stops. A new executor process
-  removes the trees of a dead one (a flock marks the live ones), so nothing outlives its executor.
+  it is idle (`idle_timeout_s`) or old (`max_lifetime_s`), and when the executor stops -- the registry every
+  session kind shares (`session_registry.py`). A new executor process removes the trees of a dead one (a flock
+  marks the live ones), so nothing outlives its executor.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,36 +39,18 @@ from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.sandbox import UidRange
 from services.sandbox.session_diff import SessionDiff, graded_paths, pathspecs
 from services.sandbox.session_files import read_tree_file, remove_dead_session_dirs, write_tree_file
+from services.sandbox.session_registry import (
+    SessionError,
+    SessionInfraError,
+    SessionNotFound,
+    SessionRecord,
+    SessionRegistry,
+)
 from services.sandbox.sessions_image import ImageSession, ImageSessionError, start_image_session
 from services.sandbox.workspace import InfraError, Workspace, git
 
 log = logging.getLogger(__name__)
 _KEYS_KEPT = 64
-_TOMBSTONES_KEPT = 4096
-
-
-class SessionError(Exception):
-    """A session request that cannot be served; `status` is the HTTP answer."""
-
-    status = 400
-
-    def __init__(self, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.extra = extra
-
-
-class SessionNotFound(SessionError):
-    status = 404
-
-
-class SessionsFull(SessionError):
-    status = 503
-
-
-class SessionInfraError(SessionError):
-    """The executor could not make the session (repository, git, disk): infrastructure, never the agent's doing."""
-
-    status = 502
 
 
 @dataclass
@@ -88,20 +70,12 @@ class ExecResult:
 
 
 @dataclass
-class Session:
-    id: str
-    owner: str
+class Session(SessionRecord):
     spec: TaskSpec
     root: Path
     uid: int | None
-    uid_index: int
     commit: str = ""
-    request_id: str = ""
-    created: float = field(default_factory=time.monotonic)
-    active: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     execs: OrderedDict[str, asyncio.Future[ExecResult]] = field(default_factory=OrderedDict)
-    work: set[asyncio.Task[Any]] = field(default_factory=set)
     image: ImageSession | None = None  # the task's instance image (sessions_image.py); None: a tree here
 
     @property
@@ -117,37 +91,16 @@ class Session:
                 "age_s": round(time.monotonic() - self.created, 3), "idle_s": round(time.monotonic() - self.active, 3)}
 
 
-def overdue(sessions: Iterable[Any], leases: dict[str, float], cfg: SandboxSessionConfig,
-            now: float) -> list[tuple[str, str]]:
-    """(id, why) of each session to remove now: its owner stopped renewing, idle, or too old. The one rule of every
-    session kind an executor holds (code sessions here, computer sessions in `computer/`); a session has `id`,
-    `owner`, `created`, `active` (monotonic) and `work` (what runs in it now)."""
-    out = []
-    for s in sessions:
-        if now - leases.get(s.owner, s.created) > cfg.lease_s:
-            out.append((s.id, "owner_lost"))
-        elif now - s.active > cfg.idle_timeout_s and not s.work:  # a long command is not idleness
-            out.append((s.id, "idle"))
-        elif now - s.created > cfg.max_lifetime_s:
-            out.append((s.id, "lifetime"))
-    return out
-
-
-class SessionManager:
-    """The sessions of one executor. `await start()`, then `open` / `exec` / files / `finish` / `delete`."""
+class SessionManager(SessionRegistry[Session]):
+    """The code sessions of one executor. `await start()`, then `open` / `exec` / files / `finish` / `delete`."""
 
     def __init__(self, executor: Executor, cfg: SandboxSessionConfig) -> None:
+        super().__init__(cfg)
         self.executor, self.cfg = executor, cfg
-        self.sessions: dict[str, Session] = {}
-        self.leases: dict[str, float] = {}  # owner -> last renewal (monotonic)
-        self.ended: OrderedDict[str, tuple[str, dict[str, Any] | None]] = OrderedDict()  # id -> (why, finish result)
-        self.reaped: dict[str, int] = {}
-        self._free: list[int] = list(range(cfg.max_sessions - 1, -1, -1))
         self._starting = 0
         self._uids: UidRange | None = None
         self._dir: Path | None = None
         self._lock_fd = -1
-        self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -163,15 +116,10 @@ class SessionManager:
         if os.geteuid() == 0 and ex_cfg.use_bwrap:
             # The executor's slots hold the first free range from uid_base; this claims the next one.
             self._uids = UidRange(ex_cfg.uid_base, self.cfg.max_sessions)
-        self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-session-reaper")
+        self.start_reaper()
 
     async def close(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
-            self._reaper = None
-        for sid in list(self.sessions):
-            await self.delete(sid, "executor_stopped")
+        await self.close_all()
         if self._dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._dir, True)
             self._dir = None
@@ -186,41 +134,6 @@ class SessionManager:
         return {"sessions": len(self.sessions), "max_sessions": self.cfg.max_sessions,
                 "sessions_reaped": dict(self.reaped)}
 
-    # -- ownership -----------------------------------------------------------------------------------------------
-    def renew(self, owner: str) -> list[str]:
-        """Renew `owner`'s lease; returns the ids of its live sessions (so it can tell which ones it lost)."""
-        self.leases[owner] = time.monotonic()
-        return [s.id for s in self.sessions.values() if s.owner == owner]
-
-    def reap(self, now: float) -> list[tuple[str, str]]:
-        """Sessions to remove now, with why: the owner stopped renewing, idle, or too old."""
-        return overdue(self.sessions.values(), self.leases, self.cfg, now)
-
-    async def _reap_loop(self) -> None:
-        interval = max(0.05, min(1.0, self.cfg.lease_s / 4))
-        while True:
-            await asyncio.sleep(interval)
-            for sid, why in self.reap(time.monotonic()):
-                log.info("session %s removed: %s", sid, why)
-                try:
-                    await self.delete(sid, why)
-                except Exception:  # the reaper must outlive any one session's removal
-                    log.exception("removing session %s failed", sid)
-            live = {s.owner for s in self.sessions.values()}
-            for owner in [o for o in self.leases if o not in live
-                          and time.monotonic() - self.leases[o] > self.cfg.lease_s]:
-                del self.leases[owner]
-
-    def get(self, sid: str) -> Session:
-        session = self.sessions.get(sid)
-        if session is None:
-            ended = self.ended.get(sid)
-            why = f"session {sid} was removed ({ended[0]})" if ended else f"unknown session {sid}"
-            raise SessionNotFound(why, reason=ended[0] if ended else "unknown")
-        session.active = time.monotonic()
-        self.leases[session.owner] = session.active  # a request on it is a sign of life of its owner
-        return session
-
     # -- open / delete -------------------------------------------------------------------------------------------
     async def open(self, owner: str, spec: TaskSpec, request_id: str = "") -> Session:
         """A new session for `spec`'s task (its patch is ignored). A retried request (same owner and request_id)
@@ -229,31 +142,24 @@ class SessionManager:
         if not owner:
             raise SessionError("owner: is required (the caller's id; its lease keeps the session alive)",
                                field="owner")
-        if request_id:
-            for s in self.sessions.values():
-                if s.owner == owner and s.request_id == request_id:
-                    return s
-        if not self._free or len(self.sessions) + self._starting >= self.cfg.max_sessions:
-            raise SessionsFull(f"executor holds {len(self.sessions)} sessions "
-                               f"(sandbox.sessions.max_sessions={self.cfg.max_sessions})")
+        if (first := self.retried(owner, request_id)) is not None:
+            return first
         assert self._dir is not None
-        index = self._free.pop()
+        index = self.claim_slot(opening=self._starting)
         uid = self._uids.base + index if self._uids is not None else None
-        session = Session(uuid.uuid4().hex, owner, spec, self._dir / uuid.uuid4().hex, uid, index,
+        session = Session(uuid.uuid4().hex, owner, spec, self._dir / uuid.uuid4().hex, uid, slot=index,
                           request_id=request_id)
         self._starting += 1
         try:
             await self._materialise(session)
         except BaseException:
-            self._free.append(index)
+            self.free_slot(index)
             await asyncio.to_thread(shutil.rmtree, session.root, True)
             raise
         finally:
             self._starting -= 1
-        self.sessions[session.id] = session
-        self.leases[owner] = time.monotonic()
+        self.add(session)
         return session
-
     async def _materialise(self, session: Session) -> None:
         if session.spec.image is not None:  # in the task's instance image, on the executor's image runtime
             try:
@@ -272,23 +178,13 @@ class SessionManager:
         except (InfraError, RepoNotFound, OSError) as exc:
             raise SessionInfraError(f"session could not be made: {exc}", infra=True) from exc
 
-    async def delete(self, sid: str, why: str = "deleted", result: dict[str, Any] | None = None) -> bool:
-        session = self.sessions.pop(sid, None)
-        if session is None:
-            return False
-        self.ended[sid] = (why, result)
-        while len(self.ended) > _TOMBSTONES_KEPT:
-            self.ended.popitem(last=False)
+    async def _release(self, session: Session) -> None:
         for task in list(session.work):
             task.cancel()  # a running command's sandbox is killed
         await asyncio.gather(*session.work, return_exceptions=True)
         if session.image is not None:
             await session.image.close()  # the layer (or container) goes with the session
         await asyncio.to_thread(shutil.rmtree, session.root, True)
-        self._free.append(session.uid_index)
-        if why not in ("deleted", "finished"):
-            self.reaped[why] = self.reaped.get(why, 0) + 1
-        return True
 
     def _track(self, session: Session, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -353,9 +249,8 @@ class SessionManager:
         """Grade the session's diff in a fresh tree (`Executor.run`) and remove the session. Idempotent: a retry
         gets the same answer. `grade_unchanged=False`: a session that changed nothing is not run (its verdict is
         `format_error`, as for an answer without a patch)."""
-        ended = self.ended.get(sid)
-        if ended is not None and ended[1] is not None:
-            return ended[1]
+        if (done := self.finished(sid)) is not None:
+            return done
         session = self.get(sid)
         async with session.lock:
             try:
@@ -394,6 +289,3 @@ class SessionManager:
         if len(diff.out.encode()) > (kb := self.cfg.max_diff_kb) << 10:
             return SessionDiff(problem=f"the session's diff is larger than sandbox.sessions.max_diff_kb={kb}")
         return SessionDiff(diff.out, dropped=dropped)
-
-    def ids(self, owner: str | None = None) -> list[str]:
-        return [s.id for s in self.sessions.values() if owner is None or s.owner == owner]

@@ -20,7 +20,6 @@ close to the app's (`on_startup` / `on_cleanup`), so stopping the executor kills
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +27,7 @@ from aiohttp import web
 
 from services.sandbox.computer.sessions import ComputerSession, ComputerSessions
 from services.sandbox.computer.task import task_from_json
-from services.sandbox.session_routes import SessionRoutes, _body, _text
+from services.sandbox.session_routes import KindRoutes, _body, _text
 from services.sandbox.sessions import SessionManager
 
 
@@ -36,10 +35,7 @@ def _info(s: ComputerSession) -> dict[str, Any]:
     return {"session_id": s.id, "owner": s.owner, "instance_id": s.task.instance_id, "actions": s.actions}
 
 
-class ComputerRoutes:
-    def __init__(self, sessions: ComputerSessions, draining: Callable[[], bool]) -> None:
-        self.m, self.draining = sessions, draining
-
+class ComputerRoutes(KindRoutes[ComputerSessions]):
     @classmethod
     def install(cls, app: web.Application, code: SessionManager, draining: Callable[[], bool]) -> ComputerRoutes:
         routes = cls(ComputerSessions(code, code.executor.cfg), draining)
@@ -52,20 +48,16 @@ class ComputerRoutes:
 
         app.on_startup.append(start)
         app.on_cleanup.append(close)
-        guard = SessionRoutes._guard  # the same error mapping as /session/*
-        r = app.router
+        guard, r = routes._guard, app.router
         r.add_post("/computer/sessions", guard(routes.open))
         r.add_get("/computer/sessions", guard(routes.list))
-        r.add_post("/computer/sessions/renew", guard(routes.renew))
         r.add_post("/computer/sessions/{sid}/act", guard(routes.act))
         r.add_post("/computer/sessions/{sid}/finish", guard(routes.finish))
-        r.add_delete("/computer/sessions/{sid}", guard(routes.delete))
+        routes.add_common(app, "computer/sessions")
         return routes
 
     async def open(self, request: web.Request) -> web.Response:
-        if self.draining():
-            return web.json_response({"error": "executor is shutting down; open the session elsewhere",
-                                      "draining": True}, status=503)
+        self.refuse_if_draining()
         data = await _body(request)
         owner, request_id = _text(data, "owner"), _text(data, "request_id", required=False)
         session, shot = await self.m.open(owner, task_from_json(data.get("task")), request_id)
@@ -75,12 +67,6 @@ class ComputerRoutes:
         owner = request.query.get("owner")
         sessions = [_info(s) for s in self.m.sessions.values() if owner is None or s.owner == owner]
         return web.json_response({"sessions": sessions, **self.m.health()})
-
-    async def renew(self, request: web.Request) -> web.Response:
-        owner = _text(await _body(request), "owner")
-        self.m.leases[owner] = time.monotonic()
-        return web.json_response({"owner": owner, "sessions": [s.id for s in self.m.sessions.values()
-                                                               if s.owner == owner]})
 
     async def act(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
@@ -92,10 +78,3 @@ class ComputerRoutes:
 
     async def finish(self, request: web.Request) -> web.Response:
         return web.json_response(await self.m.finish(request.match_info["sid"]))
-
-    async def delete(self, request: web.Request) -> web.Response:
-        sid = request.match_info["sid"]
-        deleted = await self.m.delete(sid, "deleted")
-        if not deleted and sid not in self.m.ended:
-            return web.json_response({"error": f"unknown computer session {sid}", "reason": "unknown"}, status=404)
-        return web.json_response({"session_id": sid, "deleted": deleted})

@@ -9,23 +9,22 @@
   failed, reward 1 or 0. The session is removed; a retry gets the same verdict.
 - **Infrastructure**: a renderer that exits, closes its pipe, crashes or misses `action_timeout_s` is removed at
   once; `act` answers 502 and `finish` an `infra_error` verdict, never `failed`.
-- **Bounds and ownership** are the code sessions' (`services/sandbox/sessions.py`): the same owner leases (one
-  heartbeat, `POST /session/renew`, keeps both kinds alive; any request on a session renews too), and the same
-  rule (`overdue`: owner lost, idle, lifetime). At most `sandbox.sessions.max_sessions` browsers at once. When the
-  executor stops, every browser is killed; when it dies, bwrap's `--die-with-parent` takes each browser with it.
+- **Bounds and ownership** are every session kind's (`services/sandbox/session_registry.py`): the code sessions'
+  owner leases (one heartbeat, `POST /session/renew`, keeps both kinds alive; any request on a session renews
+  too), and the same rule (`overdue`: owner lost, idle, lifetime; a browser still opening is not reaped). At most
+  `sandbox.sessions.max_sessions` browsers at once. When the executor stops, every browser is killed; when it
+  dies, bwrap's `--die-with-parent` takes each browser with it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import os
 import shutil
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from envs.computer_use.actions import Action, ActionError, Click, Done, Key, Scroll, Type, action_from_json
@@ -35,18 +34,18 @@ from services.sandbox.computer.cdp import CdpError, RendererGone
 from services.sandbox.computer.renderer import Renderer, RendererSpec, find_chromium
 from services.sandbox.computer.task import ComputerTask
 from services.sandbox.sandbox import UidRange
-from services.sandbox.sessions import (
+from services.sandbox.session_registry import (
     SessionError,
     SessionInfraError,
-    SessionManager,
     SessionNotFound,
+    SessionRecord,
+    SessionRegistry,
     SessionsFull,
-    overdue,
 )
+from services.sandbox.sessions import SessionManager
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0  # a cold browser start on a loaded 2-core host takes seconds, not a minute
-_TOMBSTONES_KEPT = 4096
 
 
 @dataclass
@@ -62,22 +61,12 @@ class Screenshot:
 
 
 @dataclass
-class ComputerSession:
-    id: str
-    owner: str
+class ComputerSession(SessionRecord):
+    """`ready` once opened (browser started, first screenshot taken): only then do the bounds apply."""
+
     task: ComputerTask
-    slot: int
-    """Index of the session's uid in the executor's computer uid range."""
     renderer: Renderer | None = None
-    request_id: str = ""
     actions: int = 0
-    created: float = field(default_factory=time.monotonic)
-    active: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    work: set[object] = field(default_factory=set)
-    """Requests being served now (a long action is not idleness)."""
-    ready: bool = False
-    """Opened (browser started, first screenshot taken): only then do the lease and idle bounds apply."""
 
 
 def renderer_spec(cfg: SandboxConfig, task: ComputerTask, marker: str, uid: int | None,
@@ -88,22 +77,20 @@ def renderer_spec(cfg: SandboxConfig, task: ComputerTask, marker: str, uid: int 
                         max_processes=cfg.max_processes, max_file_mb=cfg.max_file_mb, tools=tools)
 
 
-class ComputerSessions:
+class ComputerSessions(SessionRegistry[ComputerSession]):
     """The computer sessions of one executor, sharing the code sessions' owner leases."""
 
+    kind = "computer session"
+
     def __init__(self, code: SessionManager, cfg: SandboxConfig) -> None:
-        self.cfg, self.bounds = cfg, cfg.sessions
-        self.leases = code.leases  # the same dict: one heartbeat renews an owner's sessions of both kinds
-        self.sessions: dict[str, ComputerSession] = {}
-        self.ended: OrderedDict[str, tuple[str, dict[str, Any] | None]] = OrderedDict()
-        self.reaped: dict[str, int] = {}
+        # The same lease dict: one heartbeat renews an owner's sessions of both kinds.
+        super().__init__(cfg.sessions, leases=code.leases)
+        self.cfg = cfg
         self.unavailable: str | None = "not started"
         self._chromium = ""
         self._tools: dict[str, str] = {}
-        self._free: list[int] = list(range(self.bounds.max_sessions - 1, -1, -1))
         self._uids: UidRange | None = None
         self._cgroups: CgroupRoot | None = None
-        self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Find the browser and the tools; without them every open answers 503 saying why (code tasks still run)."""
@@ -124,15 +111,10 @@ class ComputerSessions:
             self._cgroups = CgroupRoot.detect()
             if self._cgroups is None and self.cfg.cgroups == "required":
                 self.unavailable = "computer sessions unavailable: sandbox.cgroups=required but no cgroups here"
-        self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-computer-reaper")
+        self.start_reaper()
 
     async def close(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
-            self._reaper = None
-        for sid in list(self.sessions):
-            await self.delete(sid, "executor_stopped")
+        await self.close_all()
         if self._cgroups is not None:
             self._cgroups.remove()
             self._cgroups = None
@@ -144,44 +126,17 @@ class ComputerSessions:
         return {"computer_sessions": len(self.sessions), "computer_unavailable": self.unavailable,
                 "computer_sessions_reaped": dict(self.reaped)}
 
-    async def _reap_loop(self) -> None:
-        interval = max(0.05, min(1.0, self.bounds.lease_s / 4))
-        while True:
-            await asyncio.sleep(interval)
-            ready = [s for s in self.sessions.values() if s.ready]  # an opening session is its owner's request
-            for sid, why in overdue(ready, self.leases, self.bounds, time.monotonic()):
-                log.info("computer session %s removed: %s", sid, why)
-                try:
-                    await self.delete(sid, why)
-                except Exception:  # the reaper must outlive any one session's removal
-                    log.exception("removing computer session %s failed", sid)
-
-    def get(self, sid: str) -> ComputerSession:
-        session = self.sessions.get(sid)
-        if session is None:
-            ended = self.ended.get(sid)
-            why = f"computer session {sid} was removed ({ended[0]})" if ended else f"unknown computer session {sid}"
-            raise SessionNotFound(why, reason=ended[0] if ended else "unknown")
-        session.active = time.monotonic()
-        self.leases[session.owner] = session.active  # a request on it is a sign of life of its owner
-        return session
-
     # -- open / delete -------------------------------------------------------------------------------------------
     async def open(self, owner: str, task: ComputerTask, request_id: str = "") -> tuple[ComputerSession, Screenshot]:
         """A new session showing `task`'s page, and its first screenshot. A retried request (same owner and
         request_id) gets the first one's session and a fresh screenshot."""
         if self.unavailable is not None:
             raise SessionsFull(self.unavailable, infra=True)
-        if request_id:
-            for s in self.sessions.values():
-                if s.owner == owner and s.request_id == request_id:
-                    return s, await self.act(s.id, Done())
-        if not self._free:
-            raise SessionsFull(f"executor holds {len(self.sessions)} computer sessions "
-                               f"(sandbox.sessions.max_sessions={self.bounds.max_sessions})")
-        session = ComputerSession(uuid.uuid4().hex, owner, task, self._free.pop(), request_id=request_id)
-        self.sessions[session.id] = session
-        self.leases[owner] = time.monotonic()
+        if (first := self.retried(owner, request_id)) is not None:
+            return first, await self.act(first.id, Done())
+        session = ComputerSession(uuid.uuid4().hex, owner, task, slot=self.claim_slot(), request_id=request_id,
+                                  ready=False)
+        self.add(session)
         session.work.add(self)
         try:
             t0 = time.monotonic()
@@ -217,19 +172,9 @@ class ComputerSessions:
                 await cgroup.remove()
             raise
 
-    async def delete(self, sid: str, why: str = "deleted", result: dict[str, Any] | None = None) -> bool:
-        session = self.sessions.pop(sid, None)
-        if session is None:
-            return False
-        self.ended[sid] = (why, result)
-        while len(self.ended) > _TOMBSTONES_KEPT:
-            self.ended.popitem(last=False)
+    async def _release(self, session: ComputerSession) -> None:
         if session.renderer is not None:
             await session.renderer.close()
-        self._free.append(session.slot)
-        if why not in ("deleted", "finished"):
-            self.reaped[why] = self.reaped.get(why, 0) + 1
-        return True
 
     # -- act / finish --------------------------------------------------------------------------------------------
     def parse(self, sid: str, data: Any) -> Action:
@@ -283,9 +228,8 @@ class ComputerSessions:
 
     async def finish(self, sid: str) -> dict[str, Any]:
         """`{"verdict": {status: passed|failed|infra_error, reward, detail}}`; the session is removed. Idempotent."""
-        ended = self.ended.get(sid)
-        if ended is not None and ended[1] is not None:
-            return ended[1]
+        if (done := self.finished(sid)) is not None:
+            return done
         session = self.get(sid)
         async with session.lock:
             verdict = await self._grade(session)

@@ -195,9 +195,9 @@ def test_manager_reaps_idle_and_old_sessions_by_policy() -> None:
     m = SessionManager(None, cfg)  # type: ignore[arg-type]
     spec = TaskSpec(repo_url="r", base_commit="c", patch="", test_command="true")
     for sid, created, active in (("fresh", 0.0, 0.0), ("idle", 0.0, -6.0), ("old", -101.0, 0.0)):
-        m.sessions[sid] = Session(sid, "o", spec, Path(os.devnull), None, 0, created=created, active=active)
+        m.sessions[sid] = Session(sid, "o", spec, Path(os.devnull), None, created=created, active=active)
     m.leases["o"] = 0.0
     assert sorted(m.reap(0.0)) == [("idle", "idle"), ("old", "lifetime")]
-    m.sessions["idle"].work.add(None)  # type: ignore[arg-type]  # a command still running
+    m.sessions["idle"].work.add(None)  # a command still running
     assert sorted(m.reap(0.0)) == [("old", "lifetime")]
     assert sorted(m.reap(11.0)) == [("fresh", "owner_lost"), ("idle", "owner_lost"), ("old", "owner_lost")]
