@@ -53,7 +53,7 @@ def _rank0(cfg: MasterConfig, dist: Dist, state: TrainerCheckpoint, run_dir: Pat
     position = DataPosition.from_json(state.data_position) if state.data_position else None
     feeder = PromptFeeder(train, num_prompts=g.num_prompts_per_step, num_generations=g.num_generations_per_prompt,
                           seed=g.seed, shuffle=cfg.data.shuffle, position=position)
-    status = TrainerState(step=state.step, weight_version=state.weight_version, max_steps=g.max_num_steps,
+    status = TrainerState(step=state.step, max_steps=g.max_num_steps,
                           world_size=dist.world_size, async_mode=g.async_grpo.enabled)
     coordinator = Coordinator(cfg, feeder, val, status, dist.device)
     log_dir = _under(run_dir, cfg.logger.log_dir)
@@ -95,7 +95,7 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
         reference = build_reference(cfg.policy, model_path, dist) if kl else None
         attach_image_codec([policy, reference], model_path, cfg.policy.tokenizer.name or model_path)
         optimizer, scheduler = make_optimizer(policy, cfg)
-        state = TrainerCheckpoint(step=0, weight_version=0)
+        state = TrainerCheckpoint(step=0)
         if latest is not None:
             state = ckpt.load(latest, policy, optimizer)
             scheduler.load_state_dict(state.scheduler)

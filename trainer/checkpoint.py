@@ -4,7 +4,7 @@ Layout of `CHECKPOINT_DIR/step_00000012/` (12 steps trained, weight version 12):
   model/            save_pretrained safetensors + tokenizer, in fp32 (the masters: a resume continues bit-exactly)
   optimizer.pt      full optimizer state keyed by parameter name (any world size can load it)
   rng_rank{r}.pt    Python / torch (CPU, CUDA) RNG state of each rank
-  trainer.json      step, weight version, run epoch, data position, scheduler, metrics, world size
+  trainer.json      step (= the weight version), run epoch, data position, scheduler, metrics, world size
   config.yaml       the resolved config
 
 Every rank writes into `.tmp-step_...`; rank 0 renames it into place after a barrier, so a directory named `step_*`
@@ -26,6 +26,7 @@ import torch
 
 from fleet.config import MasterConfig
 from fleet.config.loader import dump_config
+from fleet.contracts.weights import WeightsId
 from trainer.dist import Dist
 from trainer.model import PolicyModule, iter_full_state
 
@@ -35,13 +36,29 @@ PREFIX = "step_"
 
 @dataclass
 class TrainerCheckpoint:
-    step: int  # steps trained = the next step to train
-    weight_version: int
+    step: int
+    """Steps trained = the next step to train = the version of the weights (one optimizer step, one version)."""
     epoch: int = 0
     data_position: dict[str, Any] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     world_size: int = 1
+
+    @property
+    def weights(self) -> WeightsId:
+        """The identity of the weights this state holds: the run epoch and the step."""
+        return WeightsId(self.epoch, self.step)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: Path) -> TrainerCheckpoint:
+        """`trainer.json` as written; checkpoints from before issue 14 also carry `weight_version`, which always
+        equalled `step` (a file where it does not was not written by this trainer)."""
+        data = dict(data)
+        version = data.pop("weight_version", None)
+        if version is not None and version != data.get("step"):
+            raise ValueError(f"{source}: weight_version {version} differs from step {data.get('step')}; the trainer "
+                             "never writes that (the weights' version is the step)")
+        return cls(**data)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -125,7 +142,7 @@ class CheckpointManager:
                 shutil.rmtree(final)
             tmp.rename(final)
             self._prune(final)
-            log.info("checkpoint %s saved (step %d, version %d)", final, state.step, state.weight_version)
+            log.info("checkpoint %s saved (step %d, weights %s)", final, state.step, state.weights)
         self.dist.barrier()
         return final
 
@@ -164,7 +181,7 @@ class CheckpointManager:
 
     def load(self, path: Path, module: PolicyModule, optimizer: torch.optim.Optimizer) -> TrainerCheckpoint:
         """Collective. The model weights were already loaded from `path/model` when the policy was built."""
-        state = TrainerCheckpoint(**json.loads((path / "trainer.json").read_text()))
+        state = TrainerCheckpoint.from_json(json.loads((path / "trainer.json").read_text()), path / "trainer.json")
         full = torch.load(path / "optimizer.pt", weights_only=False) if self.dist.is_main or not \
             self.dist.distributed else {}
         _load_optimizer(module, optimizer, full, self.dist)

@@ -101,11 +101,12 @@ class Coordinator:
             await self.buffer.close()
 
     # -- run lifecycle ----------------------------------------------------------------------------------------------
-    def begin_run(self, step: int, version: int) -> dict[str, float]:
-        """A new run epoch (BeginRun), before the weights of the run are gathered: their identity carries it."""
-        info = self.call(self.buffer.begin_run(step, version))
+    def begin_run(self, step: int) -> dict[str, float]:
+        """A new run epoch (BeginRun), before the weights of the run are gathered: their identity carries it (the
+        version is the step)."""
+        info = self.call(self.buffer.begin_run(step, step))
         self.epoch = self.state.epoch = info["epoch"]
-        log.info("run epoch %d at step %d (weights v%d): %s", self.epoch, step, version, info)
+        log.info("run epoch %d at step %d: %s", self.epoch, step, info)
         return {f"resume/{k}": float(v) for k, v in info.items()}
 
     def begin(self, snapshot: WeightSnapshot, step: int) -> dict[str, float]:

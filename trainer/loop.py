@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from fleet.config import MasterConfig
-from fleet.contracts.weights import WeightsId
 from trainer.batch import StepBatch, build_step_batch
 from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
 from trainer.coordinator import Coordinator
@@ -102,15 +101,14 @@ class TrainLoop:
 
     # -- phases -------------------------------------------------------------------------------------------------------
     def _snapshot(self, s: TrainerCheckpoint) -> Any:
-        """Every rank gathers; rank 0 keeps the weights as identity (run epoch, `s.weight_version`)."""
+        """Every rank gathers; rank 0 keeps the weights with their identity (`s.weights`: run epoch, step)."""
         dtype_name = self.cfg.policy.weight_sync.dtype
         dtype = DTYPES[self.cfg.policy.precision if dtype_name == "auto" else dtype_name]
-        weights = WeightsId(s.epoch, s.weight_version)
-        return gather_snapshot(self.policy, dtype, keep=self.dist.is_main, weights=weights)
+        return gather_snapshot(self.policy, dtype, keep=self.dist.is_main, weights=s.weights)
 
     def _begin(self, s: TrainerCheckpoint) -> None:
         # Rank 0 opens the run epoch first (the other ranks wait in the gather), so the snapshot is minted whole.
-        resume = self.rank0.coordinator.begin_run(s.step, s.weight_version) if self.rank0 is not None else {}
+        resume = self.rank0.coordinator.begin_run(s.step) if self.rank0 is not None else {}
         if self.rank0 is not None:
             s.epoch = self.rank0.coordinator.epoch
         snapshot = self._snapshot(s)
@@ -152,7 +150,6 @@ class TrainLoop:
         metrics = self.runner.run(msg.batch)
         t1 = time.monotonic()
         s.step += 1
-        s.weight_version += 1
         push_wait = self._publish(s)
         metrics.update({"timing/wait_data_s": msg.wait_s, "timing/train_step_s": t1 - t0,
                         "timing/push_wait_s": push_wait, "timing/step_s": msg.wait_s + time.monotonic() - t0})
@@ -179,7 +176,6 @@ class TrainLoop:
         a = self.cfg.grpo.async_grpo
         if not a.enabled:
             self._wait_push()
-        self.rank0.state.weight_version = s.weight_version
         self.rank0.state.step = s.step
         return time.monotonic() - t0
 

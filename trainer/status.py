@@ -20,7 +20,7 @@ PHASES = ("starting", "waiting_for_data", "training", "pushing_weights", "valida
 @dataclass
 class TrainerState:
     step: int = 0
-    weight_version: int = 0
+    """Steps trained, which is also the version of the weights last published."""
     epoch: int = 0
     phase: str = "starting"
     max_steps: int = 0
@@ -43,7 +43,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     ) -> trainer_pb2.TrainerStatusResponse:
         s = self.state
         return trainer_pb2.TrainerStatusResponse(
-            step=s.step, weight_version=s.weight_version, epoch=s.epoch, phase=s.phase, max_steps=s.max_steps,
+            step=s.step, weight_version=s.step, epoch=s.epoch, phase=s.phase, max_steps=s.max_steps,
             metrics=dict(s.metrics), world_size=s.world_size, async_mode=s.async_mode)
 
 

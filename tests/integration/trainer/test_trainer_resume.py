@@ -44,7 +44,7 @@ def test_sigkill_mid_run_then_resume_is_exact(tmp_path: Path, tiny_model_path: s
     assert second.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
 
     final = json.loads((run / "checkpoints" / f"step_{STEPS:08d}" / "trainer.json").read_text())
-    assert (final["step"], final["weight_version"], final["epoch"]) == (STEPS, STEPS, 2)
+    assert (final["step"], final["epoch"]) == (STEPS, 2)
     # Weights: the resumed run's first push is the checkpoint's version in the new epoch, and every lease granted
     # in epoch 2 came after it (the buffer refuses leases to workers without this epoch's weights).
     assert worker.pushes[pushes_before] == (2, 2)

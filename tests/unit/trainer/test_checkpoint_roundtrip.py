@@ -7,8 +7,10 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
+from fleet.contracts.weights import WeightsId
 from trainer.batch import build_step_batch
 from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
 from trainer.data import ListSource, PromptFeeder, Task
@@ -44,7 +46,7 @@ def test_round_trip_is_exact(make_cfg, tmp_path: Path) -> None:  # type: ignore[
     mgr = CheckpointManager(cfg, tmp_path / "ckpt", dist, cfg.policy.model_name)
     random.seed(123)
     torch.manual_seed(456)
-    state = TrainerCheckpoint(step=1, weight_version=1, epoch=3, data_position=feeder.state(),
+    state = TrainerCheckpoint(step=1, epoch=3, data_position=feeder.state(),
                               scheduler=sched.state_dict(), metrics={"reward/mean": 0.5})
     path = mgr.save(policy, opt, state)
     expected_rng = (random.random(), torch.rand(3))
@@ -58,7 +60,7 @@ def test_round_trip_is_exact(make_cfg, tmp_path: Path) -> None:  # type: ignore[
     loaded = mgr.load(mgr.latest() or path, policy2, opt2)
     sched2.load_state_dict(loaded.scheduler)
     assert (random.random(), *torch.rand(3).tolist()) == (expected_rng[0], *expected_rng[1].tolist())
-    assert (loaded.step, loaded.weight_version, loaded.epoch) == (1, 1, 3)
+    assert (loaded.step, loaded.weights, loaded.epoch) == (1, WeightsId(3, 1), 3)
     assert loaded.data_position == feeder.state()
     assert loaded.data_position["next_step"] == 3 and loaded.data_position["cursor"] == 12
     assert loaded.data_position["enqueued"] == {"1": [[4, 4]], "2": [[8, 4]]}
@@ -77,7 +79,7 @@ def test_checkpoint_is_hf_loadable(make_cfg, tmp_path: Path) -> None:  # type: i
     cfg = make_cfg()
     dist, policy, opt, _ = _trained(cfg)
     path = CheckpointManager(cfg, tmp_path, dist, cfg.policy.model_name).save(
-        policy, opt, TrainerCheckpoint(step=4, weight_version=4))
+        policy, opt, TrainerCheckpoint(step=4))
     hf = AutoModelForCausalLM.from_pretrained(path / "model")
     AutoTokenizer.from_pretrained(path / "model")
     ours = dict(iter_full_state(policy))
@@ -92,6 +94,21 @@ def test_keep_top_k_keeps_best_and_latest(make_cfg, tmp_path: Path) -> None:  # 
     dist, policy, opt, _ = _trained(cfg)
     mgr = CheckpointManager(cfg, tmp_path, dist, None)
     for step, acc in [(1, 0.9), (2, 0.1), (3, 0.2)]:
-        mgr.save(policy, opt, TrainerCheckpoint(step=step, weight_version=step, metrics={"val/accuracy": acc}))
+        mgr.save(policy, opt, TrainerCheckpoint(step=step, metrics={"val/accuracy": acc}))
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000001", "step_00000003"]
     assert mgr.latest() == tmp_path / "step_00000003"
+
+
+def test_a_checkpoint_of_the_old_format_with_weight_version_still_loads(make_cfg, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = make_cfg()
+    dist, policy, opt, _ = _trained(cfg)
+    mgr = CheckpointManager(cfg, tmp_path, dist, None)
+    path = mgr.save(policy, opt, TrainerCheckpoint(step=2, epoch=1))
+    written = json.loads((path / "trainer.json").read_text())
+    assert "weight_version" not in written  # one identity: the version is the step
+    (path / "trainer.json").write_text(json.dumps({**written, "weight_version": 2}))  # as trainers before wrote it
+    loaded = mgr.load(path, policy, opt)
+    assert (loaded.step, loaded.weights) == (2, WeightsId(1, 2))
+    (path / "trainer.json").write_text(json.dumps({**written, "weight_version": 5}))
+    with pytest.raises(ValueError, match="weight_version 5 differs from step 2"):
+        mgr.load(path, policy, opt)
