@@ -179,14 +179,15 @@ class TrainerBench:
         cfg = trainer_config(args, 4096, 1, ac, dist.world_size)
         self.lm = qwen2(args, dist.device, torch.float32, args.attn)
         self.policy = wrap_policy(self.lm, cfg.policy, dist, name=f"bench-{ac}")
-        self.opt, self.sched = make_optimizer(self.policy, cfg)
+        self.opt, self.sched = make_optimizer(self.policy, cfg.policy.optimizer)
         if args.sync_clip:
             self.opt.defaults["fused"] = False  # StepRunner then clips the old way; the optimizer itself stays fused
 
     def run(self, seq_len: int, batch: int, profile: bool) -> dict[str, Any]:
         args, dist = self.args, self.dist
         cfg = trainer_config(args, seq_len, batch, self.ac, dist.world_size)
-        runner = StepRunner(cfg, dist, self.policy, None, self.opt, self.sched, pad_multiple=64)
+        runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, dist, self.policy, None, self.opt, self.sched,
+                            pad_multiple=64)
         plan = runner.plan(grpo_batch(batch * dist.world_size, seq_len, SHAPES[args.shape]["vocab_size"],
                                       args.mask == "agent"))
         t0 = time.perf_counter()

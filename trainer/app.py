@@ -94,14 +94,14 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
         kl = cfg.loss_fn.reference_policy_kl_penalty > 0
         reference = build_reference(cfg.policy, model_path, dist) if kl else None
         attach_image_codec([policy, reference], model_path, cfg.policy.tokenizer.name or model_path)
-        optimizer, scheduler = make_optimizer(policy, cfg)
+        optimizer, scheduler = make_optimizer(policy, cfg.policy.optimizer)
         state = TrainerCheckpoint(step=0)
         if latest is not None:
             state = ckpt.load(latest, policy, optimizer)
             scheduler.load_state_dict(state.scheduler)
         else:
             torch.manual_seed(cfg.grpo.seed + env.rank)
-        runner = StepRunner(cfg, dist, policy, reference, optimizer, scheduler,
+        runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, dist, policy, reference, optimizer, scheduler,
                             pad_multiple=64 if device.type == "cuda" else 1)
         if dist.is_main:
             rank0 = _rank0(cfg, dist, state, run_dir, src)

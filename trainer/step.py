@@ -25,7 +25,8 @@ from trainer.logprobs import PackedInputs, trained_only
 from trainer.model import PolicyModule, autocast, forward_logprobs, packing_supported
 
 if TYPE_CHECKING:  # the config is only read here: the GPU benchmark runs without pydantic if it must
-    from fleet.config import MasterConfig
+    from fleet.config.algorithm import GrpoConfig, LossConfig
+    from fleet.config.policy import OptimizerConfig, PolicyConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,8 @@ _SUM_METRICS = ("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", 
                 "token_mult_prob_error", "sampling_importance_ratio")
 
 
-def make_optimizer(module: torch.nn.Module, cfg: MasterConfig) -> tuple[torch.optim.Optimizer,
-                                                                         torch.optim.lr_scheduler.LambdaLR]:
-    o = cfg.policy.optimizer
+def make_optimizer(module: torch.nn.Module, o: OptimizerConfig) -> tuple[torch.optim.Optimizer,
+                                                                          torch.optim.lr_scheduler.LambdaLR]:
     params = [p for p in module.parameters() if p.requires_grad]
     on_cuda = bool(params) and params[0].device.type == "cuda"
     opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
@@ -50,7 +50,10 @@ def make_optimizer(module: torch.nn.Module, cfg: MasterConfig) -> tuple[torch.op
 
 @dataclass
 class StepRunner:
-    cfg: MasterConfig
+    policy_cfg: PolicyConfig
+    grpo: GrpoConfig
+    loss_cfg: LossConfig
+    """Validated where it lives (fleet/config/algorithm.py)."""
     dist: Dist
     policy: PolicyModule
     reference: PolicyModule | None
@@ -59,14 +62,13 @@ class StepRunner:
     pad_multiple: int = 1
 
     def __post_init__(self) -> None:
-        self.loss_cfg = self.cfg.loss_fn  # validated where it lives (fleet/config/algorithm.py)
         self.packing_ok = packing_supported()
-        if self.cfg.policy.sequence_packing and not self.packing_ok:
+        if self.policy_cfg.sequence_packing and not self.packing_ok:
             log.warning("policy.sequence_packing=true but this transformers cannot mask packed samples apart "
                         "(needs >= 4.54): one sample per row instead")
 
     def plan(self, batch: StepBatch) -> list[list[MicroBatch]]:
-        p = self.cfg.policy
+        p = self.policy_cfg
         return plan_rank(batch, global_batch=p.train_global_batch_size, micro_batch=p.train_micro_batch_size,
                          rank=self.dist.rank, world=self.dist.world_size, row_tokens=p.max_total_sequence_length,
                          packing=p.sequence_packing and self.packing_ok, pad_multiple=self.pad_multiple)
@@ -80,7 +82,7 @@ class StepRunner:
         for minibatch in plan:
             for mb in minibatch:
                 packed = trained_only(mb.packed, mb.mask)  # masked-out tokens skip the lm_head
-                with autocast(self.cfg.policy, self.dist):
+                with autocast(self.policy_cfg, self.dist):
                     if policy:
                         mb.old_logprobs = forward_logprobs(self.policy, packed, self.dist.device).float()
                     if self.reference is not None:
@@ -120,7 +122,7 @@ class StepRunner:
         return metrics
 
     def _no_signal(self, batch: StepBatch) -> bool:
-        return (self.cfg.grpo.skip_update_without_signal and self.reference is None
+        return (self.grpo.skip_update_without_signal and self.reference is None
                 and not any(s.advantage != 0.0 for s in batch.samples))
 
     def _global_counts(self, minibatch: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +146,7 @@ class StepRunner:
         staged = [self._stage(mb) for mb in minibatch]
         compared: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # for the worst-token diagnostics
         for mb, (packed, inputs, ref_lp) in zip(minibatch, staged, strict=True):
-            with autocast(self.cfg.policy, self.dist):
+            with autocast(self.policy_cfg, self.dist):
                 lp = forward_logprobs(self.policy, packed, dev)
             old, gen_lp, adv, mask = inputs
             old = lp.detach().float() if old is None else old
@@ -190,7 +192,7 @@ class StepRunner:
         uses), so the next step's kernels queue behind this one. The norm is returned as a tensor; the scheduler
         steps once the caller has read it (`_after_step`)."""
         params = [p for p in self.policy.parameters() if p.grad is not None]
-        max_norm = self.cfg.policy.max_grad_norm
+        max_norm = self.policy_cfg.max_grad_norm
         if not self.dist.distributed and self.optimizer.defaults.get("fused") and params:
             return fused_clip_step(self.optimizer, params, max_norm)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))

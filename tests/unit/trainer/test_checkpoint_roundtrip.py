@@ -28,8 +28,8 @@ def _trained(cfg):  # type: ignore[no-untyped-def]
 
     dist = _single()
     policy = build_policy(cfg.policy, cfg.policy.model_name, dist)
-    opt, sched = make_optimizer(policy, cfg)
-    runner = StepRunner(cfg, dist, policy, None, opt, sched)
+    opt, sched = make_optimizer(policy, cfg.policy.optimizer)
+    runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, dist, policy, None, opt, sched)
     batch = build_step_batch(synthetic_groups(1), 0, leave_one_out=True, normalize=True, max_len=256)
     runner.run(batch)
     return dist, policy, opt, sched
@@ -56,7 +56,7 @@ def test_round_trip_is_exact(make_cfg, tmp_path: Path) -> None:  # type: ignore[
     random.seed(999)
     torch.manual_seed(999)
     policy2 = build_policy(cfg.policy, str(path / "model"), dist)
-    opt2, sched2 = make_optimizer(policy2, cfg)
+    opt2, sched2 = make_optimizer(policy2, cfg.policy.optimizer)
     loaded = mgr.load(mgr.latest() or path, policy2, opt2)
     sched2.load_state_dict(loaded.scheduler)
     assert (random.random(), *torch.rand(3).tolist()) == (expected_rng[0], *expected_rng[1].tolist())

@@ -20,8 +20,8 @@ def _flat(groups: list[Group]) -> list[Group]:
 
 def _steps(cfg, batches):  # type: ignore[no-untyped-def]
     policy = build_policy(cfg.policy, cfg.policy.model_name, single())
-    opt, sched = make_optimizer(policy, cfg)
-    runner = StepRunner(cfg, single(), policy, None, opt, sched)
+    opt, sched = make_optimizer(policy, cfg.policy.optimizer)
+    runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, single(), policy, None, opt, sched)
     snaps, metrics = [], []
     for b in batches:
         metrics.append(runner.run(b))
@@ -52,8 +52,8 @@ def test_no_skip_when_a_kl_term_gives_a_gradient(make_cfg) -> None:  # type: ign
     cfg = make_cfg("grpo.skip_update_without_signal=true", "loss_fn.reference_policy_kl_penalty=0.01")
     policy = build_policy(cfg.policy, cfg.policy.model_name, single())
     reference = build_policy(cfg.policy, cfg.policy.model_name, single())
-    opt, sched = make_optimizer(policy, cfg)
-    runner = StepRunner(cfg, single(), policy, reference, opt, sched)
+    opt, sched = make_optimizer(policy, cfg.policy.optimizer)
+    runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, single(), policy, reference, opt, sched)
     flat = build_step_batch(_flat(synthetic_groups(2)), 0, leave_one_out=False, normalize=True,
                             max_len=cfg.policy.max_total_sequence_length)
     assert runner.run(flat)["train/skipped_no_signal"] == 0.0

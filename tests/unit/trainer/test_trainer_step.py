@@ -51,8 +51,8 @@ def make_batch(cfg: MasterConfig, seed: int = 0) -> StepBatch:
 
 def train_once(cfg: MasterConfig, dist: Dist, batch: StepBatch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     policy = build_policy(cfg.policy, cfg.policy.model_name, dist)
-    opt, sched = make_optimizer(policy, cfg)
-    runner = StepRunner(cfg, dist, policy, None, opt, sched)
+    opt, sched = make_optimizer(policy, cfg.policy.optimizer)
+    runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, dist, policy, None, opt, sched)
     metrics = runner.run(batch)
     params = {n: t.detach().clone() for n, t in iter_full_state(policy)}
     return params, metrics
@@ -102,8 +102,8 @@ def test_one_update_per_step_takes_old_logprobs_from_the_training_forward(make_c
     reused, m = train_once(cfg, single(), batch)
     assert m["train/old_logprobs_from_forward"] == 1.0 and m["train/optimizer_updates"] == 1.0
     policy = build_policy(cfg.policy, cfg.policy.model_name, single())
-    opt, sched = make_optimizer(policy, cfg)
-    runner = StepRunner(cfg, single(), policy, None, opt, sched)
+    opt, sched = make_optimizer(policy, cfg.policy.optimizer)
+    runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, single(), policy, None, opt, sched)
     plan = runner.plan(batch)
     runner.recompute(plan)
     ref_m = runner._update(plan[0])
@@ -119,8 +119,8 @@ def test_old_logprobs_equal_plain_hf_forward(make_cfg) -> None:  # type: ignore[
     batch = make_batch(cfg, seed=3)
     dist = single()
     policy = build_policy(cfg.policy, cfg.policy.model_name, dist)
-    opt, sched = make_optimizer(policy, cfg)
-    runner = StepRunner(cfg, dist, policy, None, opt, sched)
+    opt, sched = make_optimizer(policy, cfg.policy.optimizer)
+    runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, dist, policy, None, opt, sched)
     plan = runner.plan(batch)
     runner.recompute(plan)
     hf = AutoModelForCausalLM.from_pretrained(cfg.policy.model_name, dtype=torch.float32).eval()
@@ -217,12 +217,12 @@ def test_step_with_a_fused_optimizer_equals_the_plain_one(make_cfg) -> None:  # 
     ref, ref_m = train_once(cfg, single(), batch)
     dist = single()
     policy = build_policy(cfg.policy, cfg.policy.model_name, dist)
-    plain, plain_sched = make_optimizer(policy, cfg)
+    plain, plain_sched = make_optimizer(policy, cfg.policy.optimizer)
     d = plain.defaults
     opt = torch.optim.AdamW(policy.parameters(), lr=d["lr"], betas=d["betas"], eps=d["eps"],
                             weight_decay=d["weight_decay"], fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, plain_sched.lr_lambdas[0])
-    m = StepRunner(cfg, dist, policy, None, opt, sched).run(batch)
+    m = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, dist, policy, None, opt, sched).run(batch)
     assert_same_update(ref, {n: t.detach().clone() for n, t in iter_full_state(policy)})
     assert m["train/grad_norm"] == pytest.approx(ref_m["train/grad_norm"], rel=1e-5)
     assert m["loss/loss"] == pytest.approx(ref_m["loss/loss"], rel=1e-5, abs=1e-7)
