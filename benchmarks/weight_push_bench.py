@@ -270,7 +270,7 @@ async def bench_config(transport_name: str, backend: str, size: str, n_workers: 
         async def list_workers() -> list[WorkerRef]:
             return refs
 
-        pusher = WeightPusher(cfg, list_workers, transport, transport)
+        pusher = WeightPusher(cfg.policy.weight_sync.join_poll_s, list_workers, transport, transport)
         channels = [make_channel(w.address, cfg.services) for w in workers]
         stubs = [rollout_worker_pb2_grpc.RolloutWorkerStub(c) for c in channels]
         # Distinct values per push (the engines must really load them); made before timing, like a trainer's snapshot.

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from fleet.config import MasterConfig
-from fleet.config.loader import write_resolved
+from fleet.config.loader import dump_config, write_resolved
 from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
 from trainer.coordinator import Coordinator
 from trainer.data import DataPosition, PromptFeeder, TaskSource
@@ -40,10 +40,11 @@ def _sources(cfg: MasterConfig, model_path: str,
         return sources
     from transformers import AutoTokenizer
 
-    from trainer.tasks import load_sources
+    from trainer.tasks import SourceDeps, load_sources
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
-    return load_sources(cfg, tokenizer)
+    deps = SourceDeps(cfg.env, cfg.grpo.seed, cfg.sandbox.repos_root)
+    return load_sources(cfg.data, tokenizer, deps, validate=bool(cfg.grpo.val_period or cfg.grpo.val_at_start))
 
 
 def _rank0(cfg: MasterConfig, dist: Dist, state: TrainerCheckpoint, run_dir: Path,
@@ -57,7 +58,7 @@ def _rank0(cfg: MasterConfig, dist: Dist, state: TrainerCheckpoint, run_dir: Pat
                           world_size=dist.world_size, async_mode=g.async_grpo.enabled)
     coordinator = Coordinator(cfg, feeder, val, status, dist.device)
     log_dir = _under(run_dir, cfg.logger.log_dir)
-    metrics = Metrics(cfg, log_dir)
+    metrics = Metrics(cfg.logger, log_dir, run_name=cfg.run.name, run_config=cfg.model_dump(mode="json"))
     progress = Progress(cfg.logger.progress_bar, g.max_num_steps, state.step)
     return Rank0(coordinator, metrics, progress, status, log_dir)
 
@@ -85,8 +86,8 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
                 return 1
         dist.barrier()  # rank 0 made the tiny model, if it had to
         model_path = resolve_model_path(cfg.policy.model_name)
-        ckpt = CheckpointManager(cfg, _under(run_dir, cfg.checkpointing.checkpoint_dir), dist,
-                                 cfg.policy.tokenizer.name or model_path)
+        ckpt = CheckpointManager(cfg.checkpointing, _under(run_dir, cfg.checkpointing.checkpoint_dir), dist,
+                                 cfg.policy.tokenizer.name or model_path, resolved_config=dump_config(cfg))
         latest = ckpt.latest() if cfg.checkpointing.resume else None
         if latest is not None:
             log.info("resuming from %s", latest)

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from fleet.config import MasterConfig
-from fleet.config.loader import dump_config
+from fleet.config.infra import CheckpointingConfig
 from fleet.contracts.weights import WeightsId
 from trainer.dist import Dist
 from trainer.model import PolicyModule, iter_full_state
@@ -112,8 +111,11 @@ def _load_optimizer(module: PolicyModule, optimizer: torch.optim.Optimizer, full
 
 
 class CheckpointManager:
-    def __init__(self, cfg: MasterConfig, root: Path, dist: Dist, tokenizer_path: str | None) -> None:
-        self.cfg = cfg
+    def __init__(self, ckpt: CheckpointingConfig, root: Path, dist: Dist, tokenizer_path: str | None, *,
+                 resolved_config: str) -> None:
+        """`resolved_config`: the run's whole config as YAML, written beside every checkpoint (`config.yaml`)."""
+        self.ckpt = ckpt
+        self.resolved_config = resolved_config
         self.root = root
         self.dist = dist
         self.tokenizer_path = tokenizer_path
@@ -161,17 +163,17 @@ class CheckpointManager:
             AutoTokenizer.from_pretrained(self.tokenizer_path).save_pretrained(tmp / "model")
         torch.save(optim, tmp / "optimizer.pt")
         (tmp / "trainer.json").write_text(json.dumps(vars(state), indent=1, sort_keys=True, default=float))
-        (tmp / "config.yaml").write_text(dump_config(self.cfg))
+        (tmp / "config.yaml").write_text(self.resolved_config)
 
     def _score(self, path: Path) -> float | None:
         metrics = json.loads((path / "trainer.json").read_text()).get("metrics", {})
-        value = metrics.get(self.cfg.checkpointing.metric_name, metrics.get("reward/mean"))
+        value = metrics.get(self.ckpt.metric_name, metrics.get("reward/mean"))
         if value is None:
             return None
-        return float(value) if self.cfg.checkpointing.higher_is_better else -float(value)
+        return float(value) if self.ckpt.higher_is_better else -float(value)
 
     def _prune(self, newest: Path) -> None:
-        k = self.cfg.checkpointing.keep_top_k
+        k = self.ckpt.keep_top_k
         if k is None:
             return
         done = [p for p in self.root.glob(f"{PREFIX}*") if (p / "trainer.json").is_file() and p != newest]

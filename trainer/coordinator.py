@@ -78,8 +78,8 @@ class Coordinator:
     async def _start(self) -> None:
         self.buffer = BufferClient(self.cfg)
         main, late = make_senders(self.cfg.policy.weight_sync, self.cfg.services, self.device)
-        self.pusher = WeightPusher(self.cfg, self.buffer.list_workers, main, late)
-        self._status = await start_status_service(self.cfg, self.state)
+        self.pusher = WeightPusher(self.cfg.policy.weight_sync.join_poll_s, self.buffer.list_workers, main, late)
+        self._status = await start_status_service(self.cfg.services, self.state)
 
     def close(self) -> None:
         if not self._thread.is_alive():

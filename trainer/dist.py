@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from fleet.config import MasterConfig
+    from fleet.config.infra import ClusterConfig
+    from fleet.config.policy import PolicyConfig
 
 
 @dataclass(frozen=True)
@@ -43,16 +44,16 @@ def read_env() -> DistEnv:
     )
 
 
-def check_world(cfg: MasterConfig, world_size: int) -> None:
+def check_world(policy: PolicyConfig, cluster: ClusterConfig, world_size: int) -> None:
     """Rules that need the world size (known before torch loads); ConfigError names the keys and the fix."""
     from fleet.config import ConfigError
 
-    gbs = cfg.policy.train_global_batch_size
+    gbs = policy.train_global_batch_size
     if gbs % world_size:
         raise ConfigError(
             f"policy.train_global_batch_size ({gbs}) must be a multiple of the number of trainer processes "
             f"({world_size}, torchrun --nproc-per-node x nodes): each optimizer batch is split evenly across ranks")
-    if cfg.policy.weight_sync.transport == "nccl" and cfg.cluster.gpus_per_node == 0:
+    if policy.weight_sync.transport == "nccl" and cluster.gpus_per_node == 0:
         raise ConfigError("policy.weight_sync.transport=nccl needs GPUs (cluster.gpus_per_node > 0); use tcp")
 
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     env = read_env()
     try:
         cfg = load_config(args.config, args.overrides)
-        check_world(cfg, env.world_size)
+        check_world(cfg.policy, cfg.cluster, env.world_size)
     except ConfigError as exc:
         print(f"trainer: config error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleet.config import MasterConfig
+from fleet.config.infra import LoggerConfig, WandbConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,12 @@ class TensorBoardBackend:
 
 
 class WandbBackend:
-    def __init__(self, cfg: MasterConfig, path: Path) -> None:
+    def __init__(self, wb: WandbConfig, path: Path, *, run_name: str, run_config: dict[str, Any]) -> None:
         import wandb
 
         self._wandb = wandb
-        self._run = wandb.init(project=cfg.logger.wandb.project, name=cfg.logger.wandb.name or cfg.run.name,
-                               dir=str(path), config=cfg.model_dump(mode="json"), resume="allow")
+        self._run = wandb.init(project=wb.project, name=wb.name or run_name, dir=str(path), config=run_config,
+                               resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
@@ -85,15 +85,16 @@ class WandbBackend:
 class Metrics:
     """Fan-out to the configured backends; a failing backend is logged and dropped, never fatal to training."""
 
-    def __init__(self, cfg: MasterConfig, log_dir: Path) -> None:
+    def __init__(self, lg: LoggerConfig, log_dir: Path, *, run_name: str = "",
+                 run_config: dict[str, Any] | None = None) -> None:
+        """`run_name`, `run_config`: what W&B records the run as (the run's name, the whole resolved config)."""
         self.backends: list[Backend] = []
-        lg = cfg.logger
         if lg.jsonl_enabled:
             self.backends.append(JsonlBackend(log_dir / "metrics.jsonl"))
         if lg.tensorboard_enabled:
             self.backends.append(TensorBoardBackend(log_dir / "tensorboard"))
         if lg.wandb_enabled:
-            self.backends.append(WandbBackend(cfg, log_dir))
+            self.backends.append(WandbBackend(lg.wandb, log_dir, run_name=run_name, run_config=run_config or {}))
         self.latest: dict[str, float] = {}
 
     def _each(self, method: str, *args: Any) -> None:

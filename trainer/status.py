@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from grpc import aio
 
-from fleet.config import MasterConfig
+from fleet.config.infra import ServicesConfig
 from grpofleet.v1 import trainer_pb2, trainer_pb2_grpc
 from services.runtime.server import GrpcService
 
@@ -47,9 +47,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             metrics=dict(s.metrics), world_size=s.world_size, async_mode=s.async_mode)
 
 
-async def start_status_service(cfg: MasterConfig, state: TrainerState) -> GrpcService:
-    """Start serving; the caller stops it with `await service.stop()`."""
-    service = GrpcService("trainer", cfg.services.trainer, cfg.services)
+async def start_status_service(services: ServicesConfig, state: TrainerState) -> GrpcService:
+    """Start serving on `services.trainer`; the caller stops it with `await service.stop()`."""
+    service = GrpcService("trainer", services.trainer, services)
     service.add(trainer_pb2_grpc.add_TrainerServicer_to_server, TrainerServicer(state), "grpofleet.v1.Trainer")
     await service.start()
     await service.set_serving(True)

@@ -8,23 +8,33 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from fleet.config import MasterConfig
-from fleet.config.env import DatasetConfig
+from fleet.config.env import DataConfig, DatasetConfig, EnvConfig
 from trainer.data import Task
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SourceDeps:
+    """What a task source needs beyond its dataset's config: the environments' settings, the data seed and where
+    SWE prompts read repositories from (`sandbox.repos_root`, the executor's own)."""
+
+    env: EnvConfig
+    seed: int
+    repos_root: str | None = None
+
+
 class EnvTaskSource:
-    def __init__(self, cfg: MasterConfig, data_cfg: DatasetConfig, tokenizer: Any) -> None:
+    def __init__(self, data_cfg: DatasetConfig, tokenizer: Any, deps: SourceDeps) -> None:
         from envs.registry import load_dataset, make_environment
 
-        self.dataset = load_dataset(data_cfg, env_cfg=cfg.env, seed=cfg.grpo.seed)
-        deps = {"repos_root": cfg.sandbox.repos_root} if self.dataset.env_name == "swe" else {}
-        self.env = make_environment(self.dataset.env_name, cfg.env, **deps)
+        self.dataset = load_dataset(data_cfg, env_cfg=deps.env, seed=deps.seed)
+        extra = {"repos_root": deps.repos_root} if self.dataset.env_name == "swe" else {}
+        self.env = make_environment(self.dataset.env_name, deps.env, **extra)
         self.tokenizer = tokenizer
         self.data_cfg = data_cfg
         self.task = lru_cache(maxsize=4096)(self._build)  # type: ignore[method-assign]
@@ -44,15 +54,16 @@ class EnvTaskSource:
         return self._build(index)
 
 
-def load_sources(cfg: MasterConfig, tokenizer: Any) -> tuple[EnvTaskSource, EnvTaskSource | None]:
+def load_sources(data: DataConfig, tokenizer: Any, deps: SourceDeps, *,
+                 validate: bool) -> tuple[EnvTaskSource, EnvTaskSource | None]:
     """(training source, validation source or None). Validation defaults to the training source's validation split
-    and is only loaded when `grpo.val_period` > 0 or `grpo.val_at_start`."""
-    train = EnvTaskSource(cfg, cfg.data.train, tokenizer)
-    if not (cfg.grpo.val_period or cfg.grpo.val_at_start):
+    and is only loaded when `validate` (`grpo.val_period` > 0 or `grpo.val_at_start`)."""
+    train = EnvTaskSource(data.train, tokenizer, deps)
+    if not validate:
         return train, None
-    val_cfg = cfg.data.validation or cfg.data.train.model_copy(update={"split": "validation", "max_samples": None})
+    val_cfg = data.validation or data.train.model_copy(update={"split": "validation", "max_samples": None})
     try:
-        return train, EnvTaskSource(cfg, val_cfg, tokenizer)
+        return train, EnvTaskSource(val_cfg, tokenizer, deps)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         log.warning("no validation tasks (%s): validation is skipped", exc)
         return train, None

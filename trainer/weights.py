@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from grpc import aio
 
-from fleet.config import MasterConfig
 from fleet.contracts.weights import WeightsId
 from trainer.model import PolicyModule, iter_full_state
 from weightsync.base import PushResult, WeightSender, WorkerRef
@@ -48,7 +47,8 @@ class WeightPusher:
     """Rank 0's weight publisher (runs on the control-plane event loop). Push rounds (a publish, or one round of the
     join watcher) never overlap: a worker is never sent the same version twice, nor an old one after a new one."""
 
-    cfg: MasterConfig
+    join_poll_s: float
+    """How often the join watcher looks for workers behind (`policy.weight_sync.join_poll_s`)."""
     list_workers: Any  # async () -> list[WorkerRef]
     transport: WeightSender
     late_transport: WeightSender
@@ -112,4 +112,4 @@ class WeightPusher:
                 await self.sync_behind()
             except aio.AioRpcError as exc:
                 log.warning("join watcher: %s %s", exc.code().name, exc.details())
-            await asyncio.sleep(self.cfg.policy.weight_sync.join_poll_s)
+            await asyncio.sleep(self.join_poll_s)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fleet.config.loader import dump_config
 from fleet.contracts.weights import WeightsId
 from trainer.batch import build_step_batch
 from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
@@ -43,7 +44,8 @@ def test_round_trip_is_exact(make_cfg, tmp_path: Path) -> None:  # type: ignore[
     for step in range(3):
         feeder.next_share(step)
     feeder.mark_trained(0)
-    mgr = CheckpointManager(cfg, tmp_path / "ckpt", dist, cfg.policy.model_name)
+    mgr = CheckpointManager(cfg.checkpointing, tmp_path / "ckpt", dist, cfg.policy.model_name,
+                            resolved_config=dump_config(cfg))
     random.seed(123)
     torch.manual_seed(456)
     state = TrainerCheckpoint(step=1, epoch=3, data_position=feeder.state(),
@@ -78,8 +80,8 @@ def test_checkpoint_is_hf_loadable(make_cfg, tmp_path: Path) -> None:  # type: i
 
     cfg = make_cfg()
     dist, policy, opt, _ = _trained(cfg)
-    path = CheckpointManager(cfg, tmp_path, dist, cfg.policy.model_name).save(
-        policy, opt, TrainerCheckpoint(step=4))
+    mgr = CheckpointManager(cfg.checkpointing, tmp_path, dist, cfg.policy.model_name, resolved_config=dump_config(cfg))
+    path = mgr.save(policy, opt, TrainerCheckpoint(step=4))
     hf = AutoModelForCausalLM.from_pretrained(path / "model")
     AutoTokenizer.from_pretrained(path / "model")
     ours = dict(iter_full_state(policy))
@@ -92,7 +94,7 @@ def test_checkpoint_is_hf_loadable(make_cfg, tmp_path: Path) -> None:  # type: i
 def test_keep_top_k_keeps_best_and_latest(make_cfg, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cfg = make_cfg("checkpointing.keep_top_k=2", "checkpointing.metric_name=val/accuracy")
     dist, policy, opt, _ = _trained(cfg)
-    mgr = CheckpointManager(cfg, tmp_path, dist, None)
+    mgr = CheckpointManager(cfg.checkpointing, tmp_path, dist, None, resolved_config=dump_config(cfg))
     for step, acc in [(1, 0.9), (2, 0.1), (3, 0.2)]:
         mgr.save(policy, opt, TrainerCheckpoint(step=step, metrics={"val/accuracy": acc}))
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000001", "step_00000003"]
@@ -102,7 +104,7 @@ def test_keep_top_k_keeps_best_and_latest(make_cfg, tmp_path: Path) -> None:  # 
 def test_a_checkpoint_of_the_old_format_with_weight_version_still_loads(make_cfg, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     cfg = make_cfg()
     dist, policy, opt, _ = _trained(cfg)
-    mgr = CheckpointManager(cfg, tmp_path, dist, None)
+    mgr = CheckpointManager(cfg.checkpointing, tmp_path, dist, None, resolved_config=dump_config(cfg))
     path = mgr.save(policy, opt, TrainerCheckpoint(step=2, epoch=1))
     written = json.loads((path / "trainer.json").read_text())
     assert "weight_version" not in written  # one identity: the version is the step

@@ -102,7 +102,7 @@ async def test_pusher_syncs_late_joiners_and_reports_dead_workers(snapshot_and_s
         return live + dead
 
     transport = GrpcSender(GrpcWeightSyncConfig(), cfg.services)
-    pusher = WeightPusher(cfg, list_workers, transport, transport)
+    pusher = WeightPusher(cfg.policy.weight_sync.join_poll_s, list_workers, transport, transport)
     try:
         results = await pusher.publish(snap)
         assert [r.ok for r in results] == [True] and early.version == 3
