@@ -5,27 +5,43 @@ pause, not a group or the run. Every call is safe to retry: enqueues and commits
 after a lost answer is recognised as a duplicate, and a retried Sample carries the lost call's request id, so it gets
 back the same groups (no step trains a group twice, none is left sampled but untrained).
 
-Groups and prompts cross as protobuf messages: each fleet converts them to its own types at its edge
-(`trainer/buffer.py`; the rollout worker builds its scored groups itself). Answers with no fleet type of their own come
-back plain (`Starvation`, `WorkerRef`, counts)."""
+Control plane and data plane: the calls go to the buffer, the scored groups' bytes go to and come from Redis directly
+(`PayloadStore`, buffer_client/payloads.py, which rides out a Redis outage the same way). A worker's `submit` writes
+the group's bytes to a payload key and submits the header; the submits of a worker's concurrent groups are coalesced
+into one SubmitGroups call (buffer_client/submitter.py). `sample` reads the groups Sample names with one MGET.
+
+Registry, lease and submit answers come back as the plain types of fleet/contracts/buffer.py (`WorkerInfo`,
+`Registration`, `LeaseReply`, `SubmitOutcome`, `Starvation`, `WorkerRef`); the groups themselves cross as protobuf
+messages (a leased `PromptGroup`, a submitted or sampled `ScoredGroup`), which each fleet converts at its edge
+(`trainer/buffer.py`; the rollout worker's generation paths read the prompt message)."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from grpc import aio
 
+from buffer_client.payloads import PayloadStore
+from buffer_client.submitter import Encoded, SubmitBatcher
 from fleet.config import MasterConfig
-from fleet.contracts import scored_group
-from fleet.contracts.buffer import Starvation
+from fleet.contracts.buffer import Lease, LeaseReply, Registration, Starvation, SubmitOutcome, WorkerInfo
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
 from services.runtime.client import call_through_outage, make_channel
 from services.runtime.outage import Outage
 from weightsync.base import WorkerRef
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def _worker_message(w: WorkerInfo) -> replay_buffer_pb2.WorkerInfo:
+    return replay_buffer_pb2.WorkerInfo(
+        worker_id=w.worker_id, address=w.address, weight_version=w.weight_version, weight_epoch=w.weight_epoch,
+        state=w.state, groups_in_flight=w.groups_in_flight,
+    )  # fmt: skip
 
 
 class BufferClient:
@@ -40,33 +56,52 @@ class BufferClient:
             cfg.services.outage_tolerance_s,
             report_every_s=cfg.services.outage_report_s,
         )
+        self.payloads = PayloadStore.from_config(cfg)
+        self._submitter = SubmitBatcher(self._submit_batch)
 
     async def close(self) -> None:
         await self.channel.close()
+        await self.payloads.close()
 
     async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
         return await call_through_outage(f"replay buffer {name}", fn, self.outage)
 
     # ---- the rollout worker's calls ------------------------------------------------------------------------------
 
-    async def register(self, info: replay_buffer_pb2.WorkerInfo) -> replay_buffer_pb2.RegisterWorkerResponse:
-        req = replay_buffer_pb2.RegisterWorkerRequest(worker=info)
-        return await self._call("RegisterWorker", lambda: self.stub.RegisterWorker(req, timeout=self.timeout))
+    async def register(self, info: WorkerInfo) -> Registration:
+        req = replay_buffer_pb2.RegisterWorkerRequest(worker=_worker_message(info))
+        r = await self._call("RegisterWorker", lambda: self.stub.RegisterWorker(req, timeout=self.timeout))
+        return Registration(int(r.epoch), int(r.current_version), int(r.heartbeat_interval_ms))
 
-    async def heartbeat(self, info: replay_buffer_pb2.WorkerInfo) -> replay_buffer_pb2.HeartbeatResponse:
-        req = replay_buffer_pb2.HeartbeatRequest(worker=info)
-        return await self._call("Heartbeat", lambda: self.stub.Heartbeat(req, timeout=self.timeout))
+    async def heartbeat(self, info: WorkerInfo) -> Registration:
+        req = replay_buffer_pb2.HeartbeatRequest(worker=_worker_message(info))
+        r = await self._call("Heartbeat", lambda: self.stub.Heartbeat(req, timeout=self.timeout))
+        return Registration(int(r.epoch), int(r.current_version))
 
-    async def lease(self, worker_id: str, version: int, epoch: int, n: int) -> replay_buffer_pb2.LeasePromptsResponse:
+    async def lease(self, worker_id: str, version: int, epoch: int, n: int) -> LeaseReply:
         req = replay_buffer_pb2.LeasePromptsRequest(
             worker_id=worker_id, weight_version=version, weight_epoch=epoch, max_groups=n
         )
-        return await self._call("LeasePrompts", lambda: self.stub.LeasePrompts(req, timeout=self.timeout))
+        r = await self._call("LeasePrompts", lambda: self.stub.LeasePrompts(req, timeout=self.timeout))
+        leases = [Lease(x.lease_id, x.group, int(x.delivery_count)) for x in r.leases]
+        return LeaseReply(leases, int(r.retry_after_ms), r.reason)
 
-    async def submit(self, worker_id: str, lease_id: str, group: common_pb2.ScoredGroup) -> Any:
-        # Serialized once, here: the buffer stores and returns these bytes without decoding them.
-        req = scored_group.submit_request(worker_id, lease_id, group)
-        return await self._call("SubmitGroup", lambda: self.stub.SubmitGroup(req, timeout=self.timeout))
+    async def submit(self, worker_id: str, lease_id: str, group: common_pb2.ScoredGroup) -> SubmitOutcome:
+        """Submit one whole group: its bytes to Redis, its header to the buffer, coalesced with the submits of the
+        worker's other groups that finish meanwhile (one SubmitGroups call for all of them)."""
+        return await self._submitter.submit(worker_id, lease_id, group)
+
+    async def _submit_batch(self, worker_id: str, groups: list[Encoded]) -> list[SubmitOutcome]:
+        """Write the payloads (one round trip to Redis), then submit their headers (one call to the buffer). Both
+        retried through outages: the keys stay the same, so a submit retried after a lost answer finds its group
+        already kept and answers duplicate."""
+        keys = await self.payloads.put([(e.header.group_id, e.data) for e in groups])
+        req = replay_buffer_pb2.SubmitGroupsRequest(worker_id=worker_id, groups=[
+            replay_buffer_pb2.GroupSubmission(lease_id=e.lease_id, header=e.header, payload_key=k)
+            for e, k in zip(groups, keys, strict=True)
+        ])  # fmt: skip
+        r = await self._call("SubmitGroups", lambda: self.stub.SubmitGroups(req, timeout=self.timeout))
+        return [SubmitOutcome(x.duplicate, x.dead_lettered, x.requeued) for x in r.results]
 
     async def release(self, worker_id: str, lease_id: str, reason: str, dead_letter: bool = False) -> None:
         req = replay_buffer_pb2.ReleaseLeaseRequest(
@@ -103,7 +138,14 @@ class BufferClient:
         starvation = Starvation(
             s.reason, s.prompts_pending, s.leases_outstanding, s.live_workers, s.evicted_now, s.waited_s
         )
-        return [common_pb2.ScoredGroup.FromString(b) for b in r.scored_groups], starvation
+        # Training groups' keys stay until CommitStep covers the step (a resumed trainer reads them again);
+        # validation groups are read once.
+        keys = [g.payload_key for g in r.groups]
+        values = await self.payloads.get(keys, delete=validation)
+        missing = [k for k, v in zip(keys, values, strict=True) if v is None]
+        if missing:  # deleted behind the buffer's back; the accounting check cannot see payload keys
+            log.error("step %d: sampled groups whose payload is gone (not trained): %s", step, missing)
+        return [common_pb2.ScoredGroup.FromString(v) for v in values if v is not None], starvation
 
     async def begin_run(self, resume_step: int, weight_version: int) -> dict[str, int]:
         req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=weight_version)

@@ -21,14 +21,15 @@ from grpc import aio
 
 from buffer_client import BufferClient
 from fleet.config import MasterConfig
+from fleet.contracts.buffer import Lease, WorkerInfo
 from fleet.contracts.weights import NO_WEIGHTS
-from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from grpofleet.v1 import common_pb2
+from rollout import wire
 from rollout.agent.computer import ComputerRunner
 from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
 from rollout.scoring import Scorer, ScoringUnavailable
-from rollout.wire import to_proto_verdict
 from services.runtime.errors import FailedPrecondition
 from weightsync.header import WeightSet
 
@@ -109,8 +110,8 @@ class RolloutWorker:
         return self.weights.epoch
 
     # ---- registry -------------------------------------------------------------------------------------------
-    def info(self) -> replay_buffer_pb2.WorkerInfo:
-        return replay_buffer_pb2.WorkerInfo(
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
             worker_id=self.worker_id, address=self.address, weight_version=self.version, weight_epoch=self.epoch,
             state=self.state, groups_in_flight=len(self.in_flight),
         )
@@ -192,7 +193,7 @@ class RolloutWorker:
                 self.in_flight[lease.lease_id] = task
             self.stats.set_busy(True)
 
-    async def _run_group(self, lease: replay_buffer_pb2.Lease) -> None:
+    async def _run_group(self, lease: Lease) -> None:
         try:
             group = await self.process_group(lease.group)
         except asyncio.CancelledError:
@@ -209,12 +210,25 @@ class RolloutWorker:
             log.exception("group %s failed; giving the lease back", lease.group.group_id)
             await self.buffer.release(self.worker_id, lease.lease_id, "worker_error")
         else:
-            await self.buffer.submit(self.worker_id, lease.lease_id, group)
-            self.stats.groups_submitted += 1
+            await self._submit(lease, group)
         finally:
             self.in_flight.pop(lease.lease_id, None)
             self.stats.set_busy(bool(self.in_flight))
             self._slot_free.set()
+
+    async def _submit(self, lease: Lease, group: common_pb2.ScoredGroup) -> None:
+        try:
+            await self.buffer.submit(self.worker_id, lease.lease_id, group)
+        except aio.AioRpcError as exc:
+            # Refused (e.g. its payload expired during a long outage): give the lease back, so the group is
+            # generated again rather than held until the lease times out.
+            self.stats.groups_released += 1
+            log.error("group %s: submit refused (%s: %s); giving the lease back", lease.group.group_id,
+                      exc.code().name, exc.details())
+            with contextlib.suppress(aio.AioRpcError):  # not outstanding any more: nothing to give back
+                await self.buffer.release(self.worker_id, lease.lease_id, f"submit_refused: {exc.details()}")
+        else:
+            self.stats.groups_submitted += 1
 
     def _sampling(self, prompt: common_pb2.PromptGroup) -> SamplingSpec:
         g = self.cfg.policy.generation
@@ -243,12 +257,7 @@ class RolloutWorker:
             prefetch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await prefetch
-        # Observation tokens (agent mode) carry version -1: no weights made them, they do not age a group.
-        versions = [v for t in trajectories for v in t.token_versions if v >= 0] or [self.version]
-        return common_pb2.ScoredGroup(
-            prompt=prompt, trajectories=trajectories, worker_id=self.worker_id, min_version=min(versions),
-            max_version=max(versions), submitted_at_ms=int(time.time() * 1000),
-        )
+        return wire.scored_group(prompt, trajectories, self.worker_id, self.version)
 
     async def _one_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object], sampling: SamplingSpec,
                           index: int) -> common_pb2.Trajectory:
@@ -262,11 +271,7 @@ class RolloutWorker:
                                                            truncated=gen.finish_reason == "length")
         self.stats.scoring_retries += retries
         self.stats.integrity_violations += verdict.status == "integrity_violation"
-        return common_pb2.Trajectory(
-            response_token_ids=gen.token_ids, generation_logprobs=gen.logprobs, token_versions=gen.token_versions,
-            reward=reward, verdict=to_proto_verdict(verdict), finish_reason=gen.finish_reason,
-            timings=common_pb2.SampleTimings(generation_s=t1 - t0, scoring_s=time.monotonic() - t1),
-        )
+        return wire.trajectory(gen, verdict, reward, generation_s=t1 - t0, scoring_s=time.monotonic() - t1)
 
     async def _agent_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
                             sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:

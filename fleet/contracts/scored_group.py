@@ -1,15 +1,16 @@
 """The scored-group contract at the byte level, spoken by the rollout worker and the replay buffer (so it lives on the
 ground floor, below both; it was `services/replay_buffer/codec.py`).
 
-A scored group (8 samples x 2k tokens with log-probs and versions: ~130 KB; 2 MB in agent mode) crosses the buffer
-as the bytes the worker serialized: SubmitGroup carries them in `bytes scored_group` beside a small
-`ScoredGroupHeader`, Redis stores them once, and Sample returns them in `repeated bytes scored_groups`, so the
-buffer never decodes or re-encodes trajectories.
+A scored group (8 samples x 2k tokens with log-probs and versions: ~130 KB; 2 MB in agent mode) travels as the bytes
+the worker serialized: the worker writes them to a Redis payload key and submits a small `ScoredGroupHeader`
+(SubmitGroups), the trainer reads them back by the keys Sample names, so the buffer never sees them at all. A client
+without Redis access may still send them inline (`SubmitGroup.scored_group`), which the buffer checks and stores.
 
-- `submit_request` (worker side) checks that a group is whole, fills the header and serializes the group once.
-- `check_payload` (buffer side) checks the header against what the payload's top level says (prompt, trajectory
-  count, versions, per-trajectory sizes) by walking field tags and lengths, never the token arrays themselves.
-- `encode_sample` frames stored bytes straight into a `SampleResponse`.
+- `encode` (worker side) checks that a group is whole, serializes it once and fills the header from it.
+- `submit_request` builds an inline SubmitGroup from it (grpcurl-style clients, test harnesses).
+- `check_payload` (buffer side, inline submits) checks the header against what the payload's top level says
+  (prompt, trajectory count, versions, per-trajectory sizes) by walking field tags and lengths, never the token
+  arrays themselves.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from collections.abc import Iterator
 
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
 
-_SAMPLE_GROUPS_TAG = (1 << 3) | 2  # SampleResponse.scored_groups, length-delimited
-_SAMPLE_STARVATION_TAG = (2 << 3) | 2  # SampleResponse.starvation
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 
 
@@ -40,15 +39,6 @@ def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _fields(buf: bytes | memoryview) -> Iterator[tuple[int, int, int, memoryview]]:
@@ -106,14 +96,22 @@ def check_whole_group(g: common_pb2.ScoredGroup) -> None:
             )
 
 
+def encode(group: common_pb2.ScoredGroup) -> tuple[replay_buffer_pb2.ScoredGroupHeader, bytes]:
+    """A whole group's header and bytes: checked, serialized once, the header filled from it (so the two agree)."""
+    check_whole_group(group)
+    data = group.SerializeToString()
+    header = header_of(group)
+    header.payload_bytes = len(data)
+    return header, data
+
+
 def submit_request(
     worker_id: str, lease_id: str, group: common_pb2.ScoredGroup
 ) -> replay_buffer_pb2.SubmitGroupRequest:
-    """The SubmitGroup request for a scored group: header filled from it, the group serialized once."""
-    check_whole_group(group)
-    return replay_buffer_pb2.SubmitGroupRequest(
-        worker_id=worker_id, lease_id=lease_id, header=header_of(group), scored_group=group.SerializeToString()
-    )
+    """An inline SubmitGroup request for a scored group (the bytes in the call: for clients without Redis access)."""
+    header, data = encode(group)
+    return replay_buffer_pb2.SubmitGroupRequest(worker_id=worker_id, lease_id=lease_id, header=header,
+                                                scored_group=data)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -193,21 +191,6 @@ def check_payload(h: replay_buffer_pb2.ScoredGroupHeader, payload: bytes) -> Non
                  f"group.trajectories[{i}] has a token of version {first} < group.min_version")  # fmt: skip
         _require(last is None or last <= h.max_version,
                  f"group.trajectories[{i}] has a token of version {last} > group.max_version")  # fmt: skip
-
-
-def encode_sample(payloads: list[bytes], starvation: replay_buffer_pb2.Starvation | None) -> bytes:
-    parts: list[bytes] = []
-    for p in payloads:
-        parts += [bytes((_SAMPLE_GROUPS_TAG,)), _encode_varint(len(p)), p]
-    if starvation is not None:
-        s = starvation.SerializeToString()
-        parts += [bytes((_SAMPLE_STARVATION_TAG,)), _encode_varint(len(s)), s]
-    return b"".join(parts)
-
-
-def serialize_sample(response: bytes | replay_buffer_pb2.SampleResponse) -> bytes:
-    """Response serializer of Sample: pre-framed bytes pass through; a message (e.g. from a test) is serialized."""
-    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 def prompt_of(kind: str, payload: bytes) -> common_pb2.PromptGroup:

@@ -12,7 +12,6 @@ Importable without grpc: the local launcher (`grpo-fleet up`) prepares its serve
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import logging
 import os
@@ -21,15 +20,14 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet.contracts.buffer import embedded_redis_socket
+
 log = logging.getLogger(__name__)
 
-# AF_UNIX paths are limited to 108 bytes including the NUL; longer run directories get a socket in the temp dir.
-_MAX_SOCKET_PATH = 100
 _PR_SET_PDEATHSIG = 1
 
 
@@ -46,12 +44,8 @@ def redis_server_binary() -> str:
 
 
 def socket_path_for(data_dir: Path) -> Path:
-    """Where the server of `data_dir` listens. Deterministic, so a restarted service finds a server left running."""
-    path = data_dir / "redis.sock"
-    if len(str(path)) <= _MAX_SOCKET_PATH:
-        return path
-    digest = hashlib.sha1(str(data_dir).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"gf-redis-{digest}.sock"
+    """Where the server of `data_dir` listens (the contract its clients derive it by: fleet.contracts.buffer)."""
+    return embedded_redis_socket(data_dir)
 
 
 def _config_text(data_dir: Path, sock: Path, appendfsync: str, log_to_file: bool) -> str:

@@ -2,7 +2,8 @@
 
 Payloads (`PromptGroup` / `ScoredGroup` protobuf bytes) travel opaquely; the fields the logic needs (group id,
 target step, versions, validation flag) travel beside them, so the store never imports generated protobuf code and
-never decodes a payload.
+never decodes a payload. A scored group's bytes do not pass through the store at all on the fleet's path: the
+worker writes them to a payload key, the store's scripts keep or delete that key, and the trainer reads it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleet.config.schema import MasterConfig
-from fleet.contracts.buffer import Starvation
+from fleet.contracts.buffer import Starvation, WorkerInfo
 
 # Stream consumer group of the prompt queue, and the pseudo-consumer that holds reclaimed and released leases until a
 # worker takes them (its name cannot collide with a worker id: `~` is refused in worker ids).
@@ -105,9 +106,10 @@ class Keys:
     def workers(self) -> str:
         return self._k("workers")
 
-    def payload(self, nonce: str) -> str:
-        """The bytes of one submitted ScoredGroup (one key per submit attempt: a retry never overwrites them)."""
-        return self._k(f"payload:{nonce}")
+    def payload(self, name: str) -> str:
+        """The bytes of one submitted ScoredGroup, `name` = GROUP_ID:NONCE (fleet.contracts.buffer.payload_key: one key
+        per write, so a retry never overwrites them)."""
+        return self._k(f"payload:{name}")
 
 
 @dataclass(frozen=True)
@@ -138,12 +140,17 @@ class LeaseResult:
 
 @dataclass(frozen=True)
 class ScoredIn:
+    """A submitted group's header, and either the key its writer put its bytes under (`payload_key`, `size` bytes)
+    or the bytes themselves (`payload`: an inline submit, which the store writes to a key of its own)."""
+
     group_id: str
     target_step: int
     min_version: int
     max_version: int
-    payload: bytes
+    payload: bytes = b""
     validation: bool = False
+    payload_key: str = ""
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -154,9 +161,26 @@ class SubmitResult:
 
 
 @dataclass(frozen=True)
+class SampledRef:
+    """A sampled group's header and the key of its bytes (read by the trainer, not the store)."""
+
+    group_id: str
+    target_step: int
+    min_version: int
+    max_version: int
+    validation: bool
+    size: int
+    payload_key: str
+
+
+@dataclass(frozen=True)
 class SampleResult:
-    payloads: list[bytes]
+    groups: list[SampledRef]
     starvation: Starvation | None = None
+
+    @property
+    def payload_keys(self) -> list[str]:
+        return [g.payload_key for g in self.groups]
 
 
 @dataclass(frozen=True)
@@ -168,15 +192,7 @@ class RunInfo:
     requeued_groups: int = 0
 
 
-@dataclass
-class WorkerRecord:
-    worker_id: str
-    address: str
-    weight_version: int = 0
-    weight_epoch: int = 0
-    last_heartbeat_ms: int = 0
-    state: str = "starting"
-    groups_in_flight: int = 0
+WorkerRecord = WorkerInfo  # the registry's record is the contract's type (one definition, fleet/contracts/buffer.py)
 
 
 @dataclass

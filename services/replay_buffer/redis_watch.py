@@ -15,11 +15,8 @@ import logging
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from buffer_client.payloads import REDIS_DOWN, redis_client
 from fleet.config.schema import MasterConfig
 from services.replay_buffer.store import ReplayStore
 from services.runtime.client import BACKEND_DOWN
@@ -28,19 +25,7 @@ from services.runtime.outage import Outage, ServiceDown
 
 log = logging.getLogger(__name__)
 
-# redis-py's connection errors do not derive from the builtin ConnectionError; BusyLoadingError (a Redis replaying
-# its AOF) derives from its ConnectionError. OSError covers the builtin TimeoutError of a ping that got no answer.
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _PING_TIMEOUT_S = 2.0
-
-
-def redis_client(url: str) -> Redis:
-    """A client whose failures surface fast (as UNAVAILABLE, through the guard) rather than hanging calls. One retry
-    on a fresh connection covers a Redis that restarted between two calls (the pooled connection is stale); longer
-    outages are the watch's to ride out, not each command's. A timeout is not retried: that would double a hung
-    call."""
-    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1, supported_errors=(RedisConnectionError,))
-    return Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30, retry=retry)
 
 
 def _describe(exc: BaseException) -> str:
@@ -111,3 +96,6 @@ def guard_redis(servicer: object, methods: list[str], watch: RedisWatch) -> None
             return result
 
         setattr(servicer, name, guarded)
+
+
+__all__ = ["REDIS_DOWN", "RedisWatch", "guard_redis", "redis_client"]

@@ -2,9 +2,10 @@
 replays a script's effects as one MULTI/EXEC). A replay buffer SIGKILLed between two Redis commands can therefore
 never leave a group counted twice or in two places. The rules mirror policy.py.
 
-Scripts touch headers only. A scored group's bytes live in a string key of their own (`P:payload:NONCE`), written
-by the store with a plain SET (with an expiry) before the submit script runs, read with a plain MGET after the
-sample script names them: the script keeps (PERSIST), re-points or deletes that key, never reads it. The payload
+Scripts touch headers only. A scored group's bytes live in a string key of their own (`P:payload:GROUP_ID:NONCE`),
+written with a plain SET (with an expiry) before the submit script runs, by the worker itself (or by the store, for
+an inline submit), and read with a plain MGET by the trainer after the sample script names it: the scripts keep
+(PERSIST), check the length of (STRLEN) or delete that key, never read it. The payload
 keys share the `{prefix}` hash tag, so they sit in the same Redis Cluster slot as the keys the scripts declare.
 
 Every script receives the same KEYS, in `Keys.all` order, bound to names by PRELUDE. Group states in the status hash:
@@ -168,55 +169,78 @@ incr('released', 1)
 return 'released'
 """
 
-# ARGV: group, pool, entry_id, lease_epoch, gid, target, min_version, max_version, validation 0|1, payload key,
-# max_age, now_ms, payload size. Returns {outcome, detail}. The payload key is kept (stored or dead-lettered) or
-# deleted (duplicate, refused, re-queued): no outcome leaves it behind.
+# ARGV: group, pool, max_age, now_ms, then per group: entry_id, lease_epoch, gid, target, min_version, max_version,
+# validation 0|1, payload key, payload size. Returns {outcome, detail} per group, flat, in order; each group is
+# judged by the same rules whatever else the call holds. The payload key is kept (stored or dead-lettered: its
+# expiry cleared) or freed (duplicate, refused, re-queued): no outcome leaves it behind.
 SUBMIT = """
-local gid, pk = ARGV[5], ARGV[10]
-local function refuse(outcome, detail)
-  redis.call('DEL', pk)
-  return {outcome, detail}
+local group, pool, max_age, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+-- A key with an expiry was never kept: free it. One without (PTTL -1) holds bytes that an earlier submit of this
+-- very key kept (a retried call whose answer was lost): those are the group's, never deleted here. Keys are unique
+-- per write (GROUP_ID:NONCE), so no other submit can name them.
+local function free(pk)
+  if redis.call('PTTL', pk) >= 0 then redis.call('DEL', pk) end
 end
-local st = redis.call('HGET', K_STATUS, gid)
-if not st then return refuse('unknown_group', '') end
-if st ~= 'enqueued' and st ~= 'leased' then return refuse('duplicate', st) end
-local f = entry(K_PROMPTS, ARGV[3])
-if not f then return refuse('unknown_lease', '') end
-if f.gid ~= gid then return refuse('mismatch', f.gid) end
-local p = redis.call('XPENDING', K_PROMPTS, ARGV[1], ARGV[3], ARGV[3], 1)[1]
-if not p then return refuse('unknown_lease', '') end
-local minv, maxv = tonumber(ARGV[7]), tonumber(ARGV[8])
--- A lease from an earlier run epoch may hold tokens of weights that the trainer's resume discarded (versions newer
--- than the resumed ones): those tokens were never produced by this run, so the prompt is leased again instead.
-if tonumber(ARGV[4]) < run_int('epoch') and maxv > run_int('resume_version') then
-  redis.call('XCLAIM', K_PROMPTS, ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
-  redis.call('HSET', K_STATUS, gid, 'enqueued')
-  incr('requeued', 1)
-  return refuse('requeued', '')
+local function submit(entry_id, lease_epoch, gid, target, minv_s, maxv_s, val, pk, size)
+  local function refuse(outcome, detail)
+    free(pk)
+    return {outcome, detail}
+  end
+  local st = redis.call('HGET', K_STATUS, gid)
+  if not st then return refuse('unknown_group', '') end
+  if st ~= 'enqueued' and st ~= 'leased' then return refuse('duplicate', st) end
+  local f = entry(K_PROMPTS, entry_id)
+  if not f then return refuse('unknown_lease', '') end
+  if f.gid ~= gid then return refuse('mismatch', f.gid) end
+  local p = redis.call('XPENDING', K_PROMPTS, group, entry_id, entry_id, 1)[1]
+  if not p then return refuse('unknown_lease', '') end
+  -- The bytes are the writer's; the script reads only their length (a group is never empty).
+  local held = redis.call('STRLEN', pk)
+  if held == 0 then return refuse('payload_missing', '') end
+  if held ~= tonumber(size) then return refuse('payload_size', tostring(held)) end
+  local minv, maxv = tonumber(minv_s), tonumber(maxv_s)
+  -- A lease from an earlier run epoch may hold tokens of weights that the trainer's resume discarded (versions
+  -- newer than the resumed ones): those tokens were never produced by this run, so the prompt is leased again.
+  if tonumber(lease_epoch) < run_int('epoch') and maxv > run_int('resume_version') then
+    redis.call('XCLAIM', K_PROMPTS, group, pool, 0, entry_id, 'JUSTID')
+    redis.call('HSET', K_STATUS, gid, 'enqueued')
+    incr('requeued', 1)
+    return refuse('requeued', '')
+  end
+  redis.call('XACK', K_PROMPTS, group, entry_id)
+  redis.call('XDEL', K_PROMPTS, entry_id)
+  local step = run_int('step')
+  if val ~= '1' and run_int('epoch') > 0 and step - minv > max_age then
+    dead_letter(gid, 'stale_on_submit', 'scored', '', pk, 'step ' .. step .. ', min_version ' .. minv, now)
+    return {'dead', ''}
+  end
+  redis.call('PERSIST', pk)
+  -- The prompt entry's kind and bytes (a few KB) stay with the header: a resume that re-queues the group needs them.
+  local tid = redis.call('XADD', K_TRAJ, '*', 'gid', gid, 'target', target, 'minv', minv_s, 'maxv', maxv_s,
+                         'val', val, 'pk', pk, 'size', size, 'pkind', f.kind, 'prompt', f.data)
+  if val == '1' then redis.call('ZADD', K_READY_VAL, minv, tid) else redis.call('ZADD', K_READY, minv, tid) end
+  redis.call('HSET', K_STATUS, gid, 'scored')
+  incr('submitted', 1)
+  return {'ok', tid}
 end
-redis.call('XACK', K_PROMPTS, ARGV[1], ARGV[3])
-redis.call('XDEL', K_PROMPTS, ARGV[3])
-local step = run_int('step')
-if ARGV[9] ~= '1' and run_int('epoch') > 0 and step - minv > tonumber(ARGV[11]) then
-  dead_letter(gid, 'stale_on_submit', 'scored', '', pk, 'step ' .. step .. ', min_version ' .. minv, ARGV[12])
-  return {'dead', ''}
+local out = {}
+for i = 5, #ARGV, 9 do
+  local r = submit(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6],
+                   ARGV[i + 7], ARGV[i + 8])
+  out[#out + 1] = r[1]
+  out[#out + 1] = r[2]
 end
-redis.call('PERSIST', pk)
--- The prompt entry's kind and bytes (a few KB) stay with the header: a resume that re-queues the group needs them.
-local tid = redis.call('XADD', K_TRAJ, '*', 'gid', gid, 'target', ARGV[6], 'minv', ARGV[7], 'maxv', ARGV[8],
-                       'val', ARGV[9], 'pk', pk, 'size', ARGV[13], 'pkind', f.kind, 'prompt', f.data)
-if ARGV[9] == '1' then redis.call('ZADD', K_READY_VAL, minv, tid) else redis.call('ZADD', K_READY, minv, tid) end
-redis.call('HSET', K_STATUS, gid, 'scored')
-incr('submitted', 1)
-return {'ok', tid}
+return out
 """
 
 # ARGV: step, max_groups, max_age, take_at_least, validation 0|1, now_ms, max_bytes, request_id.
-# Returns {evicted, available, payload key...}: nothing is taken unless `take_at_least` groups are ready. A taken
+# Returns {evicted, available, {payload key, gid, target, minv, maxv, val, size}...}: nothing is taken unless
+# `take_at_least` groups are ready. A taken
 # validation group's payload key gets an expiry (the store deletes it once read; the expiry covers a crash).
 SAMPLE = """
 local step, n, max_age, need = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local val, rid = ARGV[5] == '1', ARGV[8]
+local function ref(f) return {f.pk, f.gid, f.target, f.minv, f.maxv, f.val, f.size} end
 -- A retry of a call whose answer was lost in transit gets the same groups again, not more (exactly-once training).
 if rid ~= '' and not val then
   local again = {0, 0}
@@ -224,7 +248,7 @@ if rid ~= '' and not val then
     local t = fields(e[2])
     if t.rid == rid and tonumber(t.step) == step then
       local f = entry(K_TRAJ, t.tid)
-      if f then again[#again + 1] = f.pk end
+      if f then again[#again + 1] = ref(f) end
     end
   end
   if #again > 2 then
@@ -265,7 +289,7 @@ local function take(tid, f)
     redis.call('HINCRBY', K_AGE, step - tonumber(f.minv), 1)
   end
   incr('sampled', 1)
-  out[#out + 1] = f.pk
+  out[#out + 1] = ref(f)
 end
 -- Lowest min_version first (oldest weights first); ties in stream-id order, i.e. submission order.
 for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, n - 1)) do
@@ -282,110 +306,8 @@ end
 return out
 """
 
-# ARGV: resume_step, weight_version. Returns {epoch, returned, retargeted, committed, requeued}.
-BEGIN_RUN = """
-local r, w = tonumber(ARGV[1]), tonumber(ARGV[2])
-local epoch = redis.call('HINCRBY', K_RUN, 'epoch', 1)
-redis.call('HSET', K_RUN, 'floor', r, 'step', r, 'version', w, 'resume_version', w)
-local returned, committed, requeued, retargeted = 0, 0, 0, 0
--- Steps < r are in the checkpoint the trainer resumed from (committed); steps >= r were trained by a trainer that
--- died before checkpointing them: they go back to the store, to be trained exactly once.
-for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
-  local f = fields(e[2])
-  redis.call('XDEL', K_TRAINED, e[1])
-  if tonumber(f.step) < r then
-    local t = entry(K_TRAJ, f.tid)
-    if t then redis.call('DEL', t.pk) end
-    redis.call('XDEL', K_TRAJ, f.tid)
-    committed = committed + 1
-  else
-    local t = entry(K_TRAJ, f.tid)
-    if t then
-      redis.call('ZADD', K_READY, t.minv, f.tid)
-      redis.call('HSET', K_STATUS, f.gid, 'scored')
-      returned = returned + 1
-    end
-  end
-end
--- Scored groups with tokens newer than the resumed weights came from a timeline that no longer exists: their
--- prompts are leased again (from the prompt bytes kept with the header; the scored bytes go).
-for _, zkey in ipairs({K_READY, K_READY_VAL}) do
-  for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, -1)) do
-    local f = entry(K_TRAJ, tid)
-    if f and tonumber(f.maxv) > w then
-      redis.call('XADD', K_PROMPTS, '*', 'gid', f.gid, 'target', f.target, 'val', f.val, 'kind', f.pkind,
-                 'data', f.prompt)
-      redis.call('DEL', f.pk)
-      redis.call('ZREM', zkey, tid)
-      redis.call('XDEL', K_TRAJ, tid)
-      redis.call('HSET', K_STATUS, f.gid, 'enqueued')
-      requeued = requeued + 1
-    end
-  end
-end
-for _, e in ipairs(redis.call('XRANGE', K_PROMPTS, '-', '+')) do
-  if tonumber(fields(e[2]).target) < r then retargeted = retargeted + 1 end
-end
-incr('sampled', -returned)
-incr('returned_on_resume', returned)
-incr('committed', committed)
-incr('requeued', requeued)
-if committed > 0 and r - 1 > run_int('committed_step') then redis.call('HSET', K_RUN, 'committed_step', r - 1) end
-return {epoch, returned, retargeted, committed, requeued}
-"""
+# The run's lifecycle (BeginRun, CommitStep, PublishVersion) and the accounting check: scripts_run.py.
+from services.replay_buffer.scripts_run import ACCOUNTING, BEGIN_RUN, COMMIT, PUBLISH  # noqa: E402
 
-# ARGV: step, epoch. Returns committed count, or -1 on an epoch mismatch.
-COMMIT = """
-if tonumber(ARGV[2]) ~= run_int('epoch') then return -1 end
-local s, n = tonumber(ARGV[1]), 0
-for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
-  local f = fields(e[2])
-  if tonumber(f.step) <= s then
-    local t = entry(K_TRAJ, f.tid)
-    if t then redis.call('DEL', t.pk) end
-    redis.call('XDEL', K_TRAJ, f.tid)
-    redis.call('XDEL', K_TRAINED, e[1])
-    n = n + 1
-  end
-end
-incr('committed', n)
-if s > run_int('committed_step') then redis.call('HSET', K_RUN, 'committed_step', s) end
-return n
-"""
-
-# ARGV: version, epoch, step. Returns the current epoch (the caller compares).
-PUBLISH = """
-local epoch = run_int('epoch')
-if tonumber(ARGV[2]) == epoch then redis.call('HSET', K_RUN, 'version', ARGV[1], 'step', ARGV[3]) end
-return epoch
-"""
-
-# ARGV: group, pool. Returns {state counts..., structure sizes...} as a flat name/value list.
-ACCOUNTING = """
-local c = {enqueued = 0, leased = 0, scored = 0, sampled = 0, dead = 0, other = 0}
-local flat = redis.call('HGETALL', K_STATUS)
-for i = 2, #flat, 2 do
-  local s = flat[i]
-  local k = string.match(s, '^(%a+)')
-  if c[k] == nil then k = 'other' end
-  c[k] = c[k] + 1
-end
-local pel, pool = 0, 0
-local summary = redis.call('XPENDING', K_PROMPTS, ARGV[1])
-pel = summary[1]
-for _, row in ipairs(summary[4] or {}) do
-  if row[1] == ARGV[2] then pool = tonumber(row[2]) end
-end
-local out = {}
-for k, v in pairs(c) do out[#out + 1] = 'state:' .. k; out[#out + 1] = v end
-local sizes = {
-  prompts = redis.call('XLEN', K_PROMPTS), pel = pel, pool = pool, ready = redis.call('ZCARD', K_READY),
-  ready_val = redis.call('ZCARD', K_READY_VAL), traj = redis.call('XLEN', K_TRAJ),
-  trained = redis.call('XLEN', K_TRAINED), dead = redis.call('XLEN', K_DEAD),
-  c_enqueued = tonumber(redis.call('HGET', K_COUNTERS, 'enqueued') or '0'),
-  c_sampled = tonumber(redis.call('HGET', K_COUNTERS, 'sampled') or '0'),
-  c_dead = tonumber(redis.call('HGET', K_COUNTERS, 'dead_lettered') or '0'),
-}
-for k, v in pairs(sizes) do out[#out + 1] = k; out[#out + 1] = v end
-return out
-"""
+__all__ = ["PRELUDE", "ENQUEUE", "LEASE", "RECLAIM", "RELEASE", "SUBMIT", "SAMPLE", "BEGIN_RUN", "COMMIT", "PUBLISH",
+           "ACCOUNTING"]

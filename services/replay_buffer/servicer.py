@@ -1,6 +1,7 @@
 """The `grpofleet.v1.ReplayBuffer` servicer: validates requests and converts protobuf to the store's plain types.
-Scored groups stay bytes: SubmitGroup reads the header, Sample frames the stored bytes
-(fleet/contracts/scored_group.py).
+Scored groups do not pass through: a submit names the payload key its worker wrote (checked to be that group's,
+fleet/contracts/buffer.py), a sample answers with headers and payload keys. Only an inline submit carries bytes,
+checked against its header at the payload's top level (fleet/contracts/scored_group.py).
 
 Proto messages stop here; the rules live in store.py / policy.py. Errors are domain errors (services.runtime), which
 the runtime's interceptor maps to status codes.
@@ -16,8 +17,9 @@ from google.protobuf import message_factory
 from grpc import aio
 
 from fleet.contracts import scored_group
+from fleet.contracts.buffer import check_payload_key
 from grpofleet.v1 import replay_buffer_pb2 as pb
-from services.replay_buffer.models import PromptIn, ScoredIn, StoreStats, WorkerRecord
+from services.replay_buffer.models import PromptIn, ScoredIn, StoreStats, SubmitResult, WorkerRecord
 from services.replay_buffer.store import ReplayStore
 from services.runtime.errors import InvalidArgument
 
@@ -44,17 +46,31 @@ def _check_non_negative(value: int, name: str) -> None:
     _require(value >= 0, f"{name} must be >= 0, got {value}")
 
 
-def _check_header(h: pb.ScoredGroupHeader, payload: bytes) -> None:
-    """The header is what the rules read; the payload is checked against it at its top level only
-    (fleet/contracts/scored_group.py), so the trajectories are never decoded here."""
-    _check_id(h.group_id, "header.group_id")
-    _check_non_negative(h.target_step, "header.target_step")
-    _check_non_negative(h.min_version, "header.min_version")
-    _require(h.max_version >= h.min_version, "header.max_version must be >= header.min_version")
+def _check_header(h: pb.ScoredGroupHeader, where: str = "header") -> None:
+    _check_id(h.group_id, f"{where}.group_id")
+    _check_non_negative(h.target_step, f"{where}.target_step")
+    _check_non_negative(h.min_version, f"{where}.min_version")
+    _require(h.max_version >= h.min_version, f"{where}.max_version must be >= {where}.min_version")
+
+
+def _check_inline(h: pb.ScoredGroupHeader, payload: bytes) -> None:
+    """An inline payload is checked against its header at its top level only (fleet/contracts/scored_group.py), so
+    the trajectories are never decoded here."""
     try:
         scored_group.check_payload(h, payload)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
+
+
+def _by_key(h: pb.ScoredGroupHeader, key: str, prefix: str, where: str = "") -> ScoredIn:
+    """A submit that names its payload key: the key must be one of this group's (a client never names another
+    key the buffer keeps), and the header says how many bytes it holds (the submit script checks)."""
+    try:
+        check_payload_key(prefix, h.group_id, key)
+    except ValueError as exc:
+        raise InvalidArgument(f"{where}{exc}") from None
+    _require(h.payload_bytes > 0, f"{where}header.payload_bytes must be > 0 with a payload_key")
+    return ScoredIn(h.group_id, h.target_step, h.min_version, h.max_version, b"", h.validation, key, h.payload_bytes)
 
 
 def _worker_record(w: pb.WorkerInfo) -> WorkerRecord:
@@ -116,12 +132,31 @@ class ReplayBufferServicer:
     async def SubmitGroup(self, request: pb.SubmitGroupRequest, context: Any) -> pb.SubmitGroupResponse:
         _check_worker_id(request.worker_id, "worker_id")
         _check_id(request.lease_id, "lease_id")
-        _require(request.HasField("header") and bool(request.scored_group), "header and scored_group must be set")
-        h, payload = request.header, request.scored_group
-        _check_header(h, payload)
-        scored = ScoredIn(h.group_id, h.target_step, h.min_version, h.max_version, payload, h.validation)
-        res = await self.store.submit(request.lease_id, scored)
-        return pb.SubmitGroupResponse(duplicate=res.duplicate, dead_lettered=res.dead_lettered, requeued=res.requeued)
+        which = request.WhichOneof("payload")
+        _require(request.HasField("header") and which is not None, "header must be set, and payload_key or scored_group must be set")
+        h = request.header
+        _check_header(h)
+        if which == "scored_group":
+            _check_inline(h, request.scored_group)
+            scored = ScoredIn(h.group_id, h.target_step, h.min_version, h.max_version, request.scored_group,
+                              h.validation)
+        else:
+            scored = _by_key(h, request.payload_key, self.store.settings.prefix)
+        return _submit_response(await self.store.submit(request.lease_id, scored))
+
+    async def SubmitGroups(self, request: pb.SubmitGroupsRequest, context: Any) -> pb.SubmitGroupsResponse:
+        _check_worker_id(request.worker_id, "worker_id")
+        items: list[tuple[str, ScoredIn]] = []
+        for i, g in enumerate(request.groups):  # every header checked before any group is applied
+            _check_id(g.lease_id, f"groups[{i}].lease_id")
+            _require(g.HasField("header"), f"groups[{i}].header must be set")
+            _check_header(g.header, f"groups[{i}].header")
+            items.append((g.lease_id, _by_key(g.header, g.payload_key, self.store.settings.prefix, f"groups[{i}]: ")))
+        results = await self.store.submit_many(items) if items else []
+        for i, r in enumerate(results):
+            if isinstance(r, Exception):  # the others were applied: a retry of this call answers them duplicate
+                raise type(r)(f"groups[{i}] (group {items[i][1].group_id}): {r}")
+        return pb.SubmitGroupsResponse(results=[_submit_response(r) for r in results if isinstance(r, SubmitResult)])
 
     async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: Any) -> pb.ReleaseLeaseResponse:
         _check_worker_id(request.worker_id, "worker_id")
@@ -130,7 +165,7 @@ class ReplayBufferServicer:
         await self.store.release(request.lease_id, dead_letter=request.dead_letter, detail=request.reason)
         return pb.ReleaseLeaseResponse()
 
-    async def Sample(self, request: pb.SampleRequest, context: Any) -> bytes:
+    async def Sample(self, request: pb.SampleRequest, context: Any) -> pb.SampleResponse:
         _check_non_negative(request.step, "step")
         _require(request.num_groups >= 1, f"num_groups must be >= 1, got {request.num_groups}")
         _check_non_negative(request.deadline_ms, "deadline_ms")
@@ -149,7 +184,13 @@ class ReplayBufferServicer:
                 reason=s.reason, prompts_pending=s.prompts_pending, leases_outstanding=s.leases_outstanding,
                 live_workers=s.live_workers, evicted_now=s.evicted_now, waited_s=s.waited_s,
             )  # fmt: skip
-        return scored_group.encode_sample(res.payloads, starvation)
+        groups = [
+            pb.SampledGroup(group_id=g.group_id, target_step=g.target_step, min_version=g.min_version,
+                            max_version=g.max_version, validation=g.validation, payload_bytes=g.size,
+                            payload_key=g.payload_key)
+            for g in res.groups
+        ]
+        return pb.SampleResponse(groups=groups, starvation=starvation)
 
     async def BeginRun(self, request: pb.BeginRunRequest, context: Any) -> pb.BeginRunResponse:
         _check_non_negative(request.resume_step, "resume_step")
@@ -193,6 +234,10 @@ class ReplayBufferServicer:
         return stats_message(await self.store.stats(), self.store.settings.max_age)
 
 
+def _submit_response(r: SubmitResult) -> pb.SubmitGroupResponse:
+    return pb.SubmitGroupResponse(duplicate=r.duplicate, dead_lettered=r.dead_lettered, requeued=r.requeued)
+
+
 def stats_message(s: StoreStats, max_age: int) -> pb.StatsResponse:
     c = s.counters
     return pb.StatsResponse(
@@ -219,17 +264,14 @@ def stats_message(s: StoreStats, max_age: int) -> pb.StatsResponse:
 
 
 def add_to_server(servicer: ReplayBufferServicer, server: aio.Server) -> None:
-    """Register every RPC of the service descriptor (a method missing from the servicer fails here, at start-up),
-    with Sample's answer framed from stored bytes by fleet/contracts/scored_group.py (the generated
-    `add_..._to_server` would want a message)."""
+    """Register every RPC of the service descriptor (a method missing from the servicer fails here, at start-up)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["ReplayBuffer"].methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
-        deserialize: Any = request_cls.FromString
-        serialize: Any = scored_group.serialize_sample if method.name == "Sample" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name), request_deserializer=deserialize, response_serializer=serialize
-        )
+            getattr(servicer, method.name), request_deserializer=request_cls.FromString,
+            response_serializer=response_cls.SerializeToString,
+        )  # fmt: skip
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

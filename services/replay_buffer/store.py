@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import uuid
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from fleet.contracts.buffer import Starvation
+from fleet.contracts.buffer import Starvation, payload_key
 from services.replay_buffer import policy, scripts
 from services.replay_buffer.models import (
     POOL_CONSUMER,
@@ -28,6 +27,7 @@ from services.replay_buffer.models import (
     LeaseResult,
     PromptIn,
     RunInfo,
+    SampledRef,
     SampleResult,
     ScoredIn,
     StoreSettings,
@@ -44,8 +44,8 @@ _POOL_WINDOW = 256
 _RECLAIM_PAGE = 256
 # A Sample waiting for groups wakes on every local submit; this bounds the wait for changes made elsewhere.
 _SAMPLE_POLL_S = 0.5
-# A submitted payload is written before the submit script decides its fate (kept, or deleted); the expiry frees it
-# should this process die in between.
+# An inline payload is written before the submit script decides its fate (kept, or deleted); the expiry frees it
+# should this process die in between (a worker's own writes use fleet.contracts.buffer.payload_ttl_ms).
 _PAYLOAD_TTL_MS = 600_000
 
 _SCRIPTS = (
@@ -158,25 +158,55 @@ class ReplayStore:
         return out
 
     async def submit(self, lease_id: str, group: ScoredIn) -> SubmitResult:
-        entry_id, lease_epoch = self._lease(lease_id)
-        g = group
-        # The bytes go to Redis once, as a plain string (no Lua copy); the script below only keeps or deletes them.
-        pk = self.keys.payload(uuid.uuid4().hex)
-        await self.redis.set(pk, g.payload, px=_PAYLOAD_TTL_MS)
-        outcome, detail = await self._run(
-            "submit", WORKERS_GROUP, POOL_CONSUMER, entry_id, lease_epoch, g.group_id, g.target_step,
-            g.min_version, g.max_version, int(g.validation), pk, self.settings.max_age, now_ms(), len(g.payload),
-        )  # fmt: skip
-        outcome, detail = _s(outcome), _s(detail)
+        """Submit one group (its payload key written by the caller, or its bytes inline); raises its refusal."""
+        (out,) = await self.submit_many([(lease_id, group)])
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    async def submit_many(self, items: list[tuple[str, ScoredIn]]) -> list[SubmitResult | Exception]:
+        """Submit several groups in one script call (one Redis round trip), each judged alone: a refusal is returned
+        in its place (NotFound / InvalidArgument / FailedPrecondition), the others are applied."""
+        parsed = [self._lease(lease_id) for lease_id, _ in items]
+        keys = await self._payload_keys([g for _, g in items])
+        args: list[Any] = [WORKERS_GROUP, POOL_CONSUMER, self.settings.max_age, now_ms()]
+        for (entry_id, lease_epoch), (_, g), key in zip(parsed, items, keys, strict=True):
+            args += [entry_id, lease_epoch, g.group_id, g.target_step, g.min_version, g.max_version,
+                     int(g.validation), key, g.size or len(g.payload)]
+        flat = await self._run("submit", *args)
+        outcomes = [(_s(flat[i]), _s(flat[i + 1])) for i in range(0, len(flat), 2)]
+        stored = sum(outcome == "ok" for outcome, _ in outcomes)
+        if stored:
+            self._notify(stored)
+        return [self._submit_outcome(lease_id, g, *o) for (lease_id, g), o in zip(items, outcomes, strict=True)]
+
+    async def _payload_keys(self, groups: list[ScoredIn]) -> list[str]:
+        """The payload key of each group. An inline submit's bytes go to Redis here, once, as a plain string under a
+        key of the store's own (no Lua copy), with an expiry; the submit script then keeps or deletes the key."""
+        keys = [payload_key(self.settings.prefix, g.group_id) if g.payload else g.payload_key for g in groups]
+        inline = [(k, g.payload) for k, g in zip(keys, groups, strict=True) if g.payload]
+        if inline:
+            pipe = self.redis.pipeline(transaction=False)
+            for k, data in inline:
+                pipe.set(k, data, px=_PAYLOAD_TTL_MS)
+            await pipe.execute()
+        return keys
+
+    @staticmethod
+    def _submit_outcome(lease_id: str, g: ScoredIn, outcome: str, detail: str) -> SubmitResult | Exception:
         if outcome == "unknown_group":
-            raise NotFound(f"group {g.group_id!r} was never enqueued")
+            return NotFound(f"group {g.group_id!r} was never enqueued")
         if outcome == "unknown_lease":
-            raise NotFound(f"lease {lease_id!r} was never granted for group {g.group_id!r}")
+            return NotFound(f"lease {lease_id!r} was never granted for group {g.group_id!r}")
         if outcome == "mismatch":
-            raise InvalidArgument(f"lease {lease_id!r} is for group {detail!r}, not {g.group_id!r}")
-        if outcome == "ok":
-            self._notify()
-        elif outcome == "dead":
+            return InvalidArgument(f"lease {lease_id!r} is for group {detail!r}, not {g.group_id!r}")
+        if outcome == "payload_missing":
+            return FailedPrecondition(f"payload key {g.payload_key!r} of group {g.group_id!r} holds nothing (never "
+                                      "written, or expired before this submit): write it again and resubmit")
+        if outcome == "payload_size":
+            return InvalidArgument(f"payload key {g.payload_key!r} holds {detail} bytes, header.payload_bytes says "
+                                   f"{g.size}")
+        if outcome == "dead":
             log.info("group %s dead-lettered on submit (stale_on_submit, min_version %d)", g.group_id, g.min_version)
         return SubmitResult(
             duplicate=outcome == "duplicate", dead_lettered=outcome == "dead", requeued=outcome == "requeued"
@@ -205,7 +235,7 @@ class ReplayStore:
         (for this step, not yet committed) returns the groups that call took."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        evicted, available, taken = 0, 0, []
+        evicted, available, taken = 0, 0, list[SampledRef]()
         while True:
             seen = self._arrivals  # read before looking, so a submit landing meanwhile is counted
             left = start + deadline_s - loop.time()
@@ -215,34 +245,18 @@ class ReplayStore:
                 self.settings.max_response_bytes, request_id,
             )  # fmt: skip
             evicted += int(out[0])
-            available, taken = int(out[1]), [_s(k) for k in out[2:]]
+            available, taken = int(out[1]), [_ref(row) for row in out[2:]]
             if taken or left <= 0:
                 break
             await self._wait_for_arrivals(seen + num_groups - available, start + deadline_s)
         if evicted:
             log.info("step %d: dead-lettered %d groups older than %d steps", step, evicted, self.settings.max_age)
-        payloads = await self._payloads(taken, delete=validation)
-        if len(payloads) >= num_groups:
-            return SampleResult(payloads)
+        if len(taken) >= num_groups:
+            return SampleResult(taken)
         starving = await self._starvation(evicted, loop.time() - start)
-        if payloads and available >= num_groups:  # enough were ready; the answer hit the message size limit
+        if taken and available >= num_groups:  # enough were ready; the answer hit the message size limit
             starving = dataclasses.replace(starving, reason="max_message_size")
-        return SampleResult(payloads, starving)
-
-    async def _payloads(self, keys: list[str], *, delete: bool) -> list[bytes]:
-        """The stored bytes of the groups a sample took, in order (validation groups are then deleted: they are not
-        kept for a resume)."""
-        if not keys:
-            return []
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.mget(keys)
-        if delete:
-            pipe.delete(*keys)
-        values = (await pipe.execute())[0]
-        missing = [k for k, v in zip(keys, values, strict=True) if v is None]
-        if missing:  # deleted behind the buffer's back; the accounting check cannot see payload keys
-            log.error("sampled groups whose payload is gone (not served): %s", missing)
-        return [bytes(v) for v in values if v is not None]
+        return SampleResult(taken, starving)
 
     async def _wait_for_arrivals(self, target: int, deadline: float) -> None:
         """Sleep until this process has stored `target` groups in all (so that enough could be ready: looking earlier
@@ -365,6 +379,11 @@ class ReplayStore:
         acc = Accounting(by_state=st, structures=sz)
         acc.violations = [f"{msg}: states={st} sizes={sz}" for ok, msg in checks if not ok]
         return acc
+
+
+def _ref(row: list[Any]) -> SampledRef:
+    pk, gid, target, minv, maxv, val, size = (_s(v) for v in row)
+    return SampledRef(gid, int(target), int(minv), int(maxv), val == "1", int(size), pk)
 
 
 def _outstanding(summary: Any) -> int:

@@ -57,10 +57,11 @@ class Running:
     app: ReplayBufferApp
     cfg: MasterConfig
     address: str
+    redis_url: str
     clients: list[Client] = field(default_factory=list)
 
     def client(self, token: str | None = None) -> Client:
-        c = Client(self.address, self.cfg, token)
+        c = Client(self.address, self.cfg, token, redis_url=self.redis_url)
         self.clients.append(c)
         return c
 
@@ -79,7 +80,7 @@ async def buffer(redis_server: EmbeddedRedis) -> AsyncIterator[Callable[..., Awa
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        running = Running(app, cfg, app.service.address)
+        running = Running(app, cfg, app.service.address, redis_server.url)
         started.append((running, stop, task))
         return running
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.asyncio import Redis
+
 from fleet.config import MasterConfig
 from fleet.contracts import scored_group
+from fleet.contracts.buffer import payload_key
 from grpofleet.v1 import common_pb2, replay_buffer_pb2_grpc
 from grpofleet.v1 import replay_buffer_pb2 as pb
 from services.runtime.client import make_channel
@@ -14,11 +17,16 @@ RPC_TIMEOUT_S = 10.0
 
 
 class Client:
-    """One channel and stub; `call("Stats")` or `call("Sample", step=0, ...)` with a deadline on every call."""
+    """One channel and stub; `call("Stats")` or `call("Sample", step=0, ...)` with a deadline on every call. With
+    `redis_url`, also the data plane: `submit` writes payload keys (as the fleet's workers do) and `groups_of` reads
+    them (as the trainer does); the key prefix is the buffer's (`redis.key_prefix` of `cfg`, or `prefix`)."""
 
-    def __init__(self, address: str, cfg: MasterConfig, token: str | None = None) -> None:
+    def __init__(self, address: str, cfg: MasterConfig, token: str | None = None, *, redis_url: str = "",
+                 prefix: str | None = None) -> None:
         self.channel = make_channel(address, cfg.services, token=token)
         self.stub = replay_buffer_pb2_grpc.ReplayBufferStub(self.channel)
+        self.redis = Redis.from_url(redis_url) if redis_url else None
+        self.prefix = prefix or cfg.redis.key_prefix
 
     async def call(self, method: str, request: Any = None, rpc_deadline_s: float = RPC_TIMEOUT_S, **fields: Any) -> Any:
         if request is None:
@@ -27,6 +35,8 @@ class Client:
 
     async def close(self) -> None:
         await self.channel.close()
+        if self.redis is not None:
+            await self.redis.aclose()
 
 
 def prompt(gid: str, target: int = 0, *, validation: bool = False, generations: int = 2) -> common_pb2.PromptGroup:
@@ -65,18 +75,26 @@ async def lease(client: Any, wid: str, version: int, epoch: int, n: int = 10) ->
     return await client.call("LeasePrompts", worker_id=wid, weight_version=version, weight_epoch=epoch, max_groups=n)
 
 
-async def submit(client: Any, wid: str, lease_id: str, group: Any) -> Any:
+async def submit(client: Any, wid: str, lease_id: str, group: Any, *, inline: bool = False) -> Any:
     """Header filled from the group and the group serialized, without the worker-side checks of
-    `scored_group.submit_request`: what the service itself accepts or refuses is what these tests check."""
-    return await client.call(
-        "SubmitGroup", worker_id=wid, lease_id=lease_id, header=scored_group.header_of(group),
-        scored_group=group.SerializeToString(),
-    )  # fmt: skip
+    `scored_group.encode`: what the service itself accepts or refuses is what these tests check. The bytes go to a
+    payload key first (the fleet's path) when the client reaches Redis, else (or with `inline`) in the call."""
+    header = scored_group.header_of(group)
+    data = group.SerializeToString()
+    if inline or client.redis is None:
+        return await client.call("SubmitGroup", worker_id=wid, lease_id=lease_id, header=header, scored_group=data)
+    key = payload_key(client.prefix, header.group_id)
+    await client.redis.set(key, data, px=600_000)
+    header.payload_bytes = len(data)
+    return await client.call("SubmitGroup", worker_id=wid, lease_id=lease_id, header=header, payload_key=key)
 
 
-def groups_of(reply: pb.SampleResponse) -> list[common_pb2.ScoredGroup]:
-    """The scored groups of a Sample answer (bytes as the workers submitted them)."""
-    return [common_pb2.ScoredGroup.FromString(b) for b in reply.scored_groups]
+async def groups_of(client: Any, reply: pb.SampleResponse) -> list[common_pb2.ScoredGroup]:
+    """The scored groups of a Sample answer, read from the payload keys it names (bytes as the workers wrote them)."""
+    keys = [g.payload_key for g in reply.groups]
+    values = await client.redis.mget(keys) if keys else []
+    assert all(v is not None for v in values), "a sampled group's payload key is gone"
+    return [common_pb2.ScoredGroup.FromString(v) for v in values]
 
 
 def invariant_holds(s: pb.StatsResponse) -> bool:

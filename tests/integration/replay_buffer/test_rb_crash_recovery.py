@@ -41,7 +41,7 @@ async def _mid_run(c: Client) -> tuple[int, list, set[str]]:  # type: ignore[typ
     leases = list((await lease(c, "w1", 0, epoch, 4)).leases)
     for x in leases[:2]:
         await submit(c, "w1", x.lease_id, scored(x.group, 0))
-    sampled = {g.prompt.group_id for g in groups_of(await c.call("Sample", step=0, num_groups=1))}
+    sampled = {g.prompt.group_id for g in await groups_of(c, await c.call("Sample", step=0, num_groups=1))}
     assert len(sampled) == 1
     return epoch, leases[2:], sampled
 
@@ -55,7 +55,7 @@ async def _finish(c: Client, epoch: int, outstanding: list, sampled: set[str]) -
     for x in (await lease(c, "w1", 0, epoch)).leases:
         await submit(c, "w1", x.lease_id, scored(x.group, 0))
     reply = await c.call("Sample", step=0, num_groups=6, deadline_ms=2000, min_groups=1)
-    later = [g.prompt.group_id for g in groups_of(reply)]
+    later = [g.prompt.group_id for g in await groups_of(c, reply)]
     assert len(later) == len(set(later)) == 5 and not set(later) & sampled
     stats = await c.call("Stats")
     assert (stats.enqueued, stats.sampled, stats.prompts_pending, stats.groups_ready) == (6, 6, 0, 0)
@@ -75,7 +75,8 @@ async def test_service_sigkilled_and_restarted_loses_nothing(spawn, tmp_path: Pa
     prefix, run_dir = _prefix(), tmp_path / "run"
     args = (f"run.dir={run_dir}", f"redis.key_prefix={prefix}", LONG_LEASES)  # embedded Redis in the run directory
     first = spawn(*args)
-    c = Client(first.address, CFG)
+    data_plane = {"redis_url": f"unix://{socket_path_for((run_dir / 'redis').resolve())}", "prefix": prefix}
+    c = Client(first.address, CFG, **data_plane)
     try:
         epoch, outstanding, sampled = await _mid_run(c)
         before = await c.call("Stats")
@@ -84,7 +85,7 @@ async def test_service_sigkilled_and_restarted_loses_nothing(spawn, tmp_path: Pa
     first.signal(signal.SIGKILL)
     first.proc.wait(10)
     second = spawn(*args)
-    c = Client(second.address, CFG)
+    c = Client(second.address, CFG, **data_plane)
     try:
         after = await c.call("Stats")
         assert [getattr(after, f) for f in DURABLE] == [getattr(before, f) for f in DURABLE]
@@ -99,7 +100,7 @@ async def test_redis_restarted_from_its_aof_loses_no_acknowledged_group(spawn, t
     url, redis = start_embedded_redis(tmp_path / "redis")
     try:
         svc = spawn(f"redis.url={url}", f"redis.key_prefix={prefix}", LONG_LEASES)
-        c = Client(svc.address, CFG)
+        c = Client(svc.address, CFG, redis_url=url, prefix=prefix)
         try:
             epoch, outstanding, sampled = await _mid_run(c)
             before = await c.call("Stats")

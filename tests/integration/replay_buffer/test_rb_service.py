@@ -31,7 +31,7 @@ async def test_lease_submit_sample_round_trip(buffer) -> None:
         assert (await submit(c, "w1", x.lease_id, sent[x.group.group_id])) == pb.SubmitGroupResponse()
     assert (await submit(c, "w1", leases[0].lease_id, sent["g0"])).duplicate
     reply = await c.call("Sample", step=0, num_groups=3, deadline_ms=1000)
-    assert list(groups_of(reply)) == [sent["g0"], sent["g1"], sent["g2"]]  # whole groups, byte for byte
+    assert list(await groups_of(c, reply)) == [sent["g0"], sent["g1"], sent["g2"]]  # whole groups, byte for byte
     assert not reply.HasField("starvation")
     stats = await c.call("Stats")
     assert (stats.enqueued, stats.duplicates, stats.submitted, stats.sampled, stats.epoch) == (3, 1, 3, 3, epoch)
@@ -66,7 +66,7 @@ async def test_groups_past_the_bound_are_dead_lettered_with_reason(buffer) -> No
     await submit(c, "w1", lo.lease_id, scored(lo.group, 0))
     await submit(c, "w1", lf.lease_id, scored(lf.group, 1, newest=2))
     reply = await c.call("Sample", step=2, num_groups=2, deadline_ms=0)
-    assert [g.prompt.group_id for g in groups_of(reply)] == ["fresh"]
+    assert [g.prompt.group_id for g in await groups_of(c, reply)] == ["fresh"]
     assert (reply.starvation.reason, reply.starvation.evicted_now) == ("generating", 1)
     await c.call("PublishVersion", version=3, epoch=epoch, step=3)
     assert (await submit(c, "w1", ll.lease_id, scored(ll.group, 1))).dead_lettered
@@ -92,7 +92,7 @@ async def test_lease_of_a_worker_that_never_submits_is_reclaimed_and_trained_onc
     await submit(c, "w2", second.lease_id, scored(second.group, 0))
     assert (await submit(c, "doomed", first.lease_id, scored(first.group, 0))).duplicate
     reply = await c.call("Sample", step=0, num_groups=2, deadline_ms=300, min_groups=1)
-    assert [g.prompt.group_id for g in groups_of(reply)] == ["g"]
+    assert [g.prompt.group_id for g in await groups_of(c, reply)] == ["g"]
     stats = await c.call("Stats")
     assert (stats.reclaimed, stats.submitted, stats.sampled, stats.leases_outstanding) == (1, 1, 1, 0)
     assert (await rb.app.store.accounting()).ok
@@ -107,14 +107,14 @@ async def test_begin_run_returns_sampled_groups_the_checkpoint_did_not_commit(bu
         await c.call("PublishVersion", version=step, epoch=epoch, step=step)
         (x,) = (await lease(c, "w1", step, epoch, 1)).leases
         await submit(c, "w1", x.lease_id, scored(x.group, step))
-        assert len(groups_of(await c.call("Sample", step=step, num_groups=1, deadline_ms=1000))) == 1
+        assert len(await groups_of(c, await c.call("Sample", step=step, num_groups=1, deadline_ms=1000))) == 1
         if step == 0:
             assert (await c.call("CommitStep", step=0, epoch=epoch)).committed_groups == 1
     # Crash after training step 2; the checkpoint holds step 1. Step 2's group must be trained again, once.
     resumed = await c.call("BeginRun", resume_step=2, weight_version=2)
     assert (resumed.epoch, resumed.returned_groups, resumed.committed_groups) == (epoch + 1, 1, 1)
     reply = await c.call("Sample", step=2, num_groups=1, deadline_ms=0)
-    assert [g.prompt.group_id for g in groups_of(reply)] == ["s2"]
+    assert [g.prompt.group_id for g in await groups_of(c, reply)] == ["s2"]
     stats = await c.call("Stats")
     assert (stats.returned_on_resume, stats.sampled, stats.uncommitted_groups, stats.min_target_step) == (1, 3, 1, 2)
     with pytest.raises(aio.AioRpcError) as err:  # the dead trainer's epoch is over
@@ -129,9 +129,9 @@ async def test_validation_groups_are_sampled_only_for_validation(buffer) -> None
     epoch = await begin(c, "w1")
     for x in (await lease(c, "w1", 0, epoch)).leases:
         await submit(c, "w1", x.lease_id, scored(x.group, 0))
-    assert [g.prompt.group_id for g in groups_of(await c.call("Sample", step=9, num_groups=5))] == []
+    assert [g.prompt.group_id for g in await groups_of(c, await c.call("Sample", step=9, num_groups=5))] == []
     val = await c.call("Sample", step=9, num_groups=5, validation=True)
-    assert [g.prompt.group_id for g in groups_of(val)] == ["v"]
+    assert [g.prompt.group_id for g in await groups_of(c, val)] == ["v"]
 
 
 async def test_worker_registry(buffer) -> None:
@@ -204,7 +204,7 @@ async def test_submit_of_a_broken_group_is_invalid(buffer) -> None:
     unaligned.trajectories[0].generation_logprobs.append(0.0)
     for bad, text in ((partial, "whole groups"), (lying, "< group.min_version"), (unaligned, "differ in length")):
         with pytest.raises(aio.AioRpcError) as err:
-            await submit(c, "w1", x.lease_id, bad)
+            await submit(c, "w1", x.lease_id, bad, inline=True)  # the buffer checks what it reads: inline bytes
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and text in (err.value.details() or "")
     with pytest.raises(aio.AioRpcError) as err:
         await submit(c, "w1", "not-a-lease", scored(x.group, 0))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.replay_buffer.models import PromptIn, ScoredIn, WorkerRecord
+from services.replay_buffer.models import PromptIn, SampleResult, ScoredIn, WorkerRecord
 from services.replay_buffer.store import ReplayStore
 
 
@@ -28,3 +28,14 @@ async def assert_accounting(store: ReplayStore) -> None:
     acc = await store.accounting()
     assert acc.ok, acc.violations
     assert acc.enqueued == acc.by_state["sampled"] + acc.pending + acc.by_state["dead"]
+
+
+async def read(store: ReplayStore, res: SampleResult) -> list[bytes]:
+    """The bytes of the groups a sample named, read from their payload keys, validation groups' then deleted (the
+    trainer's part: buffer_client.BufferClient.sample)."""
+    keys = res.payload_keys
+    values = await store.redis.mget(keys) if keys else []
+    if once := [g.payload_key for g in res.groups if g.validation]:
+        await store.redis.delete(*once)
+    assert all(v is not None for v in values), "a sampled group's payload key is gone"
+    return [bytes(v) for v in values]

@@ -1,6 +1,5 @@
-"""fleet/contracts/scored_group.py: the submit header agrees with the group bytes, the buffer's top-level check
-catches every disagreement without decoding trajectories, and the Sample framing is what the generated protobuf code
-produces."""
+"""fleet/contracts/scored_group.py: the submit header agrees with the group bytes, and the buffer's top-level check
+(inline submits) catches every disagreement without decoding trajectories."""
 
 from __future__ import annotations
 
@@ -106,21 +105,12 @@ def test_garbage_payload_is_refused_by_name() -> None:
         scored_group.check_payload(scored_group.header_of(group("a")), b"\x1a\xff\xff\xff")
 
 
-@pytest.mark.parametrize("starved", [False, True])
-def test_sample_framing_matches_the_generated_serializer(starved: bool) -> None:
-    groups = [group("a"), group("b", 5000), group("c", 0)]
-    starvation = pb.Starvation(reason="generating", prompts_pending=3, waited_s=1.5) if starved else None
-    payloads = [g.SerializeToString() for g in groups]
-    framed = scored_group.encode_sample(payloads, starvation)
-    expected = pb.SampleResponse(scored_groups=payloads, starvation=starvation)
-    assert framed == expected.SerializeToString()
-    assert pb.SampleResponse.FromString(framed) == expected
-    assert scored_group.serialize_sample(expected) == framed
-    assert [common_pb2.ScoredGroup.FromString(b) for b in expected.scored_groups] == groups
+def test_encode_fills_the_header_from_the_bytes_it_serialized() -> None:
+    g = group("a", 300)
+    header, data = scored_group.encode(g)
+    assert header.payload_bytes == len(data) and common_pb2.ScoredGroup.FromString(data) == g
+    scored_group.check_payload(header, data)  # what the buffer checks on an inline submit
 
-
-def test_empty_sample_answer() -> None:
-    assert scored_group.encode_sample([], None) == b""
 
 
 def test_prompt_of_a_requeued_group_is_its_prompt() -> None:

@@ -3,7 +3,7 @@ them (stored, sampled-but-uncommitted, dead-lettered), and no submit outcome lea
 
 from __future__ import annotations
 
-from rb_store_helpers import assert_accounting, prompts, scored, start_run
+from rb_store_helpers import assert_accounting, prompts, read, scored, start_run
 
 from services.replay_buffer.store import ReplayStore
 
@@ -26,7 +26,7 @@ async def test_each_stored_group_holds_its_bytes_once_until_its_step_is_committe
     assert [await store.redis.pttl(k) for k in held] == [-1, -1]  # kept: no expiry once stored
     traj = [f for _, f in await store.redis.xrange(store.keys.traj)]
     assert all(b"data" not in f and f[b"pk"].decode() in held for f in traj)  # the stream holds the header only
-    assert (await store.sample(0, 2, 0)).payloads == [b"scored:a", b"scored:b"]
+    assert await read(store, await store.sample(0, 2, 0)) == [b"scored:a", b"scored:b"]
     assert len(await _payload_keys(store)) == 2  # sampled, uncommitted: a resume would return them
     await store.commit_step(0, epoch)
     assert await _payload_keys(store) == {}
@@ -40,11 +40,11 @@ async def test_refused_requeued_and_validation_payloads_are_freed_dead_letters_k
     epoch = await start_run(store, "w")
     lv, lo, ln = (await store.lease("w", 0, epoch, 3)).leases
     await store.submit(lv.lease_id, scored("v", 0, validation=True))
-    assert (await store.sample(0, 1, 0, validation=True)).payloads == [b"scored:v"]
+    assert await read(store, await store.sample(0, 1, 0, validation=True)) == [b"scored:v"]
     await store.submit(lo.lease_id, scored("old", 0))
     await store.publish_version(3, epoch, 3)
     assert (await store.submit(ln.lease_id, scored("new", 0, 3))).dead_lettered  # stale_on_submit
-    assert (await store.sample(3, 1, 0)).payloads == []  # "old" is too old: dead-lettered
+    assert await read(store, await store.sample(3, 1, 0)) == []  # "old" is too old: dead-lettered
     assert sorted(await _payload_keys(store)) == sorted(r["pk"].decode() for r in await store.dead_letters())
     assert sorted(r["data"] for r in await store.dead_letters()) == [b"scored:new", b"scored:old"]
     await assert_accounting(store)

@@ -9,6 +9,7 @@ import itertools
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from rb_store_helpers import read
 from redis.asyncio import Redis
 
 from services.replay_buffer import policy
@@ -94,7 +95,7 @@ class BufferMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4), min_groups=st.integers(0, 2))
     def sample(self, n: int, min_groups: int) -> None:
         res = self.run(self.store.sample(self.step, n, 0, min(min_groups, n)))
-        for payload in res.payloads:
+        for payload in self.run(read(self.store, res)):
             gid, version = payload.decode().split("|")
             assert policy.within_age(self.step, int(version), MAX_AGE), (gid, version, self.step)
             assert gid not in self.trained, f"{gid} trained twice (steps {self.trained[gid]} and {self.step})"

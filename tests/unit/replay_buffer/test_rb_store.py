@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 
 import pytest
-from rb_store_helpers import assert_accounting, prompts, scored, start_run
+from rb_store_helpers import assert_accounting, prompts, read, scored, start_run
 
 from services.replay_buffer.models import WorkerRecord
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -77,7 +77,7 @@ async def test_round_trip_and_duplicate_submit_stores_once(make_store) -> None:
     stats = await store.stats()
     assert (stats.counters["submitted"], stats.groups_ready, stats.prompts_pending) == (1, 1, 0)
     res = await store.sample(0, 1, 0)
-    assert res.payloads == [b"scored:a"] and res.starvation is None
+    assert await read(store, res) == [b"scored:a"] and res.starvation is None
     assert (await store.stats()).age_histogram == {0: 1}
     await assert_accounting(store)
 
@@ -109,7 +109,7 @@ async def test_sample_returns_oldest_weights_first(make_store) -> None:
     leases = (await store.lease("w", 2, epoch, 3)).leases
     for lease, v in zip(leases, [2, 0, 1], strict=True):
         await store.submit(lease.lease_id, scored(lease.group_id, v))
-    assert (await store.sample(2, 3, 0)).payloads == [b"scored:b", b"scored:c", b"scored:a"]
+    assert await read(store, await store.sample(2, 3, 0)) == [b"scored:b", b"scored:c", b"scored:a"]
     assert (await store.stats()).age_histogram == {2: 1, 1: 1, 0: 1}
 
 
@@ -121,7 +121,7 @@ async def test_groups_beyond_the_age_bound_are_dead_lettered_not_sampled(make_st
     await store.submit(lo.lease_id, scored("old", 0))
     await store.submit(lk.lease_id, scored("ok", 1))
     res = await store.sample(2, 2, 0)
-    assert res.payloads == [b"scored:ok"]
+    assert await read(store, res) == [b"scored:ok"]
     assert res.starvation is not None and res.starvation.evicted_now == 1
     (fields,) = await store.dead_letters()
     assert fields["gid"] == b"old" and fields["reason"] == b"too_old" and fields["data"] == b"scored:old"
@@ -151,7 +151,7 @@ async def test_sample_waits_for_a_submit_and_wakes_at_once(make_store) -> None:
     assert not waiting.done()
     await store.submit(lease.lease_id, scored("a", 0))
     res = await asyncio.wait_for(waiting, 2.0)
-    assert res.payloads == [b"scored:a"]
+    assert await read(store, res) == [b"scored:a"]
 
 
 async def test_a_short_answer_says_why(make_store) -> None:
@@ -161,13 +161,13 @@ async def test_a_short_answer_says_why(make_store) -> None:
     la, _ = (await store.lease("w", 0, epoch, 2)).leases
     await store.submit(la.lease_id, scored("a", 0))
     res = await store.sample(0, 2, 0.05)
-    assert res.payloads == [b"scored:a"]
+    assert await read(store, res) == [b"scored:a"]
     s = res.starvation
     assert s is not None
     assert (s.reason, s.prompts_pending, s.leases_outstanding, s.live_workers) == ("generating", 1, 1, 1)
     assert s.waited_s >= 0.05
     empty = await (await make_store()).sample(0, 1, 0)
-    assert empty.payloads == [] and empty.starvation is not None and empty.starvation.reason == "no_prompts"
+    assert await read(store, empty) == [] and empty.starvation is not None and empty.starvation.reason == "no_prompts"
 
 
 async def test_min_groups_means_all_or_nothing_at_the_deadline(make_store) -> None:
@@ -176,8 +176,8 @@ async def test_min_groups_means_all_or_nothing_at_the_deadline(make_store) -> No
     epoch = await start_run(store, "w")
     la, _ = (await store.lease("w", 0, epoch, 2)).leases
     await store.submit(la.lease_id, scored("a", 0))
-    assert (await store.sample(0, 2, 0, min_groups=2)).payloads == []
-    assert (await store.sample(0, 2, 0, min_groups=1)).payloads == [b"scored:a"]
+    assert await read(store, await store.sample(0, 2, 0, min_groups=2)) == []
+    assert await read(store, await store.sample(0, 2, 0, min_groups=1)) == [b"scored:a"]
     await assert_accounting(store)
 
 
@@ -189,8 +189,8 @@ async def test_validation_groups_are_kept_apart_and_never_age_out(make_store) ->
     await store.submit(lv.lease_id, scored("v", 0, validation=True))
     await store.submit(lt.lease_id, scored("t", 0))
     assert (await store.stats()).validation_ready == 1
-    assert (await store.sample(0, 5, 0)).payloads == [b"scored:t"]
-    assert (await store.sample(50, 5, 0, validation=True)).payloads == [b"scored:v"]
+    assert await read(store, await store.sample(0, 5, 0)) == [b"scored:t"]
+    assert await read(store, await store.sample(50, 5, 0, validation=True)) == [b"scored:v"]
     stats = await store.stats()
     assert stats.dead_by_reason == {} and stats.uncommitted == 1  # validation groups are not kept for resume
     await assert_accounting(store)
@@ -209,7 +209,7 @@ async def test_expired_lease_is_reclaimed_and_leased_again_first(make_store) -> 
     await store.submit(again[0].lease_id, scored("a", 0))
     # The first holder was only slow: its late submit is a duplicate, the group is stored once.
     assert (await store.submit(first.lease_id, scored("a", 0))).duplicate
-    assert (await store.sample(0, 5, 0)).payloads == [b"scored:a"]
+    assert await read(store, await store.sample(0, 5, 0)) == [b"scored:a"]
     assert (await store.stats()).counters["reclaimed"] == 1
     await assert_accounting(store)
 
@@ -250,7 +250,7 @@ async def _sample_steps(store, epoch: int, steps: int) -> None:  # type: ignore[
         await store.publish_version(s, epoch, s)
         (lease,) = (await store.lease("w", max(s - 1, 0), epoch, 1)).leases
         await store.submit(lease.lease_id, scored(lease.group_id, max(s - 1, 0)))
-        assert (await store.sample(s, 1, 0)).payloads == [f"scored:g{s}".encode()]
+        assert await read(store, await store.sample(s, 1, 0)) == [f"scored:g{s}".encode()]
 
 
 async def test_begin_run_returns_groups_sampled_after_the_checkpoint(make_store) -> None:
@@ -262,7 +262,7 @@ async def test_begin_run_returns_groups_sampled_after_the_checkpoint(make_store)
     # (generated with versions 1 and 2, which the resumed timeline shares).
     info = await store.begin_run(2, 2)
     assert (info.epoch, info.returned_groups, info.committed_groups, info.requeued_groups) == (epoch + 1, 2, 1, 0)
-    assert (await store.sample(2, 5, 0)).payloads == [b"scored:g2", b"scored:g3"]
+    assert await read(store, await store.sample(2, 5, 0)) == [b"scored:g2", b"scored:g3"]
     stats = await store.stats()
     assert (stats.counters["returned_on_resume"], stats.counters["sampled"], stats.committed_step) == (2, 4, 1)
     await assert_accounting(store)
@@ -321,7 +321,7 @@ async def test_sample_answer_stays_under_the_message_size(make_store) -> None:
     for lease in (await store.lease("w", 0, epoch, 3)).leases:
         await store.submit(lease.lease_id, scored(lease.group_id, 0))
     res = await store.sample(0, 3, 0)
-    assert len(res.payloads) == 2  # 9 + 9 bytes fit in 20, the third would not
+    assert len(await read(store, res)) == 2  # 9 + 9 bytes fit in 20, the third would not
     assert res.starvation is not None and res.starvation.reason == "max_message_size"
     await assert_accounting(store)
 
@@ -382,7 +382,7 @@ async def test_a_dangling_index_entry_is_skipped_not_served(make_store) -> None:
         await store.submit(lease.lease_id, scored(lease.group_id, 0))
     first = (await store.redis.xrange(store.keys.traj))[0][0]
     await store.redis.xdel(store.keys.traj, first)  # data lost behind the buffer's back
-    assert (await store.sample(0, 2, 0)).payloads == [b"scored:b"]
+    assert await read(store, await store.sample(0, 2, 0)) == [b"scored:b"]
     acc = await store.accounting()
     assert not acc.ok and any("state scored" in v for v in acc.violations)
 
@@ -395,9 +395,9 @@ async def test_a_retried_sample_gets_the_same_groups_not_more(make_store) -> Non
         await store.submit(lease.lease_id, scored(lease.group_id, 0))
     first = await store.sample(0, 2, 0, request_id="1:0:0")  # ... and the answer is lost in transit
     again = await store.sample(0, 2, 0, request_id="1:0:0")
-    assert first.payloads == again.payloads == [b"scored:a", b"scored:b"]
-    assert (await store.sample(0, 2, 0, request_id="1:0:1")).payloads == [b"scored:c"]
+    assert await read(store, first) == await read(store, again) == [b"scored:a", b"scored:b"]
+    assert await read(store, await store.sample(0, 2, 0, request_id="1:0:1")) == [b"scored:c"]
     assert (await store.stats()).counters["sampled"] == 3
     await store.commit_step(0, epoch)
-    assert (await store.sample(0, 2, 0, request_id="1:0:0")).payloads == []  # committed: nothing to replay
+    assert await read(store, await store.sample(0, 2, 0, request_id="1:0:0")) == []  # committed: nothing to replay
     await assert_accounting(store)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fleet.contracts import scored_group
 from grpofleet.v1 import common_pb2
-from grpofleet.v1 import replay_buffer_pb2 as pb
 from trainer.buffer import to_group
 
 
@@ -15,8 +14,8 @@ def test_a_sampled_agent_group_reaches_the_trainer_with_spans_and_tool_counts() 
     t.observation_spans.add(start=1, length=2)
     t.episode.tool_calls, t.episode.tool_errors = 4, 1
     g.min_version = g.max_version = 3
-    answer = pb.SampleResponse.FromString(scored_group.encode_sample([g.SerializeToString()], None))
-    (group,) = [to_group(common_pb2.ScoredGroup.FromString(b)) for b in answer.scored_groups]
+    _, data = scored_group.encode(g)  # the bytes the worker writes, which the trainer reads back
+    group = to_group(common_pb2.ScoredGroup.FromString(data))
     (traj,) = group.trajectories
     assert (group.group_id, traj.response_ids, traj.token_versions) == ("g", [5, 6, 7, 8], [3, -1, -1, 3])
     assert (traj.observation_spans, traj.tool_calls, traj.tool_errors) == ([(1, 2)], 4, 1)

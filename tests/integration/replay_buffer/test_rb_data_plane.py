@@ -1,0 +1,137 @@
+"""The data plane (issue 20): a worker's `BufferClient.submit` writes the group's bytes to Redis and sends the header
+only, several groups per SubmitGroups call; the trainer's `BufferClient.sample` reads them back with one MGET; payload
+keys leak neither from a worker that dies between its write and its submit (they expire) nor after a commit; a key the
+submit names must be one of its group's; and the payload store rides out a Redis outage like the buffer's clients do."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+from rb_service_helpers import begin, prompt, scored
+
+from buffer_client import BufferClient
+from buffer_client.payloads import PayloadStore
+from fleet.config import load_config
+from fleet.contracts import scored_group
+from fleet.contracts.buffer import payload_key
+from services.replay_buffer.embedded import start_embedded_redis
+from services.runtime.outage import Outage, ServiceDown
+
+
+def _client(rb: Any, *overrides: str) -> BufferClient:
+    port = rb.address.rsplit(":", 1)[1]
+    cfg = load_config(None, [f"services.replay_buffer.port={port}", f"redis.url={rb.redis_url}",
+                             f"redis.key_prefix={rb.cfg.redis.key_prefix}", *overrides])
+    return BufferClient(cfg)
+
+
+async def _payload_keys(client: BufferClient) -> list[bytes]:
+    return [k async for k in client.payloads.redis.scan_iter(match=f"{{{client.payloads.prefix}}}:payload:*")]
+
+
+async def test_worker_submits_travel_through_redis_several_per_call_and_reach_the_trainer_whole(buffer) -> None:
+    rb = await buffer()
+    c, client = rb.client(), _client(rb)
+    try:
+        await c.call("EnqueuePrompts", groups=[prompt(f"g{i}") for i in range(6)])
+        epoch = await begin(c, "w1")
+        leases = (await client.lease("w1", 0, epoch, 6)).leases
+        sent = {x.group.group_id: scored(x.group, 0) for x in leases}
+        calls: list[int] = []
+        send = client._submitter._send
+
+        async def counting(worker_id: str, groups: list[Any]) -> Any:
+            calls.append(len(groups))
+            return await send(worker_id, groups)
+
+        client._submitter._send = counting
+        outcomes = await asyncio.gather(*(client.submit("w1", x.lease_id, sent[x.group.group_id]) for x in leases))
+        assert not any(o.duplicate or o.dead_lettered or o.requeued for o in outcomes)
+        assert sum(calls) == 6 and len(calls) < 6, calls  # concurrent submits shared calls
+        again = await client.submit("w1", leases[0].lease_id, sent["g0"])  # a retried submit
+        assert again.duplicate
+        groups, starvation = await client.sample(0, 6, 1.0)
+        assert sorted(groups, key=lambda g: g.prompt.group_id) == [sent[f"g{i}"] for i in range(6)]
+        assert starvation.reason == ""
+        assert len(await _payload_keys(client)) == 6  # sampled, not committed: a resumed trainer reads them again
+        assert await client.commit_step(0, epoch) == 6
+        assert await _payload_keys(client) == []
+        assert (await rb.app.store.accounting()).ok
+    finally:
+        await client.close()
+
+
+async def test_an_orphaned_payload_expires_and_a_submit_after_that_is_refused(buffer) -> None:
+    rb = await buffer()
+    c, client = rb.client(), _client(rb)
+    try:
+        await c.call("EnqueuePrompts", groups=[prompt("g")])
+        epoch = await begin(c, "w1")
+        (x,) = (await client.lease("w1", 0, epoch, 1)).leases
+        header, data = scored_group.encode(scored(x.group, 0))
+        short = PayloadStore(client.payloads.url, client.payloads.prefix, Outage("redis", 5.0), ttl_ms=100)
+        (key,) = await short.put([("g", data)])  # the worker dies here, before its submit
+        await asyncio.sleep(0.5)
+        assert await _payload_keys(client) == []  # nothing leaked
+        with pytest.raises(aio.AioRpcError) as err:
+            await c.call("SubmitGroup", worker_id="w1", lease_id=x.lease_id, header=header, payload_key=key)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "write it again" in err.value.details()
+        assert not (await client.submit("w1", x.lease_id, scored(x.group, 0))).duplicate  # the lease still held
+        await short.close()
+    finally:
+        await client.close()
+
+
+async def test_a_submit_may_name_only_a_payload_key_of_its_own_group(buffer) -> None:
+    rb = await buffer()
+    c = rb.client()
+    prefix = rb.cfg.redis.key_prefix
+    await c.call("EnqueuePrompts", groups=[prompt("g"), prompt("h")])
+    epoch = await begin(c, "w1")
+    x, _ = (await c.call("LeasePrompts", worker_id="w1", weight_epoch=epoch, max_groups=2)).leases
+    header, data = scored_group.encode(scored(x.group, 0))
+    for key in (f"{{{prefix}}}:status", payload_key(prefix, "h"), payload_key(prefix, "g")[:-8] + "NOT-HEX!"):
+        with pytest.raises(aio.AioRpcError) as err:
+            await c.call("SubmitGroup", worker_id="w1", lease_id=x.lease_id, header=header, payload_key=key)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a payload key of group 'g'" in (
+            err.value.details() or "")
+    key = payload_key(prefix, "g")
+    assert c.redis is not None
+    await c.redis.set(key, data[:-1], px=60_000)
+    with pytest.raises(aio.AioRpcError) as err:
+        await c.call("SubmitGroup", worker_id="w1", lease_id=x.lease_id, header=header, payload_key=key)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "header.payload_bytes" in err.value.details()
+    assert await c.redis.exists(key) == 0  # refused: freed
+    assert (await c.call("Stats")).leases_outstanding == 2
+
+
+async def test_payload_store_rides_out_a_redis_outage_and_names_redis_past_the_bound(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, redis = start_embedded_redis(tmp_path / "redis")
+    caplog.set_level(logging.INFO, logger="services.runtime.outage")
+    store = PayloadStore(url, "po", Outage(f"redis at {url}", 60.0), ttl_ms=60_000)
+    try:
+        (key,) = await store.put([("g", b"before")])
+        redis.kill()
+        writing = asyncio.create_task(store.put([("g", b"during")]))
+        await asyncio.sleep(1.0)
+        assert not writing.done()
+        url, redis = start_embedded_redis(tmp_path / "redis")  # from its AOF
+        (later,) = await asyncio.wait_for(writing, 60)
+        assert await store.get([key, later]) == [b"before", b"during"]
+        assert store.outage.outages == 1
+        assert len([r for r in caplog.records if "is unavailable (" in r.getMessage()]) == 1
+        redis.kill()
+        store.outage = Outage(f"redis at {url}", 1.0)
+        with pytest.raises(ServiceDown, match=f"redis at {url} has been down for"):
+            await store.get([key])
+    finally:
+        await store.close()
+        redis.stop()
