@@ -115,7 +115,7 @@ async def bench_episodes(args: argparse.Namespace, spec: TaskSpec, work: Path) -
     cfg = MasterConfig()
     cfg.policy.generation.backend = args.engine
     cfg.policy.max_total_sequence_length = 4096
-    engine = make_engine(cfg, model)
+    engine = make_engine(cfg.policy, model, seed=cfg.grpo.seed)
     await engine.start()
     tok = AutoTokenizer.from_pretrained(model)
     fmt = ChatFormat(tok)

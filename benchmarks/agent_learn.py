@@ -157,7 +157,7 @@ async def evaluate(model_dir: Path, n: int, temperature: float = 1.0, seed: int 
 
     cfg = MasterConfig()
     cfg.policy.generation.backend = "hf"
-    engine = make_engine(cfg, str(model_dir))
+    engine = make_engine(cfg.policy, str(model_dir), seed=cfg.grpo.seed)
     await engine.start()
     fmt, env = ChatFormat(AutoTokenizer.from_pretrained(model_dir)), LookupEnvironment()
     right = used = 0

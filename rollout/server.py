@@ -42,13 +42,14 @@ async def serve(cfg: MasterConfig) -> int:
 
     from buffer_client import BufferClient
     from rollout.engine import make_engine
+    from rollout.engine.factory import max_images
     from rollout.scoring import Scorer
     from rollout.servicer import RolloutWorkerServicer
     from rollout.worker import Decoder, RolloutWorker
 
     model_path = resolve_model(cfg.policy.model_name)
     tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
-    engine = make_engine(cfg, model_path)
+    engine = make_engine(cfg.policy, model_path, seed=cfg.grpo.seed, max_images_per_prompt=max_images(cfg))
     service = GrpcService("rollout", cfg.services.rollout, cfg.services)
     buffer = BufferClient(cfg)
     scorer = Scorer(cfg)

@@ -113,7 +113,7 @@ class ComputerRunner:
         # One owner per process, as agent mode: a restarted worker of the same id must not keep old sessions alive.
         self.client = ComputerClient.from_config(cfg, f"{owner}/{uuid.uuid4().hex[:12]}")
         cu = cfg.env.computer_use
-        self.limits = replace(limits_from_config(cfg), max_turns=cu.max_actions + 1,
+        self.limits = replace(limits_from_config(cfg.env.code.agent, cfg.policy), max_turns=cu.max_actions + 1,
                               max_image_bytes=cfg.policy.vision.max_image_bytes_per_trajectory)
         self.end_reasons: Counter[str] = Counter()
         self.tool_calls = self.tool_errors = self.actions = 0

@@ -46,7 +46,7 @@ class LocalToolRunner:
     @property
     def limits(self) -> EpisodeLimits:
         if self._limits is None:
-            self._limits = limits_from_config(self.cfg)
+            self._limits = limits_from_config(self.cfg.env.code.agent, self.cfg.policy)
         return self._limits
 
     @staticmethod

@@ -28,21 +28,24 @@ from sandbox_client.sessions import SessionClient
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig
+    from fleet.config.env import AgentConfig
+    from fleet.config.policy import PolicyConfig
     from rollout.engine.base import GenerationEngine
 
 log = logging.getLogger(__name__)
 AGENT_ENVS = frozenset({"swe"})
 
 
-def limits_from_config(cfg: MasterConfig) -> EpisodeLimits:
-    a, longest = cfg.env.code.agent, cfg.policy.max_total_sequence_length
+def limits_from_config(a: AgentConfig, policy: PolicyConfig) -> EpisodeLimits:
+    """An episode's budgets: `env.code.agent`, bounded by what the engine and the trainer hold (`policy`)."""
+    longest = policy.max_total_sequence_length
     if a.max_total_tokens is not None and a.max_total_tokens > longest:
         # The engine's context and the trainer's sequences end there: a longer episode could be neither.
         raise ValueError(f"env.code.agent.max_total_tokens={a.max_total_tokens} exceeds "
                          f"policy.max_total_sequence_length={longest}")
     return EpisodeLimits(
         max_turns=a.max_turns, max_total_tokens=a.max_total_tokens or longest,
-        max_new_tokens_per_turn=a.max_new_tokens_per_turn or cfg.policy.generation.max_new_tokens,
+        max_new_tokens_per_turn=a.max_new_tokens_per_turn or policy.generation.max_new_tokens,
         max_observation_tokens=a.max_observation_tokens, episode_timeout_s=a.episode_timeout_s)
 
 
@@ -52,7 +55,7 @@ class AgentRunner:
         self.fmt = ChatFormat(tokenizer)
         # One owner per process: a restarted worker of the same id must not keep its predecessor's sessions alive.
         self.sessions = SessionClient.from_config(cfg, f"{owner}/{uuid.uuid4().hex[:12]}")
-        self.limits = limits_from_config(cfg)
+        self.limits = limits_from_config(cfg.env.code.agent, cfg.policy)
         self.end_reasons: Counter[str] = Counter()
         self.tool_calls = self.tool_errors = 0
 

@@ -1,31 +1,40 @@
-"""`make_engine`: the generation engine that `policy.generation.backend` names, configured from the config tree."""
+"""`make_engine`: the generation engine that `policy.generation.backend` names, configured from the policy's config.
+
+The rollout worker's entry point (`rollout/server.py: serve`) composes it: `make_engine(cfg.policy, model, seed=...,
+max_images_per_prompt=max_images(cfg))`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fleet.config import MasterConfig
 from rollout.engine.base import GenerationEngine
 
+if TYPE_CHECKING:
+    from fleet.config import MasterConfig
+    from fleet.config.policy import PolicyConfig
 
-def make_engine(cfg: MasterConfig, model_path: str | Path, *, initial_version: int = 0) -> GenerationEngine:
+
+def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_images_per_prompt: int = 0,
+                initial_version: int = 0) -> GenerationEngine:
     """Build (not start) the engine. The served dtype is `policy.precision`: pushed tensors must carry that dtype.
-    Context length: `policy.generation.vllm_cfg.max_model_len`, else `policy.max_total_sequence_length`."""
-    g = cfg.policy.generation
+    Context length: `policy.generation.vllm_cfg.max_model_len`, else `policy.max_total_sequence_length`. `seed`:
+    `grpo.seed`; `max_images_per_prompt`: `max_images(cfg)` (vLLM only)."""
+    g = policy.generation
     v = g.vllm_cfg
     common = dict(
-        dtype=cfg.policy.precision,
-        tokenizer=cfg.policy.tokenizer.name,
-        max_model_len=v.max_model_len or cfg.policy.max_total_sequence_length,
-        seed=cfg.grpo.seed,
+        dtype=policy.precision,
+        tokenizer=policy.tokenizer.name,
+        max_model_len=v.max_model_len or policy.max_total_sequence_length,
+        seed=seed,
         initial_version=initial_version,
     )
     if g.backend == "vllm":
         from rollout.engine.vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, v, dtype=cfg.policy.precision, tokenizer=cfg.policy.tokenizer.name,
-                          max_model_len=v.max_model_len or cfg.policy.max_total_sequence_length, seed=cfg.grpo.seed,
-                          initial_version=initial_version, max_images_per_prompt=max_images(cfg))
+        return VllmEngine(model_path, v, dtype=policy.precision, tokenizer=policy.tokenizer.name,
+                          max_model_len=v.max_model_len or policy.max_total_sequence_length, seed=seed,
+                          initial_version=initial_version, max_images_per_prompt=max_images_per_prompt)
     if g.backend == "hf":
         from rollout.engine.hf_engine import HfEngine
 

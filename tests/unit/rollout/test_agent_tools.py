@@ -87,9 +87,9 @@ def test_agent_limits_come_from_the_config_and_never_exceed_the_sequence_length(
 
     cfg = MasterConfig()
     cfg.env.code.agent.max_turns = 5
-    limits = limits_from_config(cfg)
+    limits = limits_from_config(cfg.env.code.agent, cfg.policy)
     assert limits.max_turns == 5 and limits.max_total_tokens == cfg.policy.max_total_sequence_length
     assert limits.max_new_tokens_per_turn == cfg.policy.generation.max_new_tokens
     cfg.env.code.agent.max_total_tokens = cfg.policy.max_total_sequence_length + 1
     with pytest.raises(ValueError, match="env.code.agent.max_total_tokens=.* exceeds policy.max_total_sequence"):
-        limits_from_config(cfg)
+        limits_from_config(cfg.env.code.agent, cfg.policy)

@@ -100,12 +100,12 @@ def test_sampling_spec_rejects_bad_values() -> None:
 
 def test_make_engine_follows_backend_and_config(tiny_model: Path) -> None:
     cfg = parse_config({}, ["policy.generation.backend=hf", "policy.max_total_sequence_length=777", "grpo.seed=5"])
-    eng = make_engine(cfg, tiny_model)
+    eng = make_engine(cfg.policy, tiny_model, seed=cfg.grpo.seed)
     assert isinstance(eng, HfEngine) and eng.max_model_len == 777 and eng.dtype == "float32"
     cfg = parse_config({}, ["policy.generation.vllm_cfg.max_model_len=256", "policy.precision=bfloat16",
                             "policy.generation.vllm_cfg.cpu_weight_layout=plain",
                             "policy.generation.vllm_cfg.staging_dir=null"])
-    eng = make_engine(cfg, tiny_model, initial_version=3)
+    eng = make_engine(cfg.policy, tiny_model, seed=cfg.grpo.seed, initial_version=3)
     assert isinstance(eng, VllmEngine) and eng.max_model_len == 256 and eng.served_version == 3
     assert eng._cpu_weight_layout == "plain" and eng._staging_dir is None
     assert eng.weight_spec()["model.norm.weight"] == ((256,), "bfloat16")
