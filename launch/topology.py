@@ -46,12 +46,12 @@ class Ports:
     rollout: list[int]
 
 
-def trainer_nproc(cfg: MasterConfig) -> int:
-    return max(1, cfg.cluster.gpus_per_node)
+def trainer_nproc(cluster: ClusterConfig) -> int:
+    return max(1, cluster.gpus_per_node)
 
 
-def role_argv(role: str, cfg: MasterConfig, config_path: str | None, overrides: list[str]) -> list[str]:
-    cmd = [part.format(nproc=trainer_nproc(cfg)) for part in ROLE_COMMANDS[role]]
+def role_argv(role: str, cluster: ClusterConfig, config_path: str | None, overrides: list[str]) -> list[str]:
+    cmd = [part.format(nproc=trainer_nproc(cluster)) for part in ROLE_COMMANDS[role]]
     cfg_args = ["--config", config_path] if config_path else []
     return [sys.executable, *cmd, *cfg_args, *overrides]
 
@@ -73,26 +73,26 @@ def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[
     ]
     base = [*overrides, *wiring]
     specs = [
-        ProcessSpec("replay-buffer", "replay-buffer", role_argv("replay-buffer", cfg, config_path, base),
+        ProcessSpec("replay-buffer", "replay-buffer", role_argv("replay-buffer", cfg.cluster, config_path, base),
                     ready=f"{host}:{ports.replay_buffer}"),
-        ProcessSpec("sandbox", "sandbox", role_argv("sandbox", cfg, config_path, [*base, *task_set_wiring(cfg)]),
+        ProcessSpec("sandbox", "sandbox", role_argv("sandbox", cfg.cluster, config_path,
+                                                      [*base, *task_set_wiring(cfg.data.train, cfg.sandbox)]),
                     ready=f"http://{host}:{ports.sandbox}/healthz"),
     ]
     for i, port in enumerate(ports.rollout):
-        argv = role_argv("rollout", cfg, config_path,
+        argv = role_argv("rollout", cfg.cluster, config_path,
                          [*base, f"services.rollout.port={port}", f"rollout.worker_id=rollout-{i}"])
         specs.append(ProcessSpec(f"rollout-{i}", "rollout", argv, ready=None))
-    specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg, config_path, base), restartable=False))
+    specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg.cluster, config_path, base), restartable=False))
     for spec in specs:
         spec.cpus = cfg.cluster.cpu_affinity.get(spec.role)  # type: ignore[call-overload]
     return specs
 
 
-def task_set_wiring(cfg: MasterConfig) -> list[str]:
-    """The sandbox resolves `embedded://NAME` in the task set the run trains on, unless `sandbox.repos_root` is set:
-    without it every embedded task would be an infrastructure error."""
-    train = cfg.data.train
-    if cfg.sandbox.repos_root is not None or train.dataset_name != "swe_embedded":
+def task_set_wiring(train: DatasetConfig, sandbox: SandboxConfig) -> list[str]:
+    """The sandbox resolves `embedded://NAME` in the task set the run trains on (`train`), unless
+    `sandbox.repos_root` is set: without it every embedded task would be an infrastructure error."""
+    if sandbox.repos_root is not None or train.dataset_name != "swe_embedded":
         return []
     from envs.swe.taskset import task_dir_of
 
@@ -109,11 +109,11 @@ def embedded_redis_process(data_dir: Path, appendfsync: str) -> tuple[ProcessSpe
     return ProcessSpec("redis", "redis", argv, ready=url), url
 
 
-def check_cpu_affinity(cfg: MasterConfig, available: set[int]) -> None:
+def check_cpu_affinity(cluster: ClusterConfig, available: set[int]) -> None:
     """Fail before anything starts if a pinned core does not exist here (a config written for another machine)."""
     from fleet.config import ConfigError
 
-    for role, cores in cfg.cluster.cpu_affinity.items():
+    for role, cores in cluster.cpu_affinity.items():
         missing = sorted(set(cores) - available)
         if missing:
             raise ConfigError(f"cluster.cpu_affinity.{role}: cores {missing} are not available on this machine "
@@ -138,11 +138,13 @@ def container_wiring(role: str) -> list[str]:
     key = role.replace("-", "_")
     own = [f"services.{key}.host=0.0.0.0", f"services.{key}.port={port[role]}"]
     buffer = ["services.replay_buffer.host=replay-buffer", f"services.replay_buffer.port={port['replay-buffer']}"]
+    # The buffer's Redis is also the data plane: workers write scored groups' bytes there, the trainer reads them.
+    redis = [f"redis.url=redis://redis:{port['redis']}/0"]
     if role == "replay-buffer":
-        return [f"redis.url=redis://redis:{port['redis']}/0", *own]
+        return [*redis, *own]
     if role == "sandbox":
         return [*own, f"sandbox.repos_root={TASK_SET}/repos"]
-    return [*buffer, *own, f"env.code.sandbox_urls=[http://sandbox:{port['sandbox']}]"]
+    return [*buffer, *redis, *own, f"env.code.sandbox_urls=[http://sandbox:{port['sandbox']}]"]
 
 
 def container_command(role: str, config: str, *, torchrun: list[str] | None = None) -> list[str]:
