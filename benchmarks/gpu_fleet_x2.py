@@ -108,7 +108,7 @@ async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir:
     from services.replay_buffer.embedded import start_embedded_redis
 
     redis_url, redis = start_embedded_redis(run_dir / "redis")
-    specs = fleet_processes(cfg, None, ovr, pick_ports(cfg), redis_url)
+    specs = fleet_processes(cfg, None, ovr, pick_ports(cfg.rollout), redis_url)
     if not args.sandbox:
         specs = [s for s in specs if s.role != "sandbox"]
     # Trainer ranks on GPUs 0..n-1, the rollout worker on GPU n. Both see every GPU (so NCCL can use NVLink between

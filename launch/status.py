@@ -11,6 +11,7 @@ import grpc
 from grpc import aio
 
 from fleet.config import MasterConfig
+from fleet.config.infra import ServicesConfig
 
 
 def validation_lines(metrics: dict[str, float]) -> list[str]:
@@ -68,16 +69,16 @@ async def _gather(cfg: MasterConfig) -> list[str]:
                          f"(epoch {info.weight_epoch})  {info.state}  in flight {info.groups_in_flight}  "
                          f"heartbeat {age:.1f}s ago")
             if age < cfg.replay_buffer.worker_timeout_s:  # a dead worker is not asked (it would cost a timeout)
-                lines.extend(await episode_lines(info.address, cfg, t))
+                lines.extend(await episode_lines(info.address, cfg.services, t))
     return lines
 
 
-async def episode_lines(address: str, cfg: MasterConfig, timeout_s: float) -> list[str]:
+async def episode_lines(address: str, services: ServicesConfig, timeout_s: float) -> list[str]:
     """A worker's multi-turn episodes (its GetStatus `agent`), when it ran any; nothing when it does not answer."""
     from grpofleet.v1 import rollout_worker_pb2, rollout_worker_pb2_grpc
     from services.runtime.client import make_channel
 
-    async with make_channel(address, cfg.services) as ch:
+    async with make_channel(address, services) as ch:
         try:
             st = await rollout_worker_pb2_grpc.RolloutWorkerStub(ch).GetStatus(
                 rollout_worker_pb2.WorkerStatusRequest(), timeout=timeout_s)

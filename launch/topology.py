@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.config import MasterConfig
+from fleet.config.env import DatasetConfig
+from fleet.config.infra import ClusterConfig, SandboxConfig
 
 # Role -> the command that starts it, after the interpreter (compose uses the `grpo-fleet` script / torchrun).
 ROLE_COMMANDS: dict[str, list[str]] = {
@@ -72,18 +74,19 @@ def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[
         f"env.code.sandbox_urls=[http://{host}:{ports.sandbox}]",
     ]
     base = [*overrides, *wiring]
+    sandbox = [*base, *task_set_wiring(cfg.data.train, cfg.sandbox)]
     specs = [
         ProcessSpec("replay-buffer", "replay-buffer", role_argv("replay-buffer", cfg.cluster, config_path, base),
                     ready=f"{host}:{ports.replay_buffer}"),
-        ProcessSpec("sandbox", "sandbox", role_argv("sandbox", cfg.cluster, config_path,
-                                                      [*base, *task_set_wiring(cfg.data.train, cfg.sandbox)]),
+        ProcessSpec("sandbox", "sandbox", role_argv("sandbox", cfg.cluster, config_path, sandbox),
                     ready=f"http://{host}:{ports.sandbox}/healthz"),
     ]
     for i, port in enumerate(ports.rollout):
         argv = role_argv("rollout", cfg.cluster, config_path,
                          [*base, f"services.rollout.port={port}", f"rollout.worker_id=rollout-{i}"])
         specs.append(ProcessSpec(f"rollout-{i}", "rollout", argv, ready=None))
-    specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg.cluster, config_path, base), restartable=False))
+    specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg.cluster, config_path, base),
+                             restartable=False))
     for spec in specs:
         spec.cpus = cfg.cluster.cpu_affinity.get(spec.role)  # type: ignore[call-overload]
     return specs

@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 from fleet.config import MasterConfig
+from fleet.config.infra import RolloutConfig
 from fleet.config.loader import write_resolved
 from fleet.logs import setup_logging
 from fleet.paths import ROOT, resolve_model, run_dir
@@ -27,13 +28,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def pick_ports(cfg: MasterConfig) -> Ports:
+def pick_ports(rollout: RolloutConfig) -> Ports:
     """Free loopback ports for every service of a local fleet; each rollout worker gets its own."""
     return Ports(
         replay_buffer=free_port(),
         sandbox=free_port(),
         trainer=free_port(),
-        rollout=[free_port() for _ in range(cfg.rollout.num_workers)],
+        rollout=[free_port() for _ in range(rollout.num_workers)],
     )
 
 
@@ -77,7 +78,7 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         redis_spec, redis_url = embedded_redis_process(rd / "redis", cfg.redis.appendfsync)
         redis_specs.append(redis_spec)
         print(f"grpo-fleet: embedded Redis at {redis_url} (AOF in {rd / 'redis'})", flush=True)
-    ports = pick_ports(cfg)
+    ports = pick_ports(cfg.rollout)
     specs = redis_specs + fleet_processes(cfg, config_path, [*overrides, f"run.dir={rd}"], ports, redis_url)
     sup = Supervisor(specs, rd / "logs" / "processes", cwd=ROOT, max_restarts=3)
     stop = asyncio.Event()
@@ -111,7 +112,7 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
 
 def up(cfg: MasterConfig, *, config_path: str | None, overrides: list[str]) -> int:
     setup_logging(cfg.logger.level, prefix="[up] ")
-    check_cpu_affinity(cfg, os.sched_getaffinity(0))
+    check_cpu_affinity(cfg.cluster, os.sched_getaffinity(0))
     prepare(cfg)
     path = str(Path(config_path).resolve()) if config_path else None
     return asyncio.run(_run(cfg, path, list(overrides)))

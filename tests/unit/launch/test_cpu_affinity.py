@@ -25,7 +25,7 @@ def test_each_role_gets_its_configured_cores() -> None:
 
 def test_a_core_this_machine_lacks_is_refused_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"cluster\.cpu_affinity\.trainer: cores \[4096\]"):
-        check_cpu_affinity(_cfg({"trainer": [0, 4096]}), {0, 1})
+        check_cpu_affinity(_cfg({"trainer": [0, 4096]}).cluster, {0, 1})
 
 
 @pytest.mark.parametrize("bad", [{"trainer": []}, {"trainer": [-1]}, {"gpu": [0]}])

@@ -31,4 +31,4 @@ def test_get_status_carries_the_episode_counts_of_the_worker() -> None:
 
 def test_status_shows_no_episode_line_for_a_worker_that_does_not_answer() -> None:
     cfg = MasterConfig()
-    assert asyncio.run(episode_lines("127.0.0.1:1", cfg, 0.5)) == []
+    assert asyncio.run(episode_lines("127.0.0.1:1", cfg.services, 0.5)) == []
