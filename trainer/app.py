@@ -106,7 +106,8 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
                             pad_multiple=64 if device.type == "cuda" else 1)
         if dist.is_main:
             rank0 = _rank0(cfg, dist, state, run_dir, src)
-        loop = TrainLoop(cfg, dist, runner, policy, ckpt if cfg.checkpointing.enabled else None, state, rank0)
+        loop = TrainLoop(cfg.grpo, cfg.policy, cfg.checkpointing, cfg.logger, dist, runner, policy,
+                         ckpt if cfg.checkpointing.enabled else None, state, rank0)
         loop._last_saved = state.step if latest is not None else -1
         if rank0 is not None:
             rank0.coordinator.stop_requested = loop.stop_requested

@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
-from fleet.config import MasterConfig
+from fleet.config.algorithm import GrpoConfig
+from fleet.config.infra import CheckpointingConfig, LoggerConfig
+from fleet.config.policy import PolicyConfig
 from trainer.batch import StepBatch, build_step_batch
 from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
 from trainer.coordinator import Coordinator
@@ -63,7 +65,10 @@ class Rank0:
 
 @dataclass
 class TrainLoop:
-    cfg: MasterConfig
+    grpo: GrpoConfig
+    policy_cfg: PolicyConfig
+    checkpointing: CheckpointingConfig
+    logger: LoggerConfig
     dist: Dist
     runner: StepRunner
     policy: PolicyModule
@@ -82,7 +87,7 @@ class TrainLoop:
         s = self.progress_state
         self._begin(s)
         code = 0
-        while s.step < self.cfg.grpo.max_num_steps:
+        while s.step < self.grpo.max_num_steps:
             msg = self.dist.broadcast_object(self._prepare(s.step) if self.dist.is_main else None)
             if msg.stop:
                 code = 0 if msg.stop in ("done", "sigterm") else 1
@@ -102,8 +107,8 @@ class TrainLoop:
     # -- phases -------------------------------------------------------------------------------------------------------
     def _snapshot(self, s: TrainerCheckpoint) -> Any:
         """Every rank gathers; rank 0 keeps the weights with their identity (`s.weights`: run epoch, step)."""
-        dtype_name = self.cfg.policy.weight_sync.dtype
-        dtype = DTYPES[self.cfg.policy.precision if dtype_name == "auto" else dtype_name]
+        dtype_name = self.policy_cfg.weight_sync.dtype
+        dtype = DTYPES[self.policy_cfg.precision if dtype_name == "auto" else dtype_name]
         return gather_snapshot(self.policy, dtype, keep=self.dist.is_main, weights=s.weights)
 
     def _begin(self, s: TrainerCheckpoint) -> None:
@@ -117,7 +122,7 @@ class TrainLoop:
             r0.state.set_phase("pushing_weights")
             metrics = {**resume, **r0.coordinator.begin(snapshot, s.step)}
             r0.metrics.log(s.step, metrics)
-            if self.cfg.grpo.val_at_start:
+            if self.grpo.val_at_start:
                 r0.state.set_phase("validating")
                 self._validate(s.step, s.step)
 
@@ -130,16 +135,16 @@ class TrainLoop:
         r0.state.set_phase("waiting_for_data")
         t0 = time.monotonic()
         try:
-            r0.coordinator.enqueue_through(step + self.cfg.grpo.async_grpo.age_bound)
-            groups = r0.coordinator.collect(step, self.cfg.grpo.num_prompts_per_step)
+            r0.coordinator.enqueue_through(step + self.grpo.async_grpo.age_bound)
+            groups = r0.coordinator.collect(step, self.grpo.num_prompts_per_step)
         except InterruptedError:
             return StepMessage(None, self._stop_signal or "sigterm")
         except Exception as exc:  # every rank must hear about it, or the others wait in the broadcast forever
             log.exception("step %d: no batch", step)
             return StepMessage(None, f"error: {exc}")
-        g = self.cfg.grpo
+        g = self.grpo
         batch = build_step_batch(groups, step, leave_one_out=g.use_leave_one_out_baseline,
-                                 normalize=g.normalize_rewards, max_len=self.cfg.policy.max_total_sequence_length)
+                                 normalize=g.normalize_rewards, max_len=self.policy_cfg.max_total_sequence_length)
         return StepMessage(batch, wait_s=time.monotonic() - t0)
 
     def _train(self, msg: StepMessage) -> None:
@@ -156,11 +161,11 @@ class TrainLoop:
         metrics["perf/tokens_per_s"] = metrics["perf/train_tokens"] / max(metrics["timing/step_s"], 1e-9)
         if self.rank0 is not None:
             self._log_step(msg.batch, metrics)
-        if self.cfg.grpo.val_period and s.step % self.cfg.grpo.val_period == 0 and self.rank0 is not None:
+        if self.grpo.val_period and s.step % self.grpo.val_period == 0 and self.rank0 is not None:
             self._wait_push()  # validate the weights just trained, not the previous version
             self.rank0.state.set_phase("validating")
             self._validate(msg.batch.step, s.step)
-        if self.cfg.checkpointing.enabled and s.step % self.cfg.checkpointing.save_period == 0:
+        if self.checkpointing.enabled and s.step % self.checkpointing.save_period == 0:
             self._save(s)
 
     def _publish(self, s: TrainerCheckpoint) -> float:
@@ -173,7 +178,7 @@ class TrainLoop:
         self.rank0.state.set_phase("pushing_weights")
         self._wait_push()
         self._push = self.rank0.coordinator.publish(snapshot, s.step)
-        a = self.cfg.grpo.async_grpo
+        a = self.grpo.async_grpo
         if not a.enabled:
             self._wait_push()
         self.rank0.state.step = s.step
@@ -188,7 +193,7 @@ class TrainLoop:
         assert self.rank0 is not None
         r0 = self.rank0
         coord = r0.coordinator
-        max_age = self.cfg.grpo.async_grpo.age_bound
+        max_age = self.grpo.async_grpo.age_bound
         merged = {**batch.stats, **metrics, **age_histogram(batch.ages, max_age), **self._pending_metrics,
                   **{f"starvation/{k}": float(v) for k, v in coord.starvation.items()}}
         self._pending_metrics = {}
@@ -197,7 +202,7 @@ class TrainLoop:
         r0.state.metrics = {**self._last_validation, **merged}
         with (r0.log_dir / "trained_groups.jsonl").open("a") as fh:
             fh.write(json.dumps({"step": batch.step, "epoch": coord.epoch, "groups": batch.group_ids}) + "\n")
-        r0.progress.update(merged, coord.buffer_stats() if self.cfg.logger.progress_bar else None)
+        r0.progress.update(merged, coord.buffer_stats() if self.logger.progress_bar else None)
 
     def _validate(self, log_step: int, weights_step: int) -> None:
         """A validation round of the weights after `weights_step` steps, logged at `log_step`; GetStatus keeps
@@ -230,7 +235,7 @@ class TrainLoop:
     def _finish(self, s: TrainerCheckpoint) -> None:
         if self.rank0 is not None:
             self._wait_push()
-        if self.cfg.checkpointing.enabled:
+        if self.checkpointing.enabled:
             self._save(s)
         if self.rank0 is not None:
             if self._pending_metrics:
