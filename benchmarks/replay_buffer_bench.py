@@ -1,5 +1,7 @@
-"""Replay-buffer throughput: scored groups per second through SubmitGroup -> Sample, against raw redis-py
-XADD -> XREADGROUP (+XACK) of the same bytes on the same Redis, measured in the same run.
+"""Replay-buffer throughput: scored groups per second through the fleet's path, against raw redis-py XADD -> XREADGROUP
+(+XACK) of the same bytes on the same Redis, measured in the same run. The fleet's path (issue 20): the worker
+writes a group's bytes to a Redis payload key and submits its header (SubmitGroups), the trainer calls Sample
+(headers + payload keys) and reads the bytes with one MGET; the bytes never cross the buffer's gRPC hop.
 
     .venv/bin/python benchmarks/replay_buffer_bench.py                       # defaults below, writes the JSON
     .venv/bin/python benchmarks/replay_buffer_bench.py --appendfsync everysec,always --groups 2000
@@ -8,12 +10,15 @@ XADD -> XREADGROUP (+XACK) of the same bytes on the same Redis, measured in the 
 Payload: a realistic ScoredGroup, 8 samples x 2048 response tokens with per-token log-probs and versions, a
 1024-token prompt (~135 KB serialized). Both pipelines run `--submitters` concurrent producers (rollout workers) and
 one consumer taking `--batch` groups per call (the trainer); end-to-end latency is per group, from the start of its
-submit/XADD to the return of the Sample/XREADGROUP that delivered it. The service runs as its own process
-(`grpo-fleet serve replay-buffer`), as in production; the embedded Redis has AOF on. Pipelines alternate for
-`--rounds` rounds; the median round is reported. `--pin CLIENT,SERVICE,REDIS` pins each process (all threads,
-`taskset -a`) to cores; the load average at start is recorded. On a shared machine the CPU-bound ratio (CPU ms per
-group of the busiest process) is the figure load does not move.
-"""
+payload write/XADD to the return of the Sample + MGET/XREADGROUP that delivered it. Two service variants: `service`
+sends pre-serialized bytes and reads group ids off the Sample headers, like the raw pipeline (transport + buffer
+only); `service_client_protobuf` also serializes and checks every submitted group and parses every sampled one. Both
+go through the fleet's client, `buffer_client.BufferClient`, whose submits of concurrent groups (the submitters are
+one worker's groups in flight) share SubmitGroups calls. The two ends are in replay_buffer_ends.py. The service runs
+as its own process (`grpo-fleet serve replay-buffer`), as in production; the embedded Redis has AOF on. Pipelines
+alternate for `--rounds` rounds; the median round is reported. `--pin CLIENT,SERVICE,REDIS` pins each process (all
+threads, `taskset -a`) to cores; the load average at start is recorded. On a shared machine the CPU-bound ratio (CPU
+ms per group of the busiest process) is the figure load does not move."""
 
 from __future__ import annotations
 
@@ -38,13 +43,11 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fleet.config.infra import ServicesConfig  # noqa: E402
-from fleet.contracts import scored_group  # noqa: E402
-from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc  # noqa: E402
-from services.replay_buffer.embedded import start_embedded_redis  # noqa: E402
-from services.runtime.client import make_channel  # noqa: E402
+from replay_buffer_ends import TIMEOUT_S, ServiceEnds, prepare  # noqa: E402
 
-TIMEOUT_S = 60.0
+from fleet.contracts import scored_group  # noqa: E402
+from grpofleet.v1 import common_pb2, replay_buffer_pb2  # noqa: E402
+from services.replay_buffer.embedded import start_embedded_redis  # noqa: E402
 
 
 def make_groups(n: int, samples: int, tokens: int, prompt_tokens: int, seed: int = 0) -> list[common_pb2.ScoredGroup]:
@@ -184,101 +187,58 @@ def start_service(url: str, prefix: str, run_dir: Path) -> tuple[subprocess.Pope
     raise RuntimeError(f"replay buffer exited with {proc.wait()} before listening")
 
 
-async def prepare(stub: Any, groups: list[common_pb2.ScoredGroup]) -> list[replay_buffer_pb2.SubmitGroupRequest]:
-    """Untimed: register a worker, begin a run, enqueue every prompt and lease it."""
-    worker = replay_buffer_pb2.WorkerInfo(worker_id="bench-worker", address="127.0.0.1:1", state="serving")
-    await stub.RegisterWorker(replay_buffer_pb2.RegisterWorkerRequest(worker=worker), timeout=TIMEOUT_S)
-    epoch = (await stub.BeginRun(replay_buffer_pb2.BeginRunRequest(), timeout=TIMEOUT_S)).epoch
-    by_id = {g.prompt.group_id: g for g in groups}
-    for i in range(0, len(groups), 200):
-        req = replay_buffer_pb2.EnqueuePromptsRequest(groups=[g.prompt for g in groups[i : i + 200]])
-        await stub.EnqueuePrompts(req, timeout=TIMEOUT_S)
-    requests: list[replay_buffer_pb2.SubmitGroupRequest] = []
-    while len(requests) < len(groups):
-        lease_req = replay_buffer_pb2.LeasePromptsRequest(worker_id="bench-worker", weight_epoch=epoch, max_groups=200)
-        for lease in (await stub.LeasePrompts(lease_req, timeout=TIMEOUT_S)).leases:
-            requests.append(scored_group.submit_request("bench-worker", lease.lease_id, by_id[lease.group.group_id]))
-    return requests
-
-
-def _identity(b: bytes) -> bytes:
-    return b
-
-
-def _group_ids(sample_response: bytes) -> list[str]:
-    """Group ids of a serialized SampleResponse, read off the wire without parsing the trajectories."""
-    ids = []
-    for group in scored_group.length_delimited_fields(sample_response, 1):  # SampleResponse.scored_groups
-        prompt = scored_group.length_delimited_fields(group, 1)[0]  # ScoredGroup.prompt
-        ids.append(scored_group.length_delimited_fields(prompt, 1)[0].decode())  # PromptGroup.group_id
-    return ids
-
-
 async def run_service(
     address: str,
+    url: str,
+    prefix: str,
     pids: dict[str, int],
     groups: list[common_pb2.ScoredGroup],
     submitters: int,
     batch: int,
     client_protobuf: bool,
 ) -> dict[str, Any]:
-    """With `client_protobuf` False the client sends pre-serialized requests and reads group ids off the response
-    bytes, like the raw pipeline, which sends and receives bytes: the comparison is then transport + buffer only.
-    With True it uses the generated stub (serialize every submit, parse every sampled group) as real clients do."""
-    channel = make_channel(address, ServicesConfig())
-    stub = replay_buffer_pb2_grpc.ReplayBufferStub(channel)
-    requests = await prepare(stub, groups)
-    epoch = (await stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=TIMEOUT_S)).epoch
-    method = "/grpofleet.v1.ReplayBuffer/"
-    submit_raw = channel.unary_unary(
-        method + "SubmitGroup", _identity, replay_buffer_pb2.SubmitGroupResponse.FromString
-    )
-    sample_raw = channel.unary_unary(method + "Sample", replay_buffer_pb2.SampleRequest.SerializeToString, _identity)
-    by_id = {g.prompt.group_id: g for g in groups}
-    # Protobuf clients serialize each group when they submit it (scored_group.submit_request, timed); raw ones send
-    # bytes.
-    items = [(r.header.group_id, (r.lease_id, by_id[r.header.group_id]) if client_protobuf else r.SerializeToString())
-             for r in requests]  # fmt: skip
+    """With `client_protobuf` False the client writes pre-serialized bytes and reads group ids off the Sample headers,
+    like the raw pipeline, which sends and receives bytes: the comparison is then transport + buffer only. With True
+    it is `BufferClient` (serialize every submit, parse every sampled group) as the fleet's workers and trainer are."""
+    ends = ServiceEnds(address, url, prefix, client_protobuf)
+    leased = await prepare(ends.stub, groups)
+    epoch = (await ends.stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=TIMEOUT_S)).epoch
+    # Protobuf clients serialize each group when they submit it (timed); bytes ones send pre-serialized groups.
+    items = [(g.prompt.group_id, (lease_id, g if client_protobuf else scored_group.encode(g)))
+             for lease_id, g in leased]  # fmt: skip
+    nbytes = sum(g.ByteSize() for _, g in leased)
     started: dict[str, float] = {}
     e2e: list[float] = []
     submit_lat: list[float] = []
     sample_lat: list[float] = []
 
     async def submitter(mine: list[tuple[str, Any]]) -> None:
-        call = stub.SubmitGroup if client_protobuf else submit_raw
-        for gid, req in mine:
+        for gid, item in mine:
             t = time.perf_counter()
             started[gid] = t
-            if client_protobuf:
-                req = scored_group.submit_request("bench-worker", req[0], req[1])
-            await call(req, timeout=TIMEOUT_S)
+            await ends.submit(item)
             submit_lat.append(time.perf_counter() - t)
 
     async def sampler() -> None:
         step = 0
-        while len(e2e) < len(requests):
+        while len(e2e) < len(leased):
             t = time.perf_counter()
-            want = min(batch, len(requests) - len(e2e))  # the last step takes the remainder, without waiting
-            req = replay_buffer_pb2.SampleRequest(step=step, num_groups=want, deadline_ms=1000, min_groups=1)
-            if client_protobuf:
-                answer = await stub.Sample(req, timeout=TIMEOUT_S)
-                ids = [common_pb2.ScoredGroup.FromString(b).prompt.group_id for b in answer.scored_groups]
-            else:
-                ids = _group_ids(await sample_raw(req, timeout=TIMEOUT_S))
+            want = min(batch, len(leased) - len(e2e))  # the last step takes the remainder, without waiting
+            ids = await ends.sample(step, want)
             now = time.perf_counter()
             sample_lat.append(now - t)
             e2e.extend(now - started[gid] for gid in ids)
             if step % 10 == 9:  # the trainer commits after each checkpoint; this bounds Redis memory here too
-                await stub.CommitStep(replay_buffer_pb2.CommitStepRequest(step=step, epoch=epoch), timeout=TIMEOUT_S)
+                await ends.stub.CommitStep(replay_buffer_pb2.CommitStepRequest(step=step, epoch=epoch),
+                                           timeout=TIMEOUT_S)
             step += 1
 
     meter, t0 = CpuMeter(pids), time.perf_counter()
     await asyncio.gather(sampler(), *(submitter(items[i::submitters]) for i in range(submitters)))
     elapsed = time.perf_counter() - t0
-    cpu = meter.per_group_ms(len(requests))
-    await channel.close()
-    nbytes = sum(len(r.scored_group) for r in requests)
-    return summary(len(requests), elapsed, e2e, nbytes, cpu, submit_rpc=submit_lat, sample_rpc=sample_lat)
+    cpu = meter.per_group_ms(len(leased))
+    await ends.close()
+    return summary(len(leased), elapsed, e2e, nbytes, cpu, submit=submit_lat, sample_mget=sample_lat)
 
 
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -294,7 +254,7 @@ async def _service_round(
     proc, address = start_service(url, prefix, workdir / "run")
     try:
         pids = {"server": proc.pid, "redis": redis_pid}
-        return await run_service(address, pids, groups, args.submitters, args.batch, client_protobuf=pb)
+        return await run_service(address, url, prefix, pids, groups, args.submitters, args.batch, client_protobuf=pb)
     finally:
         proc.terminate()
         proc.wait(30)

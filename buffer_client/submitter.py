@@ -55,8 +55,12 @@ class SubmitBatcher:
 
     async def submit(self, worker_id: str, lease_id: str, group: common_pb2.ScoredGroup) -> SubmitOutcome:
         header, data = scored_group.encode(group)  # a group that is not whole fails here, alone
+        return await self.submit_encoded(worker_id, Encoded(lease_id, header, data))
+
+    async def submit_encoded(self, worker_id: str, group: Encoded) -> SubmitOutcome:
+        """`submit` of a group already checked and serialized (`scored_group.encode`)."""
         done: asyncio.Future[SubmitOutcome] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(worker_id, Encoded(lease_id, header, data), done))
+        self._queue.append(_Pending(worker_id, group, done))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="submit-groups")
         # Shielded: a caller cancelled meanwhile (a drain timing out) does not cancel a call carrying other groups.
