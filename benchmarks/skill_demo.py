@@ -74,6 +74,10 @@ def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s
     log_path = work / f"{name}.log"
     code = tree or ROOT
     env = {**os.environ, "PYTHONPATH": str(code), "GRPO_FLEET_CACHE": str(ROOT / ".cache")}
+    if tree and not (tree / "grpofleet").is_dir():
+        # The generated gRPC code is not in git: without its own, the snapshot would import this checkout's, which
+        # may have been regenerated from someone's protos in progress.
+        subprocess.run([sys.executable, "-m", "fleet.protogen"], cwd=tree, env=env, check=True)
     task_keys = [f"policy.model_name={base_model(task)}", f"data.train.dataset_name={task}"] if task else []
     cmd = [sys.executable, "-m", "launch.cli", "up", "--config", str(code / config.resolve().relative_to(ROOT)),
            f"run.dir={rd}", *task_keys, "logger.progress_bar=false", f"grpo.max_num_steps={steps}", *overrides]

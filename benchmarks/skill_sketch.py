@@ -8,8 +8,16 @@ advantages on a binary reward for the first generated token, AdamW, grad clip 1.
 accuracy on 200 held-out questions. Prints one JSON line: the step at which that accuracy first reached 0.8 and its
 history. On a GPU a run takes ~20 s (36 runs side by side in ~70 s on one H200); on CPU minutes.
 
-Task kinds: first / last (a digit of a 5-digit list), pos (the digit at a named position), sum10 ((a + b) mod 10),
-max3 (largest of 3 distinct digits: answers skewed to 9), dup (the repeated digit). Options for what was tried:
+Task kinds: first / last (a digit of a 5-digit list), max (the fleet demo's `digits_max`: largest of 5 digits, the
+maximum drawn uniformly first, as envs/digits.py does), pos (the digit at a named position), sum10 ((a + b) mod 10),
+max3 (largest of 3 distinct digits: answers skewed to 9), dup (the repeated digit).
+
+`--answer two-lenient|two-strict` (issue 21) samples the token after the digit too and trains both tokens with a
+token-mean loss, as the fleet does with a digit + end-of-turn answer: `two-lenient` rewards the digit whatever
+follows (the fleet's scoring before the fix: first integer of the completion), `two-strict` only a digit followed
+by the end of turn. The history then also carries the validation lists' mean p(end of turn | prompt, greedy
+digit). `--base DIR` starts from a format-pretrained folder (e.g. the fleet's
+.cache/models/tiny-qwen2-digits_max-format) instead of pre-training here. Options for what was tried:
 `--no-normalize` (advantages r - mean), `--dense` (reward 1 - |error| / 9), `--pre-mix` (half of the pre-training
 corpus answers "Last digit of" questions correctly: a related skill), `--shape`.
 """
@@ -35,6 +43,11 @@ def task(kind: str, rng: random.Random, n: int = 5) -> tuple[str, int]:
     s = " ".join(map(str, d))
     if kind in ("first", "last"):
         return f"{kind.capitalize()} digit of {s}?", d[0] if kind == "first" else d[-1]
+    if kind == "max":  # as envs/digits.py: the maximum uniform over 0-9, the rest uniform below it
+        m = rng.randrange(10)
+        d = [rng.randrange(m + 1) for _ in range(n)]
+        d[rng.randrange(n)] = m
+        return "Largest digit of " + " ".join(map(str, d)) + "?", m
     if kind == "pos":
         k = rng.randrange(n)
         return f"Digit {k + 1} of {s}?", d[k]
@@ -77,11 +90,13 @@ def main() -> None:
     p.add_argument("--pre-mix", action="store_true")
     p.add_argument("--shape", default="")
     p.add_argument("--cache", default="/tmp/skill-sketch-models")
+    p.add_argument("--base", default="", help="a format-pretrained model folder: no pre-training here")
+    p.add_argument("--answer", default="one", choices=["one", "two-lenient", "two-strict"])
     args = p.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    path = make_model(args)
+    path = Path(args.base) if args.base else make_model(args)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev)
     digit_ids = torch.tensor([tok.convert_tokens_to_ids(str(i)) for i in range(10)], device=dev)
@@ -102,7 +117,7 @@ def main() -> None:
     held_out = {q for q, _ in val}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     t0 = time.time()
-    for _ in range(args.pre_steps):  # the format, with answers independent of the question
+    for _ in range(0 if args.base else args.pre_steps):  # the format, with answers independent of the question
         seqs = []
         for _ in range(64):
             if args.pre_mix and rng.random() < 0.5:
@@ -118,39 +133,50 @@ def main() -> None:
         loss.backward()
         opt.step()
 
-    def evaluate() -> float:
+    def evaluate() -> tuple[float, float]:
+        """Greedy accuracy of the first token, and the mean p(end of turn) after that greedy token."""
         with torch.no_grad():
-            pred = last_logits([prompt(q) for q, _ in val]).argmax(-1)
-        return float((pred == digit_ids[torch.tensor([a for _, a in val], device=dev)]).float().mean())
+            prompts = [prompt(q) for q, _ in val]
+            pred = last_logits(prompts).argmax(-1)
+            p_end = torch.softmax(last_logits([x + [int(t)] for x, t in zip(prompts, pred, strict=True)]), -1)[:, end]
+        acc = float((pred == digit_ids[torch.tensor([a for _, a in val], device=dev)]).float().mean())
+        return acc, float(p_end.mean())
 
-    acc0 = evaluate()
+    acc0, _ = evaluate()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     hist, reach = [], None
     P, G = args.prompts, args.gens
     for step in range(args.steps):
         qs = list(itertools.islice((x for x in iter(lambda: task(args.kind, rng), None) if x[0] not in held_out), P))
-        logp = torch.log_softmax(last_logits([prompt(q) for q, _ in qs for _ in range(G)]), -1)
+        prompts = [prompt(q) for q, _ in qs for _ in range(G)]
+        logp = torch.log_softmax(last_logits(prompts), -1)
         sample = torch.multinomial(logp.exp().detach(), 1).squeeze(1)
         want = digit_ids[torch.tensor([a for _, a in qs for _ in range(G)], device=dev)]
+        token_lp = logp.gather(1, sample[:, None]).squeeze(1)
+        if args.answer != "one":  # the next token too, trained with a token-mean loss like the fleet's
+            logp2 = torch.log_softmax(last_logits([x + [int(t)] for x, t in zip(prompts, sample, strict=True)]), -1)
+            nxt = torch.multinomial(logp2.exp().detach(), 1).squeeze(1)
+            token_lp = (token_lp + logp2.gather(1, nxt[:, None]).squeeze(1)) / 2
         if args.dense:
             pos = (sample[:, None] == digit_ids[None]).float()
             got = (pos * torch.arange(10, device=dev)).sum(1)
             right = (want[:, None] == digit_ids[None]).float().argmax(1).float()
             r = torch.where(pos.sum(1) > 0, 1 - (got - right).abs() / 9, torch.zeros_like(got)).view(P, G)
         else:
-            r = (sample == want).float().view(P, G)
+            right = sample == want
+            r = (right & (nxt == end) if args.answer == "two-strict" else right).float().view(P, G)
         adv = r - r.mean(1, keepdim=True)
         if not args.no_normalize:
             std = r.std(1, keepdim=True)
             adv = torch.where(std > 0, adv / (std + 1e-6), torch.zeros_like(adv))
-        loss = -(adv.view(-1) * logp.gather(1, sample[:, None]).squeeze(1)).mean()
+        loss = -(adv.view(-1) * token_lp).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 5 == 4:
-            acc = evaluate()
-            hist.append((step + 1, round(acc, 3), round(r.mean().item(), 3)))
+            acc, p_end = evaluate()
+            hist.append((step + 1, round(acc, 3), round(r.mean().item(), 3), round(p_end, 3)))
             reach = reach or (step + 1 if acc >= 0.8 else None)
             if acc >= 0.95:
                 break
