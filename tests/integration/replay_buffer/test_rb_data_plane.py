@@ -67,6 +67,28 @@ async def test_worker_submits_travel_through_redis_several_per_call_and_reach_th
         await client.close()
 
 
+async def test_one_refused_group_of_a_batch_fails_alone(buffer) -> None:
+    rb = await buffer()
+    c, client = rb.client(), _client(rb)
+    try:
+        await c.call("EnqueuePrompts", groups=[prompt(f"g{i}") for i in range(3)])
+        epoch = await begin(c, "w1")
+        leases = (await client.lease("w1", 0, epoch, 3)).leases
+        lease_ids = [x.lease_id for x in leases[:2]] + [f"1-0@{epoch}"]  # the last was never granted
+        results = await asyncio.gather(
+            *(client.submit("w1", lid, scored(x.group, 0)) for lid, x in zip(lease_ids, leases, strict=True)),
+            return_exceptions=True,
+        )
+        assert [type(r).__name__ for r in results] == ["SubmitOutcome", "SubmitOutcome", "AioRpcError"]
+        assert results[2].code() == grpc.StatusCode.NOT_FOUND  # type: ignore[union-attr]
+        stats = await c.call("Stats")
+        assert (stats.submitted, stats.leases_outstanding) == (2, 1)
+        assert len(await _payload_keys(client)) == 2  # the refused group's bytes were freed
+        assert (await rb.app.store.accounting()).ok
+    finally:
+        await client.close()
+
+
 async def test_an_orphaned_payload_expires_and_a_submit_after_that_is_refused(buffer) -> None:
     rb = await buffer()
     c, client = rb.client(), _client(rb)
