@@ -133,7 +133,8 @@ class ReplayBufferServicer:
         _check_worker_id(request.worker_id, "worker_id")
         _check_id(request.lease_id, "lease_id")
         which = request.WhichOneof("payload")
-        _require(request.HasField("header") and which is not None, "header must be set, and payload_key or scored_group must be set")
+        _require(request.HasField("header") and which is not None,
+                 "header must be set, and payload_key or scored_group must be set")
         h = request.header
         _check_header(h)
         if which == "scored_group":
