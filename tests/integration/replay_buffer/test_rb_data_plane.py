@@ -89,6 +89,28 @@ async def test_one_refused_group_of_a_batch_fails_alone(buffer) -> None:
         await client.close()
 
 
+async def test_a_worker_whose_submit_is_refused_gives_the_lease_back(buffer) -> None:
+    from rollout.worker import Decoder, RolloutWorker
+
+    rb = await buffer()
+    c, client = rb.client(), _client(rb)
+    none: Any = None
+    worker = RolloutWorker(client.cfg, "w1", "127.0.0.1:1", none, none, client, Decoder(none))
+    try:
+        await c.call("EnqueuePrompts", groups=[prompt("g"), prompt("h")])
+        epoch = await begin(c, "w1")
+        lg, lh = (await client.lease("w1", 0, epoch, 2)).leases
+        await worker._submit(lh, scored(lg.group, 0))  # g's group on h's lease: refused (lease of another group)
+        assert (worker.stats.groups_submitted, worker.stats.groups_released) == (0, 1)
+        stats = await c.call("Stats")
+        assert (stats.released, stats.leases_outstanding, stats.submitted) == (1, 1, 0)  # h goes back to the pool
+        assert await _payload_keys(client) == []  # the refused bytes were freed
+        await worker._submit(lg, scored(lg.group, 0))
+        assert worker.stats.groups_submitted == 1
+    finally:
+        await client.close()
+
+
 async def test_an_orphaned_payload_expires_and_a_submit_after_that_is_refused(buffer) -> None:
     rb = await buffer()
     c, client = rb.client(), _client(rb)
