@@ -60,6 +60,8 @@ class SubmitBatcher:
     async def submit_encoded(self, worker_id: str, group: Encoded) -> SubmitOutcome:
         """`submit` of a group already checked and serialized (`scored_group.encode`)."""
         done: asyncio.Future[SubmitOutcome] = asyncio.get_running_loop().create_future()
+        # Marks a failure as seen even when its caller was cancelled meanwhile (no "never retrieved" warning).
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._queue.append(_Pending(worker_id, group, done))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="submit-groups")
