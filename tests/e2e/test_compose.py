@@ -1,25 +1,44 @@
 """`docker compose up` for real: the images built from the Dockerfile, the whole fleet in containers with two rollout
 replicas, one of them `docker kill`ed mid-run, and the run completes with every group accounted for -- the same
-accounting as test_fleet_e2e.py. Starts a Docker engine if none runs (scripts/docker-engine.sh) and leaves the host as
-it found it: the project's containers, networks and volumes removed, an engine it started stopped and its iptables
-rules, FORWARD policy, ip_forward and bridges undone. Image layers stay in the engine's storage: the build cache.
+accounting as test_fleet_e2e.py. Then the sandbox container alone, through its HTTP API: a computer-use session in the
+image's Chromium, an image task pulled and unpacked by the image's skopeo and umoci, and a task stopped by its per-task
+cgroup (compose's `cgroup: private` and the image's entrypoint). Starts a Docker engine if none runs
+(scripts/docker-engine.sh) and leaves the host as it found it: the project's containers, networks and volumes removed,
+an engine it started stopped and its iptables rules, FORWARD policy, ip_forward and bridges undone. Image layers stay
+in the engine's storage: the build cache.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
 import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+for helpers in ("sandbox", "images", "computer_use"):  # the calc repo and its images, the button task
+    sys.path.insert(0, str(ROOT / "tests" / "integration" / helpers))
+
+from computer_helpers import button_task, click_on, payload  # noqa: E402
+from image_helpers import REGISTRY_CONFIG, ImageSet, free_port  # noqa: E402
+from sandbox_helpers import make_calc_repo  # noqa: E402
+
+from envs.swe.images import OciBuilder, base_tarball, make_testbed  # noqa: E402
+from fleet.contracts.sandbox import Verdict  # noqa: E402
+from sandbox_client import SandboxClient  # noqa: E402
+from sandbox_client.computer import ComputerClient, ComputerVerdict  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "tests/e2e/configs/compose_short.yaml"  # 4 steps of 2 groups, a task slice of one repository
 RUN = "/app/runs/compose_e2e"
 STEPS, GROUPS_PER_STEP = 4, 2
@@ -143,3 +162,91 @@ def test_compose_fleet_survives_a_killed_rollout_container(engine: dict[str, str
     assert not left.strip(), f"containers left behind: {left}"
     vols = _sh(["docker", "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"], env).stdout
     assert not vols.strip(), f"volumes left behind: {vols}"
+
+
+SANDBOX_CONFIG = "tests/e2e/configs/compose_sandbox.yaml"  # cgroups required, task memory 512 MB, registry over HTTP
+MEMORY_HOG = "python -c 'b = b\"x\" * (1 << 30)'"  # 1 GiB touched: over the task's 512 MB, within one process's 2 GB
+
+
+def _addresses(env: dict[str, str], project: str, service: str) -> tuple[str, str]:
+    """The container's address and its network's gateway (the host, as the container sees it)."""
+    cid = _compose(env, project, "ps", "-q", service).stdout.split()[0]
+    fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.Gateway}}{{end}}"
+    ip, gateway = _sh(["docker", "inspect", "-f", fmt, cid], env).stdout.split()
+    return ip, gateway
+
+
+def _registry(root: Path, gateway: str) -> tuple[subprocess.Popen[bytes], str]:
+    """docker-registry on the gateway address (reachable from the container), answering."""
+    port = free_port()
+    root.mkdir(parents=True)
+    (root / "config.yml").write_text(REGISTRY_CONFIG.format(root=root / "data", port=port).replace(
+        "127.0.0.1", gateway))
+    proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{gateway}:{port}/v2/", timeout=2):
+                return proc, f"{gateway}:{port}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"docker-registry did not answer on {gateway}:{port}") from None
+            time.sleep(0.1)
+
+
+def _push_calc(root: Path, registry: str) -> ImageSet:
+    """The image tests' calc instance image (the cached Debian base plus /testbed), in the registry."""
+    repo = make_calc_repo(root / "calc")
+    builder = OciBuilder(root / "oci")
+    builder.base(base_tarball())
+    make_testbed(repo.path, repo.base, root / "tb")
+    builder.instance("calc", root / "tb")
+    builder.push("calc", f"{registry}/swe/calc:v1")
+    return ImageSet(registry, repo, f"{registry}/swe/calc:v1", "", "", builder)
+
+
+async def _exercise_the_sandbox(url: str, images: ImageSet) -> tuple[Verdict, Verdict, dict[str, object],
+                                                                     ComputerVerdict]:
+    """The gold patch on the image task, the memory hog as its eval script, /healthz, a right click in a browser."""
+    async with SandboxClient([url], task_timeout=300) as client:
+        gold = await client.run(images.spec(images.repo.gold))
+        hog = await client.run(images.spec(images.repo.gold, eval_script=MEMORY_HOG))
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as resp:
+        health = await resp.json()
+    computer = ComputerClient([url], owner="compose-e2e", max_retries=1, backoff_s=0.5)
+    try:
+        task = button_task(0)
+        session = await computer.open(payload(task))
+        await session.act(click_on(task, task.metadata["params"][1]))
+        clicked = await session.finish()
+    finally:
+        await computer.close()
+    return gold, hog, health, clicked
+
+
+def test_compose_sandbox_runs_a_browser_an_image_task_and_a_memory_limited_task(
+        engine: dict[str, str], tmp_path: Path) -> None:
+    env = {**engine, "GRPO_FLEET_CONFIG": SANDBOX_CONFIG}
+    project = f"grpo-sbx-{os.getpid()}"
+    t0 = time.monotonic()
+    _compose(env, project, "build", "prepare", timeout=2400)  # built already by the fleet test: cached
+    registry = None
+    try:
+        _compose(env, project, "up", "-d", "--no-deps", "--wait", "sandbox", timeout=300)
+        ip, gateway = _addresses(env, project, "sandbox")
+        registry, host = _registry(tmp_path / "registry", gateway)
+        images = _push_calc(tmp_path, host)
+        gold, hog, health, clicked = asyncio.run(_exercise_the_sandbox(f"http://{ip}:9090", images))
+    finally:
+        if registry is not None:
+            registry.terminate()
+            registry.wait(10)
+        logs = _compose(env, project, "logs", "--tail", "40", "sandbox", check=False).stdout
+        _compose(env, project, "down", "-v", "--remove-orphans", timeout=300)
+        print(f"sandbox features checked in {time.monotonic() - t0:.0f} s")
+    assert gold.status == "completed" and gold.resolution == "FULL", (gold, logs)  # skopeo + umoci + bwrap
+    assert "memory limit of the task reached" in hog.stderr_tail, (hog, logs)  # the task's cgroup stopped it
+    assert health["image_cgroups"] is True and health["image_unpacks"] == 1, health
+    assert (clicked.passed, clicked.status) == (True, "passed"), clicked  # Chromium rendered, clicked, checked

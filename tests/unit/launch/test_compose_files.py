@@ -68,6 +68,8 @@ def test_bubblewrap_gets_what_it_needs_and_no_more() -> None:
         if name in ("sandbox", "prepare"):  # prepare validates the task set in the same sandbox
             assert svc["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]  # namespaces; the task's own loopback
             assert set(svc["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
+            # the sandbox's own cgroup namespace, for its per-task groups (the image's entrypoint makes it writable)
+            assert svc.get("cgroup") == ("private" if name == "sandbox" else None), name
         else:
             assert "cap_add" not in svc and "security_opt" not in svc, name
 
@@ -131,6 +133,11 @@ def _stages(dockerfile: str) -> dict[str, str]:
 def test_dockerfile_has_cpu_cuda_and_redis_targets_without_a_toolchain_in_cpu() -> None:
     stages = _stages((ROOT / "Dockerfile").read_text())
     assert {"cpu", "cuda", "redis"} <= set(stages)
-    for name in ("os", "cpu", "redis"):
+    for name in ("os", "runtime", "cpu", "redis"):
         assert not re.search(r"build-essential|\bgcc\b|python3-dev", stages[name]), name
-    assert re.match(r"FROM os AS cpu", stages["cpu"]) and "COPY --from=build-cpu /opt/venv" in stages["cpu"]
+    assert not re.search(r"build-essential|python3-dev", stages["cuda"])  # gcc only: triton compiles at run time
+    assert re.match(r"FROM runtime AS cpu", stages["cpu"]) and "COPY --from=build-cpu /opt/venv" in stages["cpu"]
+    # Both final images carry the sandbox's features: the browser, the image runtime's tools, the cgroup entrypoint.
+    assert re.match(r"FROM runtime AS cuda", stages["cuda"])
+    assert all(re.search(rf"\b{tool}\b", stages["runtime"]) for tool in ("chromium", "skopeo", "umoci"))
+    assert "ENTRYPOINT" in stages["runtime"]
