@@ -1,25 +1,22 @@
 """Client of the executors' computer sessions (`/computer/sessions/*`), used by the computer-use episode runner.
 
-`ComputerClient` is a `SessionClient` on other routes: the same executor choice (least of this client's sessions
-first, another executor when one is full, draining or unreachable), the same owner heartbeat (a background renewal;
-when this process dies the executors remove its browsers after `sandbox.sessions.lease_s`), the same retries and
-errors. A session is pinned to its executor. Infrastructure failures -- an executor gone, a renderer that crashed or
-hung, an `infra_error` verdict -- raise `SandboxUnavailable` (`SessionUnavailable`): the runner gives the group back,
-never scores it. An action the sandbox rejects raises `ActionRejected`: the agent's mistake, an observation.
+`ComputerClient` is the shared session client (`session_base.py`) on other routes: the same executor choice
+(least of this client's sessions first, another executor when one is full, draining or unreachable), the same owner
+heartbeat (a background renewal; when this process dies the executors remove its browsers after
+`sandbox.sessions.lease_s`), the same retries and errors. A session is pinned to its executor. Infrastructure
+failures -- an executor gone, a renderer that crashed or hung, an `infra_error` verdict -- raise
+`SandboxUnavailable` (`SessionUnavailable`): the runner gives the group back, never scores it. An action the
+sandbox rejects raises `ActionRejected`: the agent's mistake, an observation.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from sandbox_client.results import SandboxError, SandboxRequestError
-from sandbox_client.sessions import _TRANSPORT, SessionClient, SessionUnavailable
-
-if TYPE_CHECKING:
-    from fleet.config import MasterConfig
+from sandbox_client.session_base import PinnedSession, SessionClientBase, SessionUnavailable
 
 
 class Action(Protocol):
@@ -56,12 +53,12 @@ class ComputerVerdict:
     detail: str
 
 
-class ComputerSession:
+class ComputerSession(PinnedSession):
     """One open computer session; `first` is the page's screenshot before any action."""
 
     def __init__(self, client: ComputerClient, url: str, session_id: str, first: Screenshot) -> None:
-        self.client, self.url, self.id, self.first = client, url, session_id, first
-        self.closed = False
+        super().__init__(client, url, session_id)
+        self.first = first
 
     async def act(self, action: Action) -> Screenshot:
         """The screenshot after `action`; ActionRejected for an action the sandbox refused (the page is untouched)."""
@@ -75,8 +72,7 @@ class ComputerSession:
     async def finish(self) -> ComputerVerdict:
         """The verdict of the page as it is now; the session is gone afterwards."""
         data = await self.client.call(self, "POST", "finish")
-        self.closed = True
-        self.client.forget(self)
+        self.ended()
         verdict = data.get("verdict", {})
         if verdict.get("status") not in ("passed", "failed"):
             raise SessionUnavailable(f"computer session {self.id} on {self.url} could not be graded: "
@@ -84,24 +80,11 @@ class ComputerSession:
         return ComputerVerdict(verdict["status"] == "passed", float(verdict.get("reward", 0.0)), verdict["status"],
                                str(verdict.get("detail", "")))
 
-    async def close(self) -> None:
-        """Remove the session (best effort: the executor's lease removes it anyway)."""
-        if not self.closed:
-            self.closed = True
-            self.client.forget(self)
-            with contextlib.suppress(SandboxError, *_TRANSPORT):
-                await self.client.call(self, "DELETE", "", retries=0)
 
-
-class ComputerClient(SessionClient):
+class ComputerClient(SessionClientBase):
     PATH = "computer/sessions"
 
-    @classmethod
-    def from_config(cls, cfg: MasterConfig, owner: str) -> ComputerClient:
-        code = cfg.env.code
-        return cls(code.sandbox_urls, owner, token=code.auth_token, max_retries=code.max_retries)
-
-    async def open(self, task_payload: dict[str, Any]) -> ComputerSession:  # type: ignore[override]
+    async def open(self, task_payload: dict[str, Any]) -> ComputerSession:
         """A session showing `task_payload`'s page (`envs.computer_use` `task_to_payload`) on the least loaded
         executor; SessionUnavailable when none can make one."""
         url, data = await self.open_on_executor({"task": task_payload})

@@ -113,8 +113,11 @@ class SessionRegistry(Generic[S]):
     async def close_all(self) -> None:
         """Stop the reaper and remove every session (the executor stops)."""
         if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
+            # Cancelled until it is done: on Python 3.11 `asyncio.wait_for` drops a cancellation that arrives as its
+            # inner wait ends (a renderer's exit, mid-removal), and the reaper would go on forever.
+            while not self._reaper.done():
+                self._reaper.cancel()
+                await asyncio.wait([self._reaper], timeout=1.0)
             self._reaper = None
         for sid in list(self.sessions):
             await self.delete(sid, "executor_stopped")
