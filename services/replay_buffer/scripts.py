@@ -42,6 +42,15 @@ local function dead_letter(gid, reason, kind, data, pk, detail, now)
   incr('dead:' .. reason, 1)
 end
 
+-- One command for many arguments (HSET, ZREM, XDEL, DEL take several) instead of one per group, in chunks that stay
+-- under Lua's unpack limit (an even size, so HSET's field/value pairs stay whole). `key` nil: the list is all keys.
+local function many(cmd, key, list)
+  for i = 1, #list, 4000 do
+    local j = math.min(i + 3999, #list)
+    if key then redis.call(cmd, key, unpack(list, i, j)) else redis.call(cmd, unpack(list, i, j)) end
+  end
+end
+
 local function run_int(name)
   return tonumber(redis.call('HGET', K_RUN, name) or '0')
 end
@@ -79,7 +88,6 @@ for _, p in ipairs(redis.call('XPENDING', K_PROMPTS, group, '-', '+', tonumber(A
   local f = entry(K_PROMPTS, p[1])
   if f and eligible(f) then
     redis.call('XCLAIM', K_PROMPTS, group, consumer, 0, p[1])  -- counts one more delivery
-    redis.call('HSET', K_STATUS, f.gid, 'leased')
     out[#out + 1] = {p[1], f.gid, f.kind, f.data, p[4] + 1}
   else
     blocked = true
@@ -102,11 +110,16 @@ if #out < n then
     local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', k, 'STREAMS', K_PROMPTS, '>')
     for _, e in ipairs(got[1][2]) do
       local f = fields(e[2])
-      redis.call('HSET', K_STATUS, f.gid, 'leased')
       out[#out + 1] = {e[1], f.gid, f.kind, f.data, 1}
     end
   end
 end
+local status = {}
+for _, o in ipairs(out) do
+  status[#status + 1] = o[2]
+  status[#status + 1] = 'leased'
+end
+many('HSET', K_STATUS, status)
 
 incr('leased', #out)
 local reason = ''
@@ -175,6 +188,14 @@ return 'released'
 # expiry cleared) or freed (duplicate, refused, re-queued): no outcome leaves it behind.
 SUBMIT = """
 local group, pool, max_age, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+-- The run's state is read once per call, not per group: nothing below changes it.
+local run = fields(redis.call('HGETALL', K_RUN))
+local epoch, step = tonumber(run.epoch or '0'), tonumber(run.step or '0')
+local resume_version = tonumber(run.resume_version or '0')
+-- What a stored group changes beyond its own traj entry goes in one command each per call (see the end); `seen`
+-- and `acked` stand in for those writes within the call, so that a group or lease named twice in one batch is judged
+-- exactly as if each submit were a call of its own.
+local seen, acked, done_entries, status, ready, ready_val = {}, {}, {}, {}, {}, {}
 -- A key with an expiry was never kept: free it. One without (PTTL -1) holds bytes that an earlier submit of this
 -- very key kept (a retried call whose answer was lost): those are the group's, never deleted here. Keys are unique
 -- per write (GROUP_ID:NONCE), so no other submit can name them.
@@ -186,14 +207,17 @@ local function submit(entry_id, lease_epoch, gid, target, minv_s, maxv_s, val, p
     free(pk)
     return {outcome, detail}
   end
-  local st = redis.call('HGET', K_STATUS, gid)
-  if not st then return refuse('unknown_group', '') end
-  if st ~= 'enqueued' and st ~= 'leased' then return refuse('duplicate', st) end
-  local f = entry(K_PROMPTS, entry_id)
-  if not f then return refuse('unknown_lease', '') end
-  if f.gid ~= gid then return refuse('mismatch', f.gid) end
-  local p = redis.call('XPENDING', K_PROMPTS, group, entry_id, entry_id, 1)[1]
-  if not p then return refuse('unknown_lease', '') end
+  local f = nil
+  if not acked[entry_id] then f = entry(K_PROMPTS, entry_id) end
+  -- A live prompt entry of this very group means it is enqueued or leased (the accounting checks that); only
+  -- otherwise is the status hash needed to tell an unknown group, a duplicate and a foreign lease apart.
+  if not f or f.gid ~= gid then
+    local st = seen[gid] or redis.call('HGET', K_STATUS, gid)
+    if not st then return refuse('unknown_group', '') end
+    if st ~= 'enqueued' and st ~= 'leased' then return refuse('duplicate', st) end
+    if not f then return refuse('unknown_lease', '') end
+    return refuse('mismatch', f.gid)
+  end
   -- The bytes are the writer's; the script reads only their length (a group is never empty).
   local held = redis.call('STRLEN', pk)
   if held == 0 then return refuse('payload_missing', '') end
@@ -201,26 +225,35 @@ local function submit(entry_id, lease_epoch, gid, target, minv_s, maxv_s, val, p
   local minv, maxv = tonumber(minv_s), tonumber(maxv_s)
   -- A lease from an earlier run epoch may hold tokens of weights that the trainer's resume discarded (versions
   -- newer than the resumed ones): those tokens were never produced by this run, so the prompt is leased again.
-  if tonumber(lease_epoch) < run_int('epoch') and maxv > run_int('resume_version') then
-    redis.call('XCLAIM', K_PROMPTS, group, pool, 0, entry_id, 'JUSTID')
+  -- XCLAIM and XACK touch only an entry in the pending list: claiming or acknowledging nothing means the entry was
+  -- never delivered (queued, not leased), and nothing has been written yet.
+  if tonumber(lease_epoch) < epoch and maxv > resume_version then
+    if #redis.call('XCLAIM', K_PROMPTS, group, pool, 0, entry_id, 'JUSTID') == 0 then
+      return refuse('unknown_lease', '')
+    end
     redis.call('HSET', K_STATUS, gid, 'enqueued')
     incr('requeued', 1)
     return refuse('requeued', '')
   end
-  redis.call('XACK', K_PROMPTS, group, entry_id)
-  redis.call('XDEL', K_PROMPTS, entry_id)
-  local step = run_int('step')
-  if val ~= '1' and run_int('epoch') > 0 and step - minv > max_age then
+  if redis.call('XACK', K_PROMPTS, group, entry_id) == 0 then return refuse('unknown_lease', '') end
+  acked[entry_id] = true
+  done_entries[#done_entries + 1] = entry_id
+  if val ~= '1' and epoch > 0 and step - minv > max_age then
     dead_letter(gid, 'stale_on_submit', 'scored', '', pk, 'step ' .. step .. ', min_version ' .. minv, now)
+    seen[gid] = 'dead:stale_on_submit'
     return {'dead', ''}
   end
   redis.call('PERSIST', pk)
   -- The prompt entry's kind and bytes (a few KB) stay with the header: a resume that re-queues the group needs them.
   local tid = redis.call('XADD', K_TRAJ, '*', 'gid', gid, 'target', target, 'minv', minv_s, 'maxv', maxv_s,
                          'val', val, 'pk', pk, 'size', size, 'pkind', f.kind, 'prompt', f.data)
-  if val == '1' then redis.call('ZADD', K_READY_VAL, minv, tid) else redis.call('ZADD', K_READY, minv, tid) end
-  redis.call('HSET', K_STATUS, gid, 'scored')
-  incr('submitted', 1)
+  local index = ready
+  if val == '1' then index = ready_val end
+  index[#index + 1] = minv
+  index[#index + 1] = tid
+  status[#status + 1] = gid
+  status[#status + 1] = 'scored'
+  seen[gid] = 'scored'
   return {'ok', tid}
 end
 local out = {}
@@ -230,6 +263,11 @@ for i = 5, #ARGV, 9 do
   out[#out + 1] = r[1]
   out[#out + 1] = r[2]
 end
+many('XDEL', K_PROMPTS, done_entries)
+many('ZADD', K_READY, ready)
+many('ZADD', K_READY_VAL, ready_val)
+many('HSET', K_STATUS, status)
+incr('submitted', #status / 2)
 return out
 """
 
@@ -276,19 +314,22 @@ local available = redis.call('ZCARD', zkey)
 local out = {evicted, available}
 if available == 0 or available < need then return out end
 local bytes, limit = 0, tonumber(ARGV[7])
+-- Per group only what is the group's own (its trained entry, a validation payload's expiry); the index, status,
+-- counter and age updates go in one command each for the whole answer.
+local tids, status, ages = {}, {}, {}
 local function take(tid, f)
-  redis.call('ZREM', zkey, tid)
-  redis.call('HSET', K_STATUS, f.gid, 'sampled:' .. step)
+  tids[#tids + 1] = tid
+  status[#status + 1] = f.gid
+  status[#status + 1] = 'sampled:' .. step
   if val then
-    redis.call('XDEL', K_TRAJ, tid)
     redis.call('PEXPIRE', f.pk, 600000)
-    incr('validated', 1)
   else
-    -- Kept (by reference) until the trainer's checkpoint commits the step: a resumed trainer gets it back.
-    redis.call('XADD', K_TRAINED, '*', 'gid', f.gid, 'step', step, 'tid', tid, 'rid', rid)
-    redis.call('HINCRBY', K_AGE, step - tonumber(f.minv), 1)
+    -- Kept (by reference, with its payload key for CommitStep) until the trainer's checkpoint commits the step: a
+    -- resumed trainer gets it back.
+    redis.call('XADD', K_TRAINED, '*', 'gid', f.gid, 'step', step, 'tid', tid, 'rid', rid, 'pk', f.pk)
+    local age = step - tonumber(f.minv)
+    ages[age] = (ages[age] or 0) + 1
   end
-  incr('sampled', 1)
   out[#out + 1] = ref(f)
 end
 -- Lowest min_version first (oldest weights first); ties in stream-id order, i.e. submission order.
@@ -303,6 +344,14 @@ for _, tid in ipairs(redis.call('ZRANGE', zkey, 0, n - 1)) do
     take(tid, f)
   end
 end
+if #tids > 0 then
+  many('ZREM', zkey, tids)
+  many('HSET', K_STATUS, status)
+  if val then many('XDEL', K_TRAJ, tids) end
+end
+for age, count in pairs(ages) do redis.call('HINCRBY', K_AGE, age, count) end
+incr('sampled', #tids)
+if val then incr('validated', #tids) end
 return out
 """
 

@@ -56,20 +56,29 @@ return {epoch, returned, retargeted, committed, requeued}
 # ARGV: step, epoch. Returns committed count, or -1 on an epoch mismatch.
 COMMIT = """
 if tonumber(ARGV[2]) ~= run_int('epoch') then return -1 end
-local s, n = tonumber(ARGV[1]), 0
+local s = tonumber(ARGV[1])
+local trained, tids, pks = {}, {}, {}
 for _, e in ipairs(redis.call('XRANGE', K_TRAINED, '-', '+')) do
   local f = fields(e[2])
   if tonumber(f.step) <= s then
-    local t = entry(K_TRAJ, f.tid)
-    if t then redis.call('DEL', t.pk) end
-    redis.call('XDEL', K_TRAJ, f.tid)
-    redis.call('XDEL', K_TRAINED, e[1])
-    n = n + 1
+    -- A trained entry names its payload key; one written by an older buffer does not: read it off the traj entry.
+    local pk = f.pk
+    if not pk then
+      local t = entry(K_TRAJ, f.tid)
+      if t then pk = t.pk end
+    end
+    if pk then pks[#pks + 1] = pk end
+    tids[#tids + 1] = f.tid
+    trained[#trained + 1] = e[1]
   end
 end
-incr('committed', n)
+-- One command each for the whole step, not three per group.
+many('DEL', nil, pks)
+many('XDEL', K_TRAJ, tids)
+many('XDEL', K_TRAINED, trained)
+incr('committed', #trained)
 if s > run_int('committed_step') then redis.call('HSET', K_RUN, 'committed_step', s) end
-return n
+return #trained
 """
 
 # ARGV: version, epoch, step. Returns the current epoch (the caller compares).
