@@ -10,9 +10,7 @@ from typing import Any
 from buffer_client import BufferClient
 from buffer_client.submitter import Encoded
 from fleet.config import load_config
-from fleet.config.infra import ServicesConfig
-from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
-from services.runtime.client import make_channel
+from grpofleet.v1 import common_pb2, replay_buffer_pb2
 
 TIMEOUT_S = 60.0
 
@@ -41,11 +39,11 @@ class ServiceEnds:
 
     def __init__(self, address: str, url: str, prefix: str, client_protobuf: bool) -> None:
         self.client_protobuf = client_protobuf
-        self.channel = make_channel(address, ServicesConfig())
-        self.stub = replay_buffer_pb2_grpc.ReplayBufferStub(self.channel)
         port = address.rsplit(":", 1)[1]
-        self.client = BufferClient(load_config(None, [f"services.replay_buffer.port={port}", f"redis.url={url}",
-                                                      f"redis.key_prefix={prefix}"]))
+        overrides = [f"services.replay_buffer.port={port}", f"redis.url={url}", f"redis.key_prefix={prefix}"]
+        cfg = load_config(None, overrides)
+        self.client = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
+        self.stub = self.client.stub  # one channel per process, as the trainer and a worker have
 
     async def submit(self, item: tuple[str, Any]) -> None:
         lease_id, group = item
@@ -66,5 +64,4 @@ class ServiceEnds:
         return [g.group_id for g in answer.groups]  # ids off the headers: the bytes are not parsed, as raw
 
     async def close(self) -> None:
-        await self.channel.close()
         await self.client.close()

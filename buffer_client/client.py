@@ -26,7 +26,7 @@ from grpc import aio
 
 from buffer_client.payloads import PayloadStore
 from buffer_client.submitter import Encoded, SubmitBatcher
-from fleet.config import MasterConfig
+from fleet.config.infra import RedisConfig, ServicesConfig
 from fleet.contracts.buffer import Lease, LeaseReply, Registration, Starvation, SubmitOutcome, WorkerInfo
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
 from services.runtime.client import call_through_outage, make_channel
@@ -45,18 +45,21 @@ def _worker_message(w: WorkerInfo) -> replay_buffer_pb2.WorkerInfo:
 
 
 class BufferClient:
-    def __init__(self, cfg: MasterConfig) -> None:
-        self.cfg = cfg
-        self.timeout = cfg.services.rpc_timeout_s
-        self.channel: aio.Channel = make_channel(cfg.services.replay_buffer.address, cfg.services)
+    """Reads only its own sections (issue 14): `services` (the buffer's address, RPC deadline, outage bound, message
+    size), `redis` (the data plane's URL and key prefix) and the run directory (where the embedded Redis is when
+    `redis.url` is empty)."""
+
+    def __init__(self, services: ServicesConfig, redis: RedisConfig, run_dir: str) -> None:
+        self.timeout = services.rpc_timeout_s
+        self.channel: aio.Channel = make_channel(services.replay_buffer.address, services)
         self.stub = replay_buffer_pb2_grpc.ReplayBufferStub(self.channel)
         # One outage per process, shared by all its calls: logged once, bounded by services.outage_tolerance_s.
         self.outage = Outage(
-            f"replay buffer at {cfg.services.replay_buffer.address}",
-            cfg.services.outage_tolerance_s,
-            report_every_s=cfg.services.outage_report_s,
+            f"replay buffer at {services.replay_buffer.address}",
+            services.outage_tolerance_s,
+            report_every_s=services.outage_report_s,
         )
-        self.payloads = PayloadStore.from_config(cfg)
+        self.payloads = PayloadStore.from_config(services, redis, run_dir)
         self._submitter = SubmitBatcher(self._submit_batch)
 
     async def close(self) -> None:

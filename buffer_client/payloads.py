@@ -23,7 +23,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fleet.config import MasterConfig
+from fleet.config.infra import RedisConfig, ServicesConfig
 from fleet.contracts.buffer import data_plane_url, payload_key, payload_ttl_ms
 from services.runtime.outage import Outage
 
@@ -57,11 +57,11 @@ class PayloadStore:
         self._redis: Redis | None = None  # made on first use: a process that never touches payloads opens nothing
 
     @classmethod
-    def from_config(cls, cfg: MasterConfig) -> PayloadStore:
-        url = data_plane_url(cfg.redis.url, cfg.run.dir)
-        s = cfg.services
+    def from_config(cls, services: ServicesConfig, redis: RedisConfig, run_dir: str) -> PayloadStore:
+        url = data_plane_url(redis.url, run_dir)
+        s = services
         outage = Outage(f"redis at {url}", s.outage_tolerance_s, report_every_s=s.outage_report_s)
-        return cls(url, cfg.redis.key_prefix, outage, payload_ttl_ms(s.outage_tolerance_s))
+        return cls(url, redis.key_prefix, outage, payload_ttl_ms(s.outage_tolerance_s))
 
     @property
     def redis(self) -> Redis:

@@ -51,7 +51,7 @@ async def serve(cfg: MasterConfig) -> int:
     tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
     engine = make_engine(cfg.policy, model_path, seed=cfg.grpo.seed, max_images_per_prompt=max_images(cfg))
     service = GrpcService("rollout", cfg.services.rollout, cfg.services)
-    buffer = BufferClient(cfg)
+    buffer = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
     scorer = Scorer(cfg)
     await engine.start()
     port = service.bind()

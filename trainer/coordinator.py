@@ -76,7 +76,7 @@ class Coordinator:
         self.call(self._start())
 
     async def _start(self) -> None:
-        self.buffer = BufferClient(self.cfg)
+        self.buffer = BufferClient(self.cfg.services, self.cfg.redis, self.cfg.run.dir)
         main, late = make_senders(self.cfg.policy.weight_sync, self.cfg.services, self.device)
         self.pusher = WeightPusher(self.cfg.policy.weight_sync.join_poll_s, self.buffer.list_workers, main, late)
         self._status = await start_status_service(self.cfg.services, self.state)

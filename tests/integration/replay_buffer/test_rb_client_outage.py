@@ -38,7 +38,7 @@ async def test_calls_wait_through_a_buffer_restart_and_log_the_outage_once(
     args = (f"run.dir={tmp_path / 'run'}", f"services.replay_buffer.port={port}")
     first = spawn(*args)
     cfg = load_config(None, [f"services.replay_buffer.port={port}", "services.outage_report_s=1"])
-    client = BufferClient(cfg)
+    client = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
     caplog.set_level(logging.INFO, logger="services.runtime.outage")
     try:
         await client.register(worker("w1"))
@@ -61,7 +61,7 @@ async def test_calls_wait_through_a_buffer_restart_and_log_the_outage_once(
 async def test_a_call_past_the_bound_raises_naming_the_buffer() -> None:
     port = _free_port()  # nothing listens there
     cfg = load_config(None, [f"services.replay_buffer.port={port}", "services.outage_tolerance_s=1.5"])
-    client = BufferClient(cfg)
+    client = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
     try:
         with pytest.raises(ServiceDown) as err:
             await client.heartbeat(worker("w1"))
@@ -79,7 +79,7 @@ async def test_redis_outage_is_named_by_clients_and_status(spawn, tmp_path: Path
         port = svc.address.rsplit(":", 1)[1]
         cfg = load_config(None, [f"services.replay_buffer.port={port}", "services.outage_tolerance_s=2",
                                  f"services.trainer.port={_free_port()}", "services.rpc_timeout_s=5"])
-        client = BufferClient(cfg)
+        client = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
         try:
             await client.register(worker("w1"))
             redis.kill()

@@ -17,18 +17,22 @@ from rb_service_helpers import begin, prompt, scored
 
 from buffer_client import BufferClient
 from buffer_client.payloads import PayloadStore
-from fleet.config import load_config
+from fleet.config import MasterConfig, load_config
 from fleet.contracts import scored_group
 from fleet.contracts.buffer import payload_key
 from services.replay_buffer.embedded import start_embedded_redis
 from services.runtime.outage import Outage, ServiceDown
 
 
-def _client(rb: Any, *overrides: str) -> BufferClient:
+def _config(rb: Any, *overrides: str) -> MasterConfig:
     port = rb.address.rsplit(":", 1)[1]
-    cfg = load_config(None, [f"services.replay_buffer.port={port}", f"redis.url={rb.redis_url}",
-                             f"redis.key_prefix={rb.cfg.redis.key_prefix}", *overrides])
-    return BufferClient(cfg)
+    return load_config(None, [f"services.replay_buffer.port={port}", f"redis.url={rb.redis_url}",
+                              f"redis.key_prefix={rb.cfg.redis.key_prefix}", *overrides])
+
+
+def _client(rb: Any, *overrides: str) -> BufferClient:
+    cfg = _config(rb, *overrides)
+    return BufferClient(cfg.services, cfg.redis, cfg.run.dir)
 
 
 async def _payload_keys(client: BufferClient) -> list[bytes]:
@@ -95,7 +99,7 @@ async def test_a_worker_whose_submit_is_refused_gives_the_lease_back(buffer) -> 
     rb = await buffer()
     c, client = rb.client(), _client(rb)
     none: Any = None
-    worker = RolloutWorker(client.cfg, "w1", "127.0.0.1:1", none, none, client, Decoder(none))
+    worker = RolloutWorker(_config(rb), "w1", "127.0.0.1:1", none, none, client, Decoder(none))
     try:
         await c.call("EnqueuePrompts", groups=[prompt("g"), prompt("h")])
         epoch = await begin(c, "w1")
