@@ -9,7 +9,7 @@ import contextvars
 import logging
 from typing import Any
 
-from fleet.config import MasterConfig
+from fleet.config.env import EnvConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict
 
 log = logging.getLogger(__name__)
@@ -23,23 +23,25 @@ class ScoringUnavailable(RuntimeError):
     """The scoring infrastructure failed (after retries); the group must be retried, not scored."""
 
 
-def reward_for(cfg: MasterConfig, env_name: str, verdict: Verdict) -> float:
-    """The reward of a verdict under the run's settings for `env_name`: single-shot answers and agent episodes alike."""
+def reward_for(env: EnvConfig, env_name: str, verdict: Verdict) -> float:
+    """The reward of a verdict under the run's settings for `env_name` (`env`, the config's `env` section): single-shot
+    answers and agent episodes alike."""
     from sandbox_client import reward_from_verdict
 
-    mode, format_error_reward = cfg.env.reward_settings(env_name)
+    mode, format_error_reward = env.reward_settings(env_name)
     return reward_from_verdict(verdict, mode, format_error_reward,
-                               integrity_violation_reward=cfg.env.code.integrity_violation_reward)
+                               integrity_violation_reward=env.code.integrity_violation_reward)
 
 
 class Scorer:
-    """Scores completions of any registered environment; SWE answers go through the sandbox fleet."""
+    """Scores completions of any registered environment; SWE answers go through the sandbox fleet (`env.code`).
+    Reads only the config's `env` section."""
 
-    def __init__(self, cfg: MasterConfig) -> None:
+    def __init__(self, env: EnvConfig) -> None:
         from sandbox_client import SandboxClient
 
-        self.cfg = cfg
-        self.sandbox = SandboxClient.from_config(cfg)
+        self.env = env
+        self.sandbox = SandboxClient.from_config(env.code)
         self._envs: dict[str, Any] = {}
         self.infra_retries = 0
 
@@ -50,7 +52,7 @@ class Scorer:
         if name not in self._envs:
             from envs.registry import make_environment
 
-            self._envs[name] = make_environment(name, self.cfg.env, scorer=self._run_in_sandbox)
+            self._envs[name] = make_environment(name, self.env, scorer=self._run_in_sandbox)
         return self._envs[name]
 
     async def _run_in_sandbox(self, spec: TaskSpec) -> Verdict:
@@ -81,9 +83,10 @@ class Scorer:
         counter = [0]
         token = _retries_here.set(counter)
         try:
-            result = await self._env(env_name).score(payload, text, cfg=self.cfg, truncated=truncated)
+            # No `cfg=`: the environments were made from `self.env`, so they hold its settings (the task timeout).
+            result = await self._env(env_name).score(payload, text, truncated=truncated)
         finally:
             _retries_here.reset(token)
         if result.infra_error is not None:
             raise ScoringUnavailable(result.infra_error)
-        return result.verdict, reward_for(self.cfg, env_name, result.verdict), counter[0]
+        return result.verdict, reward_for(self.env, env_name, result.verdict), counter[0]

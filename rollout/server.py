@@ -52,7 +52,7 @@ async def serve(cfg: MasterConfig) -> int:
     engine = make_engine(cfg.policy, model_path, seed=cfg.grpo.seed, max_images_per_prompt=max_images(cfg))
     service = GrpcService("rollout", cfg.services.rollout, cfg.services)
     buffer = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
-    scorer = Scorer(cfg)
+    scorer = Scorer(cfg.env)
     await engine.start()
     port = service.bind()
     host = advertised_host(cfg)

@@ -22,6 +22,7 @@ from grpc import aio
 from buffer_client import BufferClient
 from fleet.config import MasterConfig
 from fleet.contracts.buffer import Lease, WorkerInfo
+from fleet.contracts.groups import PromptGroup, ScoredGroup, Trajectory
 from fleet.contracts.weights import NO_WEIGHTS
 from grpofleet.v1 import common_pb2
 from rollout import wire
@@ -88,7 +89,8 @@ class RolloutWorker:
         self.buffer = buffer
         self.decode = decode
         # Agent mode: SWE samples are multi-turn episodes in sandbox sessions owned by this worker.
-        self.agent = AgentRunner(cfg, engine, decode.tokenizer, worker_id) if cfg.env.code.mode == "agent" else None
+        self.agent = (AgentRunner(cfg.env, cfg.policy, engine, decode.tokenizer, worker_id)
+                      if cfg.env.code.mode == "agent" else None)
         # Environments whose tools run here (envs/lookup.py): multi-turn episodes in any mode, no sandbox.
         self.local_tools = LocalToolRunner(cfg, engine, decode.tokenizer)
         self.computer = _computer_runner(cfg, engine, worker_id)
@@ -195,7 +197,7 @@ class RolloutWorker:
 
     async def _run_group(self, lease: Lease) -> None:
         try:
-            group = await self.process_group(lease.group)
+            group = await self.process_group(wire.prompt_group(lease.group))
         except asyncio.CancelledError:
             # Drain timed out (or shutdown): the group goes back to the queue for another worker.
             self.stats.groups_released += 1
@@ -210,7 +212,7 @@ class RolloutWorker:
             log.exception("group %s failed; giving the lease back", lease.group.group_id)
             await self.buffer.release(self.worker_id, lease.lease_id, "worker_error")
         else:
-            await self._submit(lease, group)
+            await self._submit(lease, wire.to_proto_group(group))
         finally:
             self.in_flight.pop(lease.lease_id, None)
             self.stats.set_busy(bool(self.in_flight))
@@ -230,7 +232,7 @@ class RolloutWorker:
         else:
             self.stats.groups_submitted += 1
 
-    def _sampling(self, prompt: common_pb2.PromptGroup) -> SamplingSpec:
+    def _sampling(self, prompt: PromptGroup) -> SamplingSpec:
         g = self.cfg.policy.generation
         max_new = min(g.max_new_tokens, self.cfg.policy.max_total_sequence_length - len(prompt.prompt_token_ids))
         return SamplingSpec(
@@ -238,12 +240,12 @@ class RolloutWorker:
             top_p=g.top_p, top_k=g.top_k, max_new_tokens=max(1, max_new), stop_strings=list(g.stop_strings),
         )
 
-    async def process_group(self, prompt: common_pb2.PromptGroup) -> common_pb2.ScoredGroup:
+    async def process_group(self, prompt: PromptGroup) -> ScoredGroup:
         """Generate G answers concurrently; score each as soon as it is generated."""
         payload = json.loads(prompt.env_payload or b"{}")
         sampling = self._sampling(prompt)
         n = prompt.num_generations or self.cfg.grpo.num_generations_per_prompt
-        agent = self.agent is not None and AgentRunner.handles(self.cfg, prompt.env_name)
+        agent = self.agent is not None and AgentRunner.handles(prompt.env_name)
         sample = self._agent_sample if agent else self._one_sample
         if LocalToolRunner.handles(prompt.env_name):
             sample = self._local_tools_sample
@@ -259,8 +261,8 @@ class RolloutWorker:
                 await prefetch
         return wire.scored_group(prompt, trajectories, self.worker_id, self.version)
 
-    async def _one_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object], sampling: SamplingSpec,
-                          index: int) -> common_pb2.Trajectory:
+    async def _one_sample(self, prompt: PromptGroup, payload: dict[str, object], sampling: SamplingSpec,
+                          index: int) -> Trajectory:
         t0 = time.monotonic()
         gen: Generation = await self.engine.generate(
             f"{prompt.group_id}/{index}/{time.monotonic_ns()}", list(prompt.prompt_token_ids), sampling)
@@ -273,26 +275,26 @@ class RolloutWorker:
         self.stats.integrity_violations += verdict.status == "integrity_violation"
         return wire.trajectory(gen, verdict, reward, generation_s=t1 - t0, scoring_s=time.monotonic() - t1)
 
-    async def _agent_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
-                            sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
+    async def _agent_sample(self, prompt: PromptGroup, payload: dict[str, object],
+                            sampling: SamplingSpec, index: int) -> Trajectory:
         assert self.agent is not None
         trajectory = await self.agent.sample(prompt, payload, sampling, index)
-        self.stats.tokens_generated += trajectory.episode.generated_tokens
+        self.stats.tokens_generated += _generated_tokens(trajectory)
         return trajectory
 
-    async def _computer_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
-                               sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
+    async def _computer_sample(self, prompt: PromptGroup, payload: dict[str, object],
+                               sampling: SamplingSpec, index: int) -> Trajectory:
         if self.computer is None:
             raise ValueError(f"group {prompt.group_id}: a computer_use task reached a worker whose config does not "
                              "select the computer-use path (data.train.dataset_name=computer_use)")
         trajectory = await self.computer.sample(prompt, payload, sampling, index)
-        self.stats.tokens_generated += trajectory.episode.generated_tokens
+        self.stats.tokens_generated += _generated_tokens(trajectory)
         return trajectory
 
-    async def _local_tools_sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, object],
-                                  sampling: SamplingSpec, index: int) -> common_pb2.Trajectory:
+    async def _local_tools_sample(self, prompt: PromptGroup, payload: dict[str, object],
+                                  sampling: SamplingSpec, index: int) -> Trajectory:
         trajectory = await self.local_tools.sample(prompt, payload, sampling, index)
-        self.stats.tokens_generated += trajectory.episode.generated_tokens
+        self.stats.tokens_generated += _generated_tokens(trajectory)
         return trajectory
 
     def episode_summary(self) -> dict[str, Any]:
@@ -330,7 +332,13 @@ def _computer_runner(cfg: MasterConfig, engine: GenerationEngine, worker_id: str
         return None
     from fleet.tinyvlm import load_processor
 
-    return ComputerRunner(cfg, engine, load_processor(cfg.policy.tokenizer.name or engine.model_path), worker_id)
+    processor = load_processor(cfg.policy.tokenizer.name or engine.model_path)
+    return ComputerRunner(cfg.env, cfg.policy, engine, processor, worker_id)
+
+
+def _generated_tokens(t: Trajectory) -> int:
+    """Tokens the engine made for an episode's trajectory (its observation tokens it did not)."""
+    return t.episode.generated_tokens if t.episode is not None else len(t.response_token_ids)
 
 
 class Decoder:

@@ -24,7 +24,6 @@ from sandbox_client.endpoints import EndpointPool, EndpointState
 from sandbox_client.results import SandboxAuthError, SandboxRequestError, SandboxResult, SandboxUnavailable
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
     from fleet.config.env import CodeEnvConfig
 
 log = logging.getLogger(__name__)
@@ -72,9 +71,8 @@ class SandboxClient:
         self._prober: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_config(cls, cfg: MasterConfig | CodeEnvConfig, **overrides: Any) -> SandboxClient:
-        """From `env.code` (a MasterConfig or its CodeEnvConfig); keyword overrides win."""
-        code = cfg.env.code if hasattr(cfg, "env") else cfg
+    def from_config(cls, code: CodeEnvConfig, **overrides: Any) -> SandboxClient:
+        """From the config's `env.code` section; keyword overrides win."""
         kwargs: dict[str, Any] = {
             "token": code.auth_token, "task_timeout": code.task_timeout, "max_retries": code.max_retries,
             "max_concurrency": code.num_workers, "integrity_check": code.integrity_check, **overrides}

@@ -28,9 +28,9 @@ from envs.agent.chat import ChatFormat
 from envs.agent.parser import ToolCall
 from envs.agent.tools import Observation
 from envs.computer_use.actions import ActionError, Done, parse_action
+from fleet.contracts.groups import PromptGroup, Trajectory, TrajectoryImage
 from fleet.contracts.sandbox import Verdict
 from fleet.vision import ImageCodec
-from grpofleet.v1 import common_pb2
 from rollout.agent.episode import Episode, run_episode
 from rollout.agent.runner import _trajectory, limits_from_config
 from rollout.engine.base import SamplingSpec
@@ -39,7 +39,8 @@ from sandbox_client.computer import ActionRejected, ComputerClient, ComputerSess
 from sandbox_client.results import SandboxUnavailable
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
+    from fleet.config.env import EnvConfig
+    from fleet.config.policy import PolicyConfig
     from rollout.engine.base import GenerationEngine
 
 COMPUTER_ENVS = frozenset({"computer_use"})
@@ -107,14 +108,17 @@ def _verdict(v: ComputerVerdict) -> Verdict:
 
 
 class ComputerRunner:
-    def __init__(self, cfg: MasterConfig, engine: GenerationEngine, processor: Any, owner: str) -> None:
-        self.cfg, self.engine = cfg, engine
+    """Reads `env` (the sandbox, agent budgets, `computer_use`, reward settings) and `policy` (what bounds the
+    budgets, the image bytes per trajectory); `rollout/server.py` hands it both."""
+
+    def __init__(self, env: EnvConfig, policy: PolicyConfig, engine: GenerationEngine, processor: Any,
+                 owner: str) -> None:
+        self.env, self.engine = env, engine
         self.fmt = VisionChatFormat(processor)
         # One owner per process, as agent mode: a restarted worker of the same id must not keep old sessions alive.
-        self.client = ComputerClient.from_config(cfg, f"{owner}/{uuid.uuid4().hex[:12]}")
-        cu = cfg.env.computer_use
-        self.limits = replace(limits_from_config(cfg.env.code.agent, cfg.policy), max_turns=cu.max_actions + 1,
-                              max_image_bytes=cfg.policy.vision.max_image_bytes_per_trajectory)
+        self.client = ComputerClient.from_config(env.code, f"{owner}/{uuid.uuid4().hex[:12]}")
+        self.limits = replace(limits_from_config(env.code.agent, policy), max_turns=env.computer_use.max_actions + 1,
+                              max_image_bytes=policy.vision.max_image_bytes_per_trajectory)
         self.end_reasons: Counter[str] = Counter()
         self.tool_calls = self.tool_errors = self.actions = 0
         self.action_s = 0.0
@@ -131,8 +135,8 @@ class ComputerRunner:
                 "tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "actions": self.actions,
                 "action_s_mean": self.action_s / max(1, self.actions)}
 
-    async def sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
-                     index: int) -> common_pb2.Trajectory:
+    async def sample(self, prompt: PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
+                     index: int) -> Trajectory:
         t0 = time.monotonic()
         viewport = (int(payload["viewport"][0]), int(payload["viewport"][1]))
         try:
@@ -157,11 +161,9 @@ class ComputerRunner:
                              f"turn ({episode.end_reason}, {len(prompt.prompt_token_ids)}"
                              f" + {len(episode.token_ids)} tokens): raise policy.max_total_sequence_length")
         self._count(episode, tools)
-        traj = _trajectory(episode, verdict, reward_for(self.cfg, prompt.env_name, verdict), t1 - t0,
+        traj = _trajectory(episode, verdict, reward_for(self.env, prompt.env_name, verdict), t1 - t0,
                            time.monotonic() - t1)
-        traj.images.extend(common_pb2.TrajectoryImage(png=png, span=common_pb2.TokenSpan(start=s, length=n),
-                                                      width=viewport[0], height=viewport[1])
-                           for png, s, n in episode.images)
+        traj.images = [TrajectoryImage(png, s, n, viewport[0], viewport[1]) for png, s, n in episode.images]
         return traj
 
     def _count(self, episode: Episode, tools: ComputerTools) -> None:

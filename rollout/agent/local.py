@@ -14,7 +14,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from envs.agent.chat import ChatFormat
-from grpofleet.v1 import common_pb2
+from fleet.contracts.groups import PromptGroup, Trajectory
 from rollout.agent.episode import EpisodeLimits, run_episode
 from rollout.agent.runner import _trajectory, limits_from_config
 from rollout.engine.base import SamplingSpec
@@ -67,8 +67,8 @@ class LocalToolRunner:
         return {"episodes": sum(self.end_reasons.values()), "end_reasons": dict(self.end_reasons),
                 "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
 
-    async def sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
-                     index: int) -> common_pb2.Trajectory:
+    async def sample(self, prompt: PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
+                     index: int) -> Trajectory:
         env = self._env(prompt.env_name)
         tools = env.episode_tools(payload)
         t0 = time.monotonic()
@@ -82,5 +82,5 @@ class LocalToolRunner:
         self.end_reasons[episode.end_reason] += 1
         self.tool_calls += episode.tool_calls
         self.tool_errors += episode.tool_errors
-        return _trajectory(episode, verdict, reward_for(self.cfg, prompt.env_name, verdict), t1 - t0,
+        return _trajectory(episode, verdict, reward_for(self.cfg.env, prompt.env_name, verdict), t1 - t0,
                            time.monotonic() - t1)

@@ -17,18 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from envs.agent.chat import ChatFormat
 from envs.agent.tools import ToolBox
+from fleet.contracts.groups import EpisodeInfo, PromptGroup, Trajectory
 from fleet.contracts.sandbox import Verdict
-from grpofleet.v1 import common_pb2
 from rollout.agent.episode import Episode, EpisodeLimits, run_episode
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, reward_for
-from rollout.wire import to_proto_verdict
 from sandbox_client.results import SandboxUnavailable
 from sandbox_client.sessions import SessionClient
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
-    from fleet.config.env import AgentConfig
+    from fleet.config.env import AgentConfig, EnvConfig
     from fleet.config.policy import PolicyConfig
     from rollout.engine.base import GenerationEngine
 
@@ -50,18 +48,23 @@ def limits_from_config(a: AgentConfig, policy: PolicyConfig) -> EpisodeLimits:
 
 
 class AgentRunner:
-    def __init__(self, cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any, owner: str) -> None:
-        self.cfg, self.engine = cfg, engine
+    """Reads `env` (the sandbox, task timeout, agent budgets, reward settings) and `policy` (what bounds the
+    budgets); `rollout/server.py` hands it both."""
+
+    def __init__(self, env: EnvConfig, policy: PolicyConfig, engine: GenerationEngine, tokenizer: Any,
+                 owner: str) -> None:
+        self.env, self.engine = env, engine
         self.fmt = ChatFormat(tokenizer)
         # One owner per process: a restarted worker of the same id must not keep its predecessor's sessions alive.
-        self.sessions = SessionClient.from_config(cfg, f"{owner}/{uuid.uuid4().hex[:12]}")
-        self.limits = limits_from_config(cfg.env.code.agent, cfg.policy)
+        self.sessions = SessionClient.from_config(env.code, f"{owner}/{uuid.uuid4().hex[:12]}")
+        self.limits = limits_from_config(env.code.agent, policy)
         self.end_reasons: Counter[str] = Counter()
         self.tool_calls = self.tool_errors = 0
 
     @staticmethod
-    def handles(cfg: MasterConfig, env_name: str) -> bool:
-        return cfg.env.code.mode == "agent" and env_name in AGENT_ENVS
+    def handles(env_name: str) -> bool:
+        """Whether this runner plays `env_name`'s samples (the worker makes one only in agent mode)."""
+        return env_name in AGENT_ENVS
 
     async def close(self) -> None:
         await self.sessions.close()
@@ -70,21 +73,20 @@ class AgentRunner:
         return {"episodes": sum(self.end_reasons.values()), "end_reasons": dict(self.end_reasons),
                 "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
 
-    async def sample(self, prompt: common_pb2.PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
-                     index: int) -> common_pb2.Trajectory:
+    async def sample(self, prompt: PromptGroup, payload: dict[str, Any], sampling: SamplingSpec,
+                     index: int) -> Trajectory:
         from envs.swe.payload import payload_to_spec
 
-        spec = payload_to_spec(payload, "", timeout=self.cfg.env.code.task_timeout)
+        spec = payload_to_spec(payload, "", timeout=self.env.code.task_timeout)
         t0 = time.monotonic()
         try:
             session = await self.sessions.open(spec)
             try:
-                tools = ToolBox(session, command_timeout_s=self.cfg.env.code.agent.command_timeout_s)
+                tools = ToolBox(session, command_timeout_s=self.env.code.agent.command_timeout_s)
                 episode = await run_episode(self.engine.generate, self.fmt, tools, prompt.prompt_token_ids, sampling,
                                             self.limits, f"{prompt.group_id}/{index}/{time.monotonic_ns()}")
                 t1 = time.monotonic()
-                verdict, _ = await session.finish(total_s=self.cfg.env.code.task_timeout + 120,
-                                                      grade_unchanged=False)
+                verdict, _ = await session.finish(total_s=self.env.code.task_timeout + 120, grade_unchanged=False)
             finally:
                 await session.close()
         except SandboxUnavailable as exc:  # 400/401 (a configuration bug) propagate: the worker logs them loudly
@@ -95,7 +97,7 @@ class AgentRunner:
         if verdict.is_infra_failure:
             raise ScoringUnavailable(f"grading the episode failed: {verdict.error}")
         self._count(episode)
-        return _trajectory(episode, verdict, reward_for(self.cfg, prompt.env_name, verdict), t1 - t0,
+        return _trajectory(episode, verdict, reward_for(self.env, prompt.env_name, verdict), t1 - t0,
                            time.monotonic() - t1)
 
     def _count(self, episode: Episode) -> None:
@@ -104,15 +106,12 @@ class AgentRunner:
         self.tool_errors += episode.tool_errors
 
 
-
-def _trajectory(ep: Episode, verdict: Verdict, reward: float, episode_s: float,
-                grading_s: float) -> common_pb2.Trajectory:
-    return common_pb2.Trajectory(
-        response_token_ids=ep.token_ids, generation_logprobs=ep.logprobs, token_versions=ep.versions,
-        reward=reward, verdict=to_proto_verdict(verdict), finish_reason=ep.end_reason,
-        timings=common_pb2.SampleTimings(generation_s=episode_s, scoring_s=grading_s),
-        observation_spans=[common_pb2.TokenSpan(start=s, length=n) for s, n in ep.observation_spans],
-        episode=common_pb2.EpisodeInfo(turns=ep.turns, tool_calls=ep.tool_calls, tool_errors=ep.tool_errors,
-                                       end_reason=ep.end_reason, generated_tokens=ep.generated_tokens,
-                                       observation_tokens=ep.observation_tokens),
+def _trajectory(ep: Episode, verdict: Verdict, reward: float, episode_s: float, grading_s: float) -> Trajectory:
+    """An episode as its trajectory, token for token (observation spans kept: the trainer masks them)."""
+    return Trajectory(
+        ep.token_ids, ep.logprobs, ep.versions, reward, verdict, ep.end_reason, generation_s=episode_s,
+        scoring_s=grading_s, observation_spans=list(ep.observation_spans),
+        episode=EpisodeInfo(turns=ep.turns, tool_calls=ep.tool_calls, tool_errors=ep.tool_errors,
+                            end_reason=ep.end_reason, generated_tokens=ep.generated_tokens,
+                            observation_tokens=ep.observation_tokens),
     )

@@ -17,12 +17,13 @@ from envs.computer_use.tasks import _gap
 from fleet.config import MasterConfig, parse_config
 from fleet.config.env import ComputerUseEnvConfig
 from fleet.config.infra import SandboxConfig, SandboxSessionConfig
+from fleet.contracts.groups import PromptGroup
 from fleet.paths import resolve_model
 from fleet.tinyvlm import load_processor
 from fleet.vision import placeholder_runs
-from grpofleet.v1 import common_pb2
 from rollout.agent.computer import ComputerRunner
 from rollout.engine.base import Generation, SamplingSpec
+from rollout.wire import to_proto_trajectory
 from services.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.skipif(
@@ -75,12 +76,14 @@ async def test_an_episode_sees_screenshots_acts_once_per_turn_and_is_graded(serv
     row, gap = _gap((224, 224), len(labels))
     click = _call("click", x=112, y=8 + labels.index(target) * (row + gap) + row // 2)
     engine = ScriptedEngine(proc.tokenizer, ["let me see <tool_call>{oops", click + _call("done"), _call("done")])
-    runner = ComputerRunner(cfg, engine, proc, "worker-t")  # type: ignore[arg-type]
+    runner = ComputerRunner(cfg.env, cfg.policy, engine, proc, "worker-t")  # type: ignore[arg-type]
     env = ComputerUseEnvironment(CU)
     prompt_ids = env.build_prompt(task, proc.tokenizer, 1536).token_ids
-    group = common_pb2.PromptGroup(group_id="g", env_name="computer_use", prompt_token_ids=prompt_ids)
+    group = PromptGroup(group_id="g", env_name="computer_use", prompt_token_ids=prompt_ids)
     try:
-        t = await runner.sample(group, env.task_to_payload(task), SamplingSpec(max_new_tokens=64), 0)
+        # As it goes on the wire: the edge (rollout/wire.py) keeps every token, span and image.
+        t = to_proto_trajectory(await runner.sample(group, env.task_to_payload(task), SamplingSpec(max_new_tokens=64),
+                                                    0))
     finally:
         await runner.close()
     assert t.reward == 1.0 and t.finish_reason == "submitted"
@@ -104,9 +107,10 @@ async def test_an_unreachable_sandbox_gives_the_group_back_never_a_zero_reward()
     cfg = parse_config({}, ["data.train.dataset_name=computer_use", "policy.model_name=tiny-qwen2-vl",
                             "env.code.sandbox_urls=[http://127.0.0.1:9]", "env.code.max_retries=0"])
     proc = load_processor(resolve_model("tiny-qwen2-vl"))
-    runner = ComputerRunner(cfg, ScriptedEngine(proc.tokenizer, [_call("done")]), proc, "worker-u")  # type: ignore
+    runner = ComputerRunner(cfg.env, cfg.policy, ScriptedEngine(proc.tokenizer, [_call("done")]), proc,  # type: ignore
+                            "worker-u")
     task = make_computer_tasks(CU, 0, "train", 1)[0]
-    group = common_pb2.PromptGroup(group_id="g", env_name="computer_use", prompt_token_ids=[1, 2, 3])
+    group = PromptGroup(group_id="g", env_name="computer_use", prompt_token_ids=[1, 2, 3])
     try:
         with pytest.raises(ScoringUnavailable, match="sandbox computer session failed"):
             await runner.sample(group, ComputerUseEnvironment(CU).task_to_payload(task), SamplingSpec(), 0)

@@ -117,7 +117,7 @@ async def test_a_bad_task_raises_naming_the_field(server: SandboxServer, calc_re
 async def test_from_config_and_reward(server: SandboxServer, calc_repo: CalcRepo) -> None:
     cfg = load_config(None, [f"env.code.sandbox_urls=[http://127.0.0.1:{server.port}]", "env.code.task_timeout=60",
                              "env.code.reward_mode=pass_rate"])
-    async with SandboxClient.from_config(cfg) as client:
+    async with SandboxClient.from_config(cfg.env.code) as client:
         partial = calc_repo.diff({"calc/core.py": (calc_repo.path / "calc/core.py").read_text().replace(
             "return a - b", "return a + b")})
         verdict = await client.run(calc_repo.spec(partial))

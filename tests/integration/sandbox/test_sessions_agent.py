@@ -14,11 +14,13 @@ from sandbox_helpers import CalcRepo
 from transformers import AutoTokenizer
 
 from fleet.config import MasterConfig
+from fleet.contracts.groups import PromptGroup
 from fleet.tinymodel import ensure_tiny_model
 from grpofleet.v1 import common_pb2
 from rollout.agent.runner import AgentRunner
 from rollout.engine.base import Generation, SamplingSpec
 from rollout.scoring import ScoringUnavailable
+from rollout.wire import to_proto_trajectory
 from services.sandbox.server import SandboxServer
 
 
@@ -51,13 +53,13 @@ def _cfg(server: SandboxServer) -> MasterConfig:
     return cfg
 
 
-def _prompt(calc_repo: CalcRepo, runner: AgentRunner) -> tuple[common_pb2.PromptGroup, dict[str, Any]]:
+def _prompt(calc_repo: CalcRepo, runner: AgentRunner) -> tuple[PromptGroup, dict[str, Any]]:
     spec = calc_repo.spec("")
     payload = {"instance_id": "calc-1", "repo_url": spec.repo_url, "base_commit": spec.base_commit,
                "test_patch": spec.test_patch, "fail_to_pass": spec.fail_to_pass, "pass_to_pass": spec.pass_to_pass,
                "test_command": None}
     ids = runner.fmt.prompt_ids("Fix it.", "add and mul are wrong.", [])
-    return common_pb2.PromptGroup(group_id="g", env_name="swe", prompt_token_ids=ids), payload
+    return PromptGroup(group_id="g", env_name="swe", prompt_token_ids=ids), payload
 
 
 async def test_an_episode_fixes_the_repository_in_its_session_and_is_graded(
@@ -69,10 +71,11 @@ async def test_an_episode_fixes_the_repository_in_its_session_and_is_graded(
                    new_str="    return a * b\n\n\ndef neg"),
              _call("submit")]
     cfg = _cfg(server)
-    runner = AgentRunner(cfg, ScriptedEngine(tokenizer, turns), tokenizer, "worker-1")  # type: ignore[arg-type]
+    engine = ScriptedEngine(tokenizer, turns)
+    runner = AgentRunner(cfg.env, cfg.policy, engine, tokenizer, "worker-1")  # type: ignore[arg-type]
     try:
         prompt, payload = _prompt(calc_repo, runner)
-        traj = await runner.sample(prompt, payload, SamplingSpec(max_new_tokens=200), 0)
+        traj = to_proto_trajectory(await runner.sample(prompt, payload, SamplingSpec(max_new_tokens=200), 0))
     finally:
         await runner.close()
     assert traj.finish_reason == "submitted" and traj.episode.turns == 4 and traj.episode.tool_errors == 0
@@ -84,10 +87,12 @@ async def test_an_episode_fixes_the_repository_in_its_session_and_is_graded(
 
 async def test_an_episode_that_changes_nothing_is_a_format_error_not_a_test_run(
         server: SandboxServer, calc_repo: CalcRepo, tokenizer: Any) -> None:
-    runner = AgentRunner(_cfg(server), ScriptedEngine(tokenizer, [_call("submit")]), tokenizer, "w")  # type: ignore[arg-type]
+    cfg = _cfg(server)
+    engine = ScriptedEngine(tokenizer, [_call("submit")])
+    runner = AgentRunner(cfg.env, cfg.policy, engine, tokenizer, "w")  # type: ignore[arg-type]
     try:
         prompt, payload = _prompt(calc_repo, runner)
-        traj = await runner.sample(prompt, payload, SamplingSpec(), 0)
+        traj = to_proto_trajectory(await runner.sample(prompt, payload, SamplingSpec(), 0))
     finally:
         await runner.close()
     assert traj.verdict.status == common_pb2.VERDICT_STATUS_FORMAT_ERROR and traj.reward == 0.0
@@ -103,7 +108,8 @@ async def test_a_session_lost_mid_episode_is_an_infrastructure_failure(
             return await super().generate(request_id, prompt, sampling)
 
     engine = Killer(tokenizer, [_call("shell", command="true"), _call("shell", command="true")])
-    runner = AgentRunner(_cfg(server), engine, tokenizer, "w")  # type: ignore[arg-type]
+    cfg = _cfg(server)
+    runner = AgentRunner(cfg.env, cfg.policy, engine, tokenizer, "w")  # type: ignore[arg-type]
     try:
         prompt, payload = _prompt(calc_repo, runner)
         with pytest.raises(ScoringUnavailable, match="executor_stopped"):

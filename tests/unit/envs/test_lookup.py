@@ -16,11 +16,12 @@ from envs.lookup import LookupTools, make_lookup_tasks, score_episode
 from envs.registry import load_dataset, make_environment
 from fleet.config import MasterConfig
 from fleet.config.env import DatasetConfig, EnvConfig, LookupEnvConfig
+from fleet.contracts.groups import PromptGroup
 from fleet.tinymodel import ensure_tiny_model
-from grpofleet.v1 import common_pb2
 from rollout.agent.local import LocalToolRunner
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
+from rollout.wire import to_proto_trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 from agent_helpers import ScriptedPolicy, call  # noqa: E402
@@ -69,12 +70,12 @@ def test_scoring_right_wrong_and_missing_answers_through_the_reward_mapping() ->
     cfg = MasterConfig()
     right, wrong, missing = score_episode(57, "57"), score_episode(57, "58"), score_episode(57, None)
     assert (right.verdict.resolution, wrong.verdict.resolution, missing.format_error) == ("FULL", "NO", "missing")
-    assert [reward_for(cfg, "lookup", r.verdict) for r in (right, wrong, missing)] == [1.0, 0.0, 0.0]
+    assert [reward_for(cfg.env, "lookup", r.verdict) for r in (right, wrong, missing)] == [1.0, 0.0, 0.0]
     cfg.env.lookup.reward_mode, cfg.env.lookup.format_error_reward = "pass_rate", -0.5
     looked_up_wrong = score_episode(57, "58", looked_up=True)
-    assert [reward_for(cfg, "lookup", r.verdict) for r in (right, wrong, missing)] == [2 / 3, 1 / 3, -0.5]
-    assert reward_for(cfg, "lookup", looked_up_wrong.verdict) == 2 / 3
-    assert reward_for(cfg, "lookup", score_episode(57, "57", looked_up=True).verdict) == 1.0
+    assert [reward_for(cfg.env, "lookup", r.verdict) for r in (right, wrong, missing)] == [2 / 3, 1 / 3, -0.5]
+    assert reward_for(cfg.env, "lookup", looked_up_wrong.verdict) == 2 / 3
+    assert reward_for(cfg.env, "lookup", score_episode(57, "57", looked_up=True).verdict) == 1.0
     env = make_environment("lookup")
     guessed = asyncio.run(env.score({"answer": 57}, call("answer", value="57")))
     assert guessed.verdict.resolution == "FULL"  # a single-shot completion is a guess, graded the same way
@@ -91,8 +92,8 @@ def test_an_episode_through_the_local_runner_is_token_exact_and_graded(tokenizer
     runner = LocalToolRunner(cfg, SimpleNamespace(), tokenizer)  # type: ignore[arg-type]
     policy = ScriptedPolicy(runner.fmt, [call("lookup", key=key), call("answer", value=str(value))])
     runner.engine = SimpleNamespace(generate=policy)  # type: ignore[assignment]
-    group = common_pb2.PromptGroup(group_id="g", env_name="lookup", prompt_token_ids=prompt.token_ids)
-    t = asyncio.run(runner.sample(group, env.task_to_payload(task), SamplingSpec(), 0))
+    group = PromptGroup(group_id="g", env_name="lookup", prompt_token_ids=prompt.token_ids)
+    t = to_proto_trajectory(asyncio.run(runner.sample(group, env.task_to_payload(task), SamplingSpec(), 0)))
     assert (t.reward, t.finish_reason, t.episode.turns, t.episode.tool_calls, t.episode.tool_errors) == \
         (1.0, "submitted", 2, 2, 0)
     (span,) = t.observation_spans

@@ -38,7 +38,7 @@ def _payload(repo: str) -> dict[str, object]:
 
 
 async def test_concurrent_scorings_each_report_their_own_retries() -> None:
-    scorer = Scorer(load_config("examples/configs/grpo_swe_tiny.yaml"))
+    scorer = Scorer(load_config("examples/configs/grpo_swe_tiny.yaml").env)
     await scorer.close()
     scorer.sandbox = _OrderedSandbox({"slow": 1, "fast": 4})  # type: ignore[assignment]
     slow = asyncio.create_task(scorer.score("swe", _payload("slow"), PATCH, truncated=False))
@@ -55,7 +55,7 @@ def test_integrity_violation_pays_the_configured_reward_in_either_mode() -> None
     from rollout.scoring import reward_for
 
     cfg = parse_config({"env": {"code": {"integrity_violation_reward": -3.0}}})
-    assert reward_for(cfg, "swe", Verdict(status="integrity_violation", patch_applied=True)) == -3.0
+    assert reward_for(cfg.env, "swe", Verdict(status="integrity_violation", patch_applied=True)) == -3.0
 
 
 class _PullRecorder:
@@ -71,7 +71,7 @@ class _PullRecorder:
 
 
 async def test_prefetch_asks_the_executors_for_an_image_task_only() -> None:
-    scorer = Scorer(load_config("examples/configs/grpo_swe_tiny.yaml"))
+    scorer = Scorer(load_config("examples/configs/grpo_swe_tiny.yaml").env)
     await scorer.close()
     scorer.sandbox = recorder = _PullRecorder()  # type: ignore[assignment]
     await scorer.prefetch({**_payload("a"), "image": "localhost:5000/sweb.eval.x86_64.calc:latest"})

@@ -1,9 +1,12 @@
-"""The worker's protobuf edge for verdicts (rollout/wire.py): every verdict a trajectory can carry has its wire status;
-an infrastructure error never reaches a trajectory (it is retried or the lease is released), so it has none."""
+"""The worker's protobuf edge (rollout/wire.py): plain groups cross it token-exact, and every verdict a trajectory
+can carry has its wire status; an infrastructure error never reaches a trajectory (it is retried or the lease is
+released), so it has none."""
 
+from fleet.contracts.groups import EpisodeInfo, PromptGroup, ScoredGroup, Trajectory, TrajectoryImage
 from fleet.contracts.sandbox import FINAL_STATUSES, Verdict
+from fleet.contracts.scored_group import encode
 from grpofleet.v1 import common_pb2 as pb
-from rollout.wire import to_proto_verdict
+from rollout.wire import prompt_group, scored_group, to_proto_group, to_proto_prompt, to_proto_verdict
 
 
 def test_every_scorable_verdict_has_its_wire_status() -> None:
@@ -16,3 +19,36 @@ def test_resolution_counts_and_detail_cross_as_they_are() -> None:
     verdict = Verdict(status="completed", resolution="FULL", tests_passed=3, tests_failed=1, error="x" * 900)
     v = to_proto_verdict(verdict)
     assert (v.resolution, v.tests_passed, v.tests_failed, len(v.detail)) == (pb.RESOLUTION_FULL, 3, 1, 500)
+
+
+def _group() -> ScoredGroup:
+    prompt = PromptGroup(group_id="g", target_step=3, env_name="swe", task_id="t", prompt_token_ids=[5, 6],
+                         num_generations=2, env_payload=b'{"a": 1}', enqueued_at_ms=9, validation=True)
+    single = Trajectory([1, 2], [-0.5, -0.25], [4, 5], 1.0, Verdict(status="completed", resolution="FULL"), "stop",
+                        generation_s=0.5, scoring_s=0.25)
+    episode = Trajectory([1, 7, 2], [-0.5, 0.0, -0.125], [4, -1, 5], 0.0, Verdict(status="format_error"), "submitted",
+                         observation_spans=[(1, 1)], episode=EpisodeInfo(2, 1, 0, "submitted", 2, 1),
+                         images=[TrajectoryImage(b"\x89PNG", 1, 1, 8, 8)])
+    return scored_group(prompt, [single, episode], "w", served_version=4)
+
+
+def test_a_leased_prompt_crosses_the_edge_both_ways_unchanged() -> None:
+    prompt = _group().prompt
+    assert prompt_group(to_proto_prompt(prompt)) == prompt
+
+
+def test_a_scored_group_reaches_the_wire_token_exact_with_its_masks_and_versions() -> None:
+    g = to_proto_group(_group())
+    assert (g.min_version, g.max_version, g.worker_id) == (4, 5, "w"), "observation tokens (-1) do not age a group"
+    single, episode = g.trajectories
+    assert (list(single.response_token_ids), list(single.generation_logprobs), list(single.token_versions)) == \
+        ([1, 2], [-0.5, -0.25], [4, 5])
+    assert not single.HasField("episode") and not single.observation_spans, "a single-shot answer has no episode"
+    assert (single.timings.generation_s, single.timings.scoring_s) == (0.5, 0.25)
+    assert list(episode.token_versions) == [4, -1, 5] and list(episode.generation_logprobs) == [-0.5, 0.0, -0.125]
+    assert [(s.start, s.length) for s in episode.observation_spans] == [(1, 1)]
+    assert (episode.episode.turns, episode.episode.observation_tokens) == (2, 1)
+    assert [(im.png, im.span.start, im.span.length, im.width) for im in episode.images] == [(b"\x89PNG", 1, 1, 8)]
+    assert episode.verdict.status == pb.VERDICT_STATUS_FORMAT_ERROR
+    assert g.prompt.SerializeToString() == to_proto_prompt(_group().prompt).SerializeToString()
+    encode(g)  # the buffer client's check of a whole group passes
