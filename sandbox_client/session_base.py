@@ -25,7 +25,7 @@ from fleet.contracts.sandbox import TOKEN_ENV
 from sandbox_client.results import SandboxAuthError, SandboxError, SandboxRequestError, SandboxUnavailable
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
+    from fleet.config.env import CodeEnvConfig
 
 log = logging.getLogger(__name__)
 _TRANSPORT = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
@@ -77,8 +77,8 @@ class SessionClientBase:
         self._renewer: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_config(cls, cfg: MasterConfig, owner: str) -> Self:
-        code = cfg.env.code
+    def from_config(cls, code: CodeEnvConfig, owner: str) -> Self:
+        """From the config's `env.code` section (the executors, the token, the retries)."""
         return cls(code.sandbox_urls, owner, token=code.auth_token, max_retries=code.max_retries)
 
     async def close(self) -> None:
