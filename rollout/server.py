@@ -9,32 +9,54 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleet.config import MasterConfig
+from fleet.config.infra import RolloutConfig
 from fleet.entry import service_main
 from fleet.paths import resolve_model
 from grpofleet.v1 import rollout_worker_pb2_grpc
 from services.runtime.server import GrpcService, run, run_service
 
 if TYPE_CHECKING:
-    from rollout.worker import RolloutWorker
+    from rollout.engine import GenerationEngine
+    from rollout.worker import EpisodeRunners, RolloutWorker
 
 log = logging.getLogger(__name__)
 
 
-def advertised_host(cfg: MasterConfig) -> str:
-    """Where the trainer reaches this worker: `rollout.advertise_host`, else the listen host -- unless that is a
-    wildcard (a container or pod listening on every interface), then this host's own address (its hostname resolved:
-    the container's or pod's IP, which compose and Kubernetes put in /etc/hosts)."""
-    host = cfg.rollout.advertise_host or cfg.services.rollout.host
+def advertised_host(rollout: RolloutConfig, listen_host: str) -> str:
+    """Where the trainer reaches this worker: `rollout.advertise_host`, else the listen host
+    (`services.rollout.host`) -- unless that is a wildcard (a container or pod listening on every interface), then
+    this host's own address (its hostname resolved: the container's or pod's IP, which compose and Kubernetes put in
+    /etc/hosts)."""
+    host = rollout.advertise_host or listen_host
     if host in ("", "0.0.0.0", "::"):
         return socket.gethostbyname(socket.gethostname())
     return host
 
 
-def worker_id(cfg: MasterConfig) -> str:
-    return cfg.rollout.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+def worker_id(rollout: RolloutConfig) -> str:
+    return rollout.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def episode_runners(cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any, wid: str) -> EpisodeRunners:
+    """The worker's multi-turn runners, each given the config sections it reads. Computer use gets the model's
+    multimodal processor (from `policy.tokenizer.name`, else the served folder: what the trainer loads)."""
+    from fleet.config.vision import uses_computer_use
+    from rollout.agent.computer import ComputerRunner
+    from rollout.agent.local import LocalToolRunner
+    from rollout.agent.runner import AgentRunner
+    from rollout.worker import EpisodeRunners
+
+    agent = AgentRunner(cfg.env, cfg.policy, engine, tokenizer, wid) if cfg.env.code.mode == "agent" else None
+    computer = None
+    if uses_computer_use(cfg):
+        from fleet.tinyvlm import load_processor
+
+        processor = load_processor(cfg.policy.tokenizer.name or engine.model_path)
+        computer = ComputerRunner(cfg.env, cfg.policy, engine, processor, wid)
+    return EpisodeRunners(LocalToolRunner(cfg, engine, tokenizer), agent, computer)
 
 
 async def serve(cfg: MasterConfig) -> int:
@@ -55,14 +77,15 @@ async def serve(cfg: MasterConfig) -> int:
     scorer = Scorer(cfg.env)
     await engine.start()
     port = service.bind()
-    host = advertised_host(cfg)
-    worker = RolloutWorker(cfg, worker_id(cfg), f"{host}:{port}", engine, scorer, buffer, Decoder(tokenizer))
+    host, wid = advertised_host(cfg.rollout, cfg.services.rollout.host), worker_id(cfg.rollout)
+    runners = episode_runners(cfg, engine, tokenizer, wid)
+    worker = RolloutWorker(cfg, wid, f"{host}:{port}", engine, scorer, buffer, Decoder(tokenizer), runners)
     service.add(rollout_worker_pb2_grpc.add_RolloutWorkerServicer_to_server,
                 RolloutWorkerServicer(worker, cfg.policy.generation.backend), "grpofleet.v1.RolloutWorker")
 
     async def on_stop() -> None:
         await worker.drain(timeout_s=cfg.services.grace_s)
-        write_summary(cfg, worker)
+        write_summary(cfg.run.dir, cfg.policy.generation.backend, worker)
         await scorer.close()
         await buffer.close()
         await engine.stop()
@@ -70,13 +93,13 @@ async def serve(cfg: MasterConfig) -> int:
     return await run_service(service, background=[worker.heartbeat_loop, worker.lease_loop], on_stop=on_stop)
 
 
-def write_summary(cfg: MasterConfig, worker: RolloutWorker) -> None:
+def write_summary(run_dir: str, backend: str, worker: RolloutWorker) -> None:
     """The worker's lifetime figures (tokens, groups, busy/idle/pause seconds), logged and written to
-    `<run.dir>/logs/workers/<worker_id>.json` for benchmarks and post-mortems."""
-    summary = {"worker_id": worker.worker_id, "engine": cfg.policy.generation.backend, **worker.stats.summary()}
+    `<run.dir>/logs/workers/<worker_id>.json` for benchmarks and post-mortems (`backend`: the engine's name)."""
+    summary = {"worker_id": worker.worker_id, "engine": backend, **worker.stats.summary()}
     log.info("worker summary: %s", json.dumps(summary))
     try:
-        path = Path(cfg.run.dir) / "logs" / "workers" / f"{worker.worker_id}.json"
+        path = Path(run_dir) / "logs" / "workers" / f"{worker.worker_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=1) + "\n")
     except OSError as exc:  # a read-only run dir must not turn a clean stop into a failure

@@ -1,6 +1,7 @@
 """The rollout worker's loop: lease prompt groups, generate G answers each, score them, submit the scored group.
 
-Wiring: `rollout.server` builds the engine, the scorer and the buffer client and hands them to `RolloutWorker`;
+Wiring: `rollout.server` builds the engine, the scorer, the buffer client and the episode runners (each given the
+config sections it reads) and hands them to `RolloutWorker`;
 the worker never talks to the trainer — the trainer pushes weights to it through the servicer, which calls
 `apply_weights`. A worker leases nothing until it holds weights of the current run epoch (join handshake).
 """
@@ -78,9 +79,20 @@ class WorkerStats:
                 "integrity_violations": self.integrity_violations}
 
 
+@dataclass
+class EpisodeRunners:
+    """The multi-turn runners of a worker, composed by `rollout/server.py`: in-process tools (any mode), sandbox code
+    sessions (`env.code.mode: agent` only) and computer use (when the config selects that path)."""
+
+    local_tools: LocalToolRunner
+    agent: AgentRunner | None = None
+    computer: ComputerRunner | None = None
+
+
 class RolloutWorker:
     def __init__(self, cfg: MasterConfig, worker_id: str, address: str, engine: GenerationEngine,
-                 scorer: Scorer, buffer: BufferClient, decode: Decoder) -> None:
+                 scorer: Scorer, buffer: BufferClient, decode: Decoder, runners: EpisodeRunners | None = None) -> None:
+        """`runners`: None for a worker of single-shot answers and in-process tools only."""
         self.cfg = cfg
         self.worker_id = worker_id
         self.address = address
@@ -88,12 +100,12 @@ class RolloutWorker:
         self.scorer = scorer
         self.buffer = buffer
         self.decode = decode
+        runners = runners or EpisodeRunners(LocalToolRunner(cfg, engine, decode.tokenizer))
         # Agent mode: SWE samples are multi-turn episodes in sandbox sessions owned by this worker.
-        self.agent = (AgentRunner(cfg.env, cfg.policy, engine, decode.tokenizer, worker_id)
-                      if cfg.env.code.mode == "agent" else None)
+        self.agent = runners.agent
         # Environments whose tools run here (envs/lookup.py): multi-turn episodes in any mode, no sandbox.
-        self.local_tools = LocalToolRunner(cfg, engine, decode.tokenizer)
-        self.computer = _computer_runner(cfg, engine, worker_id)
+        self.local_tools = runners.local_tools
+        self.computer = runners.computer
         self.weights = NO_WEIGHTS  # what the engine serves; set only once a push has loaded
         self.state = "starting"
         self.in_flight: dict[str, asyncio.Task[None]] = {}
@@ -321,19 +333,6 @@ class RolloutWorker:
             if runner is not None:
                 await runner.close()  # its sessions go now, not when their lease runs out
         return len(done), len(pending)
-
-
-def _computer_runner(cfg: MasterConfig, engine: GenerationEngine, worker_id: str) -> ComputerRunner | None:
-    """The computer-use runner when the config selects that path, with the model's multimodal processor (from
-    `policy.tokenizer.name`, else the served folder: what the trainer loads)."""
-    from fleet.config.vision import uses_computer_use
-
-    if not uses_computer_use(cfg):
-        return None
-    from fleet.tinyvlm import load_processor
-
-    processor = load_processor(cfg.policy.tokenizer.name or engine.model_path)
-    return ComputerRunner(cfg.env, cfg.policy, engine, processor, worker_id)
 
 
 def _generated_tokens(t: Trajectory) -> int:
