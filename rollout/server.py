@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleet.config import MasterConfig
 from fleet.config.infra import RolloutConfig
+from fleet.config.vision import uses_computer_use
 from fleet.entry import service_main
 from fleet.paths import resolve_model
 from grpofleet.v1 import rollout_worker_pb2_grpc
@@ -43,7 +44,6 @@ def worker_id(rollout: RolloutConfig) -> str:
 def episode_runners(cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any, wid: str) -> EpisodeRunners:
     """The worker's multi-turn runners, each given the config sections it reads. Computer use gets the model's
     multimodal processor (from `policy.tokenizer.name`, else the served folder: what the trainer loads)."""
-    from fleet.config.vision import uses_computer_use
     from rollout.agent.computer import ComputerRunner
     from rollout.agent.local import LocalToolRunner
     from rollout.agent.runner import AgentRunner
@@ -71,7 +71,8 @@ async def serve(cfg: MasterConfig) -> int:
 
     model_path = resolve_model(cfg.policy.model_name)
     tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
-    engine = make_engine(cfg.policy, model_path, seed=cfg.grpo.seed, max_images_per_prompt=max_images(cfg))
+    images = max_images(cfg.env.computer_use if uses_computer_use(cfg) else None)
+    engine = make_engine(cfg.policy, model_path, seed=cfg.grpo.seed, max_images_per_prompt=images)
     service = GrpcService("rollout", cfg.services.rollout, cfg.services)
     buffer = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
     scorer = Scorer(cfg.env)

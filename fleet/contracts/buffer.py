@@ -63,8 +63,9 @@ class Registration:
 
 @dataclass(frozen=True)
 class Lease:
-    """One leased prompt group. `group` is the `grpofleet.v1.PromptGroup` message: the generation paths
-    (rollout/agent/) read it as such."""
+    """One leased prompt group. `group` is the `grpofleet.v1.PromptGroup` message as the buffer sent it; the rollout
+    worker turns it into the plain `fleet.contracts.groups.PromptGroup` at its edge (`rollout/wire.py: prompt_group`)
+    before any generation path reads it."""
 
     lease_id: str
     group: Any

@@ -1,7 +1,7 @@
 """`make_engine`: the generation engine that `policy.generation.backend` names, configured from the policy's config.
 
 The rollout worker's entry point (`rollout/server.py: serve`) composes it: `make_engine(cfg.policy, model, seed=...,
-max_images_per_prompt=max_images(cfg))`."""
+max_images_per_prompt=max_images(...))`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rollout.engine.base import GenerationEngine
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
+    from fleet.config.env import ComputerUseEnvConfig
     from fleet.config.policy import PolicyConfig
 
 
@@ -19,7 +19,7 @@ def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_
                 initial_version: int = 0) -> GenerationEngine:
     """Build (not start) the engine. The served dtype is `policy.precision`: pushed tensors must carry that dtype.
     Context length: `policy.generation.vllm_cfg.max_model_len`, else `policy.max_total_sequence_length`. `seed`:
-    `grpo.seed`; `max_images_per_prompt`: `max_images(cfg)` (vLLM only)."""
+    `grpo.seed`; `max_images_per_prompt`: `max_images(...)` (vLLM only)."""
     g = policy.generation
     v = g.vllm_cfg
     common = dict(
@@ -42,8 +42,7 @@ def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_
     raise ValueError(f"policy.generation.backend={g.backend!r} is not an engine (expected 'vllm' or 'hf')")
 
 
-def max_images(cfg: MasterConfig) -> int:
-    """Screenshots one computer-use turn's context may hold (the first one and one per action); 0 off that path."""
-    from fleet.config.vision import uses_computer_use
-
-    return cfg.env.computer_use.max_actions + 1 if uses_computer_use(cfg) else 0
+def max_images(computer_use: ComputerUseEnvConfig | None) -> int:
+    """Screenshots one computer-use turn's context may hold (the first one and one per action); 0 off that path
+    (`computer_use`: the `env.computer_use` section when the run is on it, else None)."""
+    return computer_use.max_actions + 1 if computer_use is not None else 0
