@@ -132,7 +132,9 @@ def summarize(name: str, rd: Path, overrides: list[str]) -> dict[str, Any]:
               "tmpe": r.get("loss/token_mult_prob_error"), "is_min": r.get("loss/is_ratio_min"),
               "is_max": r.get("loss/is_ratio_max"), "is_oob": r.get("loss/is_oob_ratio"),
               "zero_std": r.get("data/zero_std_groups_frac"), "age_max": r.get("age/max"),
-              "step_s": r.get("timing/step_s"), "grad_norm": r.get("train/grad_norm")}
+              "step_s": r.get("timing/step_s"), "grad_norm": r.get("train/grad_norm"),
+              "truncated": r.get("data/truncated_frac"), "response_len": r.get("data/response_len_mean"),
+              "max_dlogp": r.get("loss/max_abs_logprob_diff"), "worst_pos": r.get("loss/worst_token_position")}
              for r in records if "reward/mean" in r]
     # val/step = the number of steps the validated weights have trained; 0 = the base model.
     val = [{"step": int(r["val/step"]), "t": r["time"] - t0, "acc": r["val/accuracy"]}
@@ -165,14 +167,16 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
             axes[0][1].plot([s["step"] for s in tr], [s["is_max"] for s in tr], label=run["name"], **kw)
             axes[0][1].plot([s["step"] for s in tr], [s["is_min"] for s in tr], linestyle=":", **kw)
             axes[1][0].plot([v["step"] for v in va], [v["acc"] for v in va], label=run["name"], **kw)
-            axes[1][1].plot([s["step"] for s in tr], [s["reward"] for s in tr], label=run["name"], **kw)
+            # Answers that ran to the cap: the end-of-turn token's fate (issue 21's collapse)
+            axes[1][1].plot([s["step"] for s in tr], [s["truncated"] for s in tr], label=run["name"], **kw)
         else:
             for col, key in ((0, "step"), (1, "t")):
                 axes[0][col].plot([v[key] for v in va], [v["acc"] for v in va], label=run["name"], **kw)
                 axes[1][col].plot([s[key] for s in tr], [s["reward"] for s in tr], label=run["name"], **kw)
     if offpolicy:
         labels = (("step", "loss/token_mult_prob_error"), ("step", "IS ratio max (solid) / min (dotted)"),
-                  ("step", "validation accuracy (greedy, held out)"), ("step", "training reward"))
+                  ("step", "validation accuracy (greedy, held out)"),
+                  ("step", "answers cut at max_new_tokens (data/truncated_frac)"))
         axes[0][1].set_yscale("log")
     else:
         labels = (("training step", "validation accuracy (greedy, held out)"),
@@ -210,7 +214,8 @@ def run(args: argparse.Namespace) -> None:
             name = f"{mode}-s{seed}"
             overrides = [f"grpo.seed={seed}", *(SYNC if mode == "sync" else []), *args.set]
             if args.reuse:
-                runs.append(summarize(name, work / name, overrides))
+                if (work / name / "logs/metrics.jsonl").is_file():  # runs not made are left out, not guessed
+                    runs.append(summarize(name, work / name, overrides))
             else:
                 runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree))
     by_mode = {m: [r for r in runs if r["name"].startswith(m + "-")] for m in args.modes.split(",")}
@@ -223,8 +228,8 @@ def run(args: argparse.Namespace) -> None:
     what = {"digits": "first digit", "digits_max": "largest digit"}[args.task]
     _plot(runs, ROOT / "docs/img/skill_demo.png", f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, "
           "chance 0.1) through the fleet, 2 CPU cores")
-    _plot([r for r in runs if r["name"].startswith("async")], ROOT / "docs/img/skill_offpolicy.png",
-          "async runs: off-policy diagnostics", offpolicy=True)
+    _plot(runs, ROOT / "docs/img/skill_offpolicy.png", "off-policy diagnostics (sync runs: no staleness, so the "
+          "error is 1 and the ratios 1)", offpolicy=True)
 
 
 def variants(args: argparse.Namespace) -> None:
@@ -259,8 +264,8 @@ def collect(args: argparse.Namespace) -> None:
         r["min_reward_after_10"] = min(x["reward"] for x in tr[10:]) if len(tr) > 10 else None
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"env": env_info(), "work": str(work), "runs": runs},
                                                          indent=1) + "\n")
-    _plot(runs, ROOT / f"docs/img/{args.out}.png", "async arith demo: IS correction variants and the fix, by seed",
-          offpolicy=True)
+    _plot(runs, ROOT / f"docs/img/{args.out}.png", args.title or "async arith demo: IS correction variants and the "
+          "fix, by seed", offpolicy=True)
     for r in runs:
         print(r["name"], "max tmpe", round(r["max_token_mult_prob_error"], 2), "IS range",
               [round(x, 3) for x in r["is_ratio_range"]], "min reward after step 10", r["min_reward_after_10"])
@@ -290,6 +295,7 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], help="extra config overrides (key=value) for every run")
     p.add_argument("--tree", type=Path, default=None, help="run the fleet from this snapshot of the code")
     p.add_argument("--reuse", action="store_true", help="summarize the runs already in --work, run nothing")
+    p.add_argument("--title", default="", help="collect: the figure's title")
     args = p.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.what == "pretrain":
