@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # its AOF) derives from its ConnectionError. OSError covers the builtin TimeoutError of a call that got no answer.
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _MAX_DELAY_S = 2.0
+# Payload writes in flight at once per put (each holds a pooled connection while it lasts).
+_WRITE_CONCURRENCY = 8
 T = TypeVar("T")
 
 
@@ -78,11 +80,14 @@ class PayloadStore:
         buffer's submit keeps it), in one round trip; returns the keys, in order."""
         keys = [payload_key(self.prefix, gid) for gid, _ in groups]
 
+        # Concurrent plain SETs (one pooled connection each, up to _WRITE_CONCURRENCY at once), not one pipeline:
+        # redis-py spends 2-2.5x the CPU per byte writing large values through a pipeline (measured: 0.19 vs 0.09 ms per
+        # 132 KB value, 3.1-3.4 vs 1.2-1.3 ms per 2 MB one), and the round trips overlap all the same.
         async def write() -> Any:
-            pipe = self.redis.pipeline(transaction=False)
-            for key, (_, data) in zip(keys, groups, strict=True):
-                pipe.set(key, data, px=self.ttl_ms)
-            return await pipe.execute()
+            pairs = list(zip(keys, groups, strict=True))
+            for i in range(0, len(pairs), _WRITE_CONCURRENCY):
+                chunk = pairs[i : i + _WRITE_CONCURRENCY]
+                await asyncio.gather(*(self.redis.set(key, data, px=self.ttl_ms) for key, (_, data) in chunk))
 
         await self._call("payload write", write)
         return keys
