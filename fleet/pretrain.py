@@ -24,18 +24,20 @@ from fleet.tinymodel import _build_atomically, ensure_tiny_model
 
 logger = logging.getLogger(__name__)
 
-Corpus = Callable[[int], Iterator[tuple[str, str]]]
+Corpus = Callable[[int], Iterator[tuple[str, str] | list[dict[str, str]]]]
+"""(question, answer) pairs, or whole chats (role/content messages: a multi-turn episode, tool results included)."""
 
 
 def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50, batch: int = 64,
-                        lr: float = 1e-3, seed: int = 0) -> Path:
+                        lr: float = 1e-3, seed: int = 0, init: Path | None = None) -> Path:
     """Make the model pretrained on `corpus(seed)` (named `name` in its folder) at `out` unless it exists; return
     `out`. ~10 s on one CPU core.
 
     Defaults: 50 AdamW steps of 64 sequences at lr 1e-3: enough for the format (every greedy answer a digit followed
     by the end-of-turn token) and little more; longer pre-training on random answers makes the model more firmly
     ignore the question, and GRPO then takes longer to leave chance level (measured in a standalone sketch:
-    100 steps of pre-training needed 70-150 GRPO steps to 0.8, 50 needed 60-135)."""
+    100 steps of pre-training needed 70-150 GRPO steps to 0.8, 50 needed 60-135). `init`: the model folder to
+    start from instead of `tiny-qwen2` (a pre-training in stages, each folder reused)."""
     if steps < 1 or batch < 1:
         raise ValueError(f"pretrain: steps ({steps}) and batch ({batch}) must be >= 1")
 
@@ -43,7 +45,7 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        base = ensure_tiny_model(tiny_model_dir(), seed=0)
+        base = init if init is not None else ensure_tiny_model(tiny_model_dir(), seed=0)
         tok = AutoTokenizer.from_pretrained(base)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -61,19 +63,21 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
                     logger.info("pretrain %s step %d/%d loss %.3f", name, step + 1, steps, loss.item())
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / "PRETRAIN.txt").write_text(f"corpus={name} steps={steps} batch={batch} lr={lr} seed={seed}: the "
-                                          "format with random answers (fleet/pretrain.py)\n")
+        start = f" from {init.name}" if init is not None else ""
+        (tmp / "PRETRAIN.txt").write_text(f"corpus={name} steps={steps} batch={batch} lr={lr} seed={seed}{start}: "
+                                          "the format with random answers (fleet/pretrain.py)\n")
 
     return _build_atomically(out, build)
 
 
-def _batch(tok, pairs: list[tuple[str, str]]):  # -> (input_ids, attention_mask); torch imported by the caller
+def _batch(tok, pairs: list[tuple[str, str] | list[dict[str, str]]]):  # -> (input_ids, attention_mask)
     import torch
 
     seqs = []
-    for q, a in pairs:
-        text = tok.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
-                                       tokenize=False)
+    for item in pairs:
+        chat = item if isinstance(item, list) else [{"role": "user", "content": item[0]},
+                                                     {"role": "assistant", "content": item[1]}]
+        text = tok.apply_chat_template(chat, tokenize=False)
         seqs.append(list(tok(text.rstrip("\n"), add_special_tokens=False)["input_ids"]))
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
