@@ -1,4 +1,4 @@
-"""The tiny model learns to copy a tool's result into its answer (issue 17): format pre-training, then GRPO on success.
+"""Does the tiny model learn to copy a tool's result (issue 17)? Format pre-training, then GRPO on success only.
 
     .venv/bin/python benchmarks/agent_bench.py copy --from-model .cache/models/tiny-qwen2-lookup \
         --base .cache/models/tiny-qwen2-lookup-random --pre2-steps 60 --steps 80 [--lr 3e-4] [--max-s 600]
@@ -19,7 +19,8 @@
    episode is a function of the looked-up value, so this is the rate over the ten values, weighted as drawn).
 
 The environment is `examples/configs/lookup_learn.yaml`'s: one key, one-digit values (a one-token copy). Result:
-benchmarks/results/lookup_copy.json; plot: docs/img/agent_lookup_copy.png. Why not through the fleet: at the
+benchmarks/results/lookup_copy.json; plot: docs/img/agent_lookup_copy.png (`--out`, `--plot`). In the recorded
+runs success stayed at chance (docs/performance.md, "Agent mode"). Why not through the fleet: at the
 fleet's 16 s per step on this shared 2-core machine, the ~100 steps the copy needs are half an hour; this loop runs
 the same episode code and the same loss on one core in minutes (docs/performance.md, "Agent mode").
 """
@@ -50,12 +51,10 @@ def lookup_cfg() -> Any:
     return LookupEnvConfig(num_keys=1, table_size=1, max_value=9)
 
 
-def call_text(name: str, **arguments: str) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
 def format_corpus(seed: int) -> Iterator[list[dict[str, str]]]:
     """Episodes with the right lookup and a random answer: the chat renders to the loop's exact tokens."""
+    from agent_learn import call_text
+
     from envs.lookup import COMPACT_TOOLS, SYSTEM_PROMPT, make_lookup_tasks
 
     rng = random.Random(seed)
@@ -270,7 +269,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(f"tiny Qwen2 learns to copy the tool's result ({result['seconds']:.0f} s, one CPU core)", fontsize=10)
+    a = result["args"]
+    ax.set_title(f"tiny Qwen2, lookup: GRPO on success only from a random-answer base\nlr {a['lr']}, "
+                 f"{a['prompts']}x{a['gens']} episodes/step, {result['seconds']:.0f} s on one CPU core", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
