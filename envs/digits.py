@@ -11,10 +11,10 @@ position-selective first, and a standalone GRPO sketch sat at chance for 60-130 
 `format_corpus` is the text that teaches the format with random answers (`fleet/pretrain.py` trains on it), so
 whatever the model knows about the answer beyond chance it learned from the reward.
 
-Scoring: the completion must be the answer and nothing else: one integer, then the end of turn. Right -> FULL
-(reward 1 with `env.code`'s binary mapping), a wrong digit -> NO (with `pass_rate`, partial credit 1 - |error| / 9);
-no number, text after the number, or no end of turn before `max_new_tokens` (a truncated answer) -> a format error
-(reward 0). The format is part of the reward on purpose (issue 21): when any text after the first integer still
+Scoring: the completion must be the answer and nothing else: one integer (no whitespace around it), then the end
+of turn. Right -> FULL (reward 1 with `env.code`'s binary mapping), a wrong digit -> NO (with `pass_rate`, partial
+credit 1 - |error| / 9); no number, other text, or no end of turn before `max_new_tokens` (a truncated answer) -> a
+format error (reward 0). The format is part of the reward on purpose (issue 21): when any text after the first integer still
 scored, nothing in the reward depended on the end-of-turn token, so its log-prob got a zero-mean policy gradient
 plus whatever the digit updates dragged along through the tied embeddings; in a sync fleet run with trainer and
 engine agreeing exactly (`token_mult_prob_error` 1.0000) the end of turn fell from p = 0.98 to 0.001 in 25 steps
@@ -139,7 +139,9 @@ class DigitsEnvironment:
         return score_digit(int(payload["answer"]), completion_text, truncated=truncated)
 
 
-_ANSWER_ONLY = re.compile(r"\s*([+-]?\d+)\s*")
+# Exactly the number: no whitespace around it either. A token that changes nothing in the reward drifts (an async
+# run of seed 2 moved to " 4"-style answers, a space token first, and from there collapsed into empty answers).
+_ANSWER_ONLY = re.compile(r"([+-]?\d+)")
 
 
 def score_digit(expected: int, completion_text: str, *, truncated: bool = False) -> ScoreResult:

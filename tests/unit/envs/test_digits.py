@@ -37,7 +37,7 @@ def test_format_corpus_answers_do_not_depend_on_the_list():
 
 def test_scoring_is_binary_through_the_shared_reward_path():
     env = make_environment("digits", EnvConfig())
-    right = asyncio.run(env.score({"answer": 4}, " 4"))
+    right = asyncio.run(env.score({"answer": 4}, "4"))
     wrong = asyncio.run(env.score({"answer": 4}, "5"))
     none = asyncio.run(env.score({"answer": 4}, "four"))
     mode, fmt_reward = EnvConfig().reward_settings("digits")
@@ -76,8 +76,9 @@ def test_an_answer_counts_only_when_it_is_the_whole_completion_ended_by_the_end_
         result = asyncio.run(env.score({"answer": 3}, text, truncated=truncated))
         return reward_from_verdict(result.verdict, mode, fmt_reward)
 
-    assert reward("3") == reward(" 3\n") == 1.0
+    assert reward("3") == 1.0
     assert reward("3assistantassistantassistant") == 0.0
+    assert reward(" 3") == reward("3\n") == 0.0  # a whitespace token is no more neutral than any other
     assert reward("3", truncated=True) == 0.0  # the cap came before the end of turn
     trailing = score_digit(3, "3 is the largest")
     assert trailing.verdict.resolution == "NO" and trailing.format_error == "extra text around the answer"
