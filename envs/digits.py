@@ -11,14 +11,14 @@ position-selective first, and a standalone GRPO sketch sat at chance for 60-130 
 `format_corpus` is the text that teaches the format with random answers (`fleet/pretrain.py` trains on it), so
 whatever the model knows about the answer beyond chance it learned from the reward.
 
-Scoring: the completion must be the answer and nothing else: one integer (no whitespace around it), then the end
-of turn. Right -> FULL (reward 1 with `env.code`'s binary mapping), a wrong digit -> NO (with `pass_rate`, partial
+Scoring: the completion must be the answer and nothing else: one integer (no whitespace around it), then the end of
+turn. Right -> FULL (reward 1 with `env.code`'s binary mapping), a wrong digit -> NO (with `pass_rate`, partial
 credit 1 - |error| / 9); no number, other text, or no end of turn before `max_new_tokens` (a truncated answer) -> a
-format error (reward 0). The format is part of the reward on purpose (issue 21): when any text after the first integer still
-scored, nothing in the reward depended on the end-of-turn token, so its log-prob got a zero-mean policy gradient
-plus whatever the digit updates dragged along through the tied embeddings; in a sync fleet run with trainer and
-engine agreeing exactly (`token_mult_prob_error` 1.0000) the end of turn fell from p = 0.98 to 0.001 in 25 steps
-and every answer ran to the cap ("3assistantassistantassistant"), the "collapse" first seen in async runs.
+format error (reward 0). The format is part of the reward on purpose (issue 21): when any text after the first
+integer still scored, nothing in the reward depended on the end-of-turn token, so its log-prob got a zero-mean
+policy gradient plus whatever the digit updates dragged along through the tied embeddings; in a sync fleet run with
+trainer and engine agreeing exactly (`token_mult_prob_error` 1.0000) the end of turn fell from p = 0.98 to 0.001 in
+25 steps and every answer ran to the cap ("3assistantassistantassistant"), the "collapse" first seen in async runs.
 Verdicts are the sandbox's `Verdict` type, so the reward path is the one SWE tasks take. (Partial credit was tried
 and is not the demo's recipe: a standalone sketch collapsed onto the middle digits, which score best on average.)
 """
