@@ -56,7 +56,7 @@ def episode_runners(cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any,
 
         processor = load_processor(cfg.policy.tokenizer.name or engine.model_path)
         computer = ComputerRunner(cfg.env, cfg.policy, engine, processor, wid)
-    return EpisodeRunners(LocalToolRunner(cfg, engine, tokenizer), agent, computer)
+    return EpisodeRunners(LocalToolRunner(cfg.env, cfg.policy, engine, tokenizer), agent, computer)
 
 
 async def serve(cfg: MasterConfig) -> int:

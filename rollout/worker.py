@@ -100,7 +100,7 @@ class RolloutWorker:
         self.scorer = scorer
         self.buffer = buffer
         self.decode = decode
-        runners = runners or EpisodeRunners(LocalToolRunner(cfg, engine, decode.tokenizer))
+        runners = runners or EpisodeRunners(LocalToolRunner(cfg.env, cfg.policy, engine, decode.tokenizer))
         # Agent mode: SWE samples are multi-turn episodes in sandbox sessions owned by this worker.
         self.agent = runners.agent
         # Environments whose tools run here (envs/lookup.py): multi-turn episodes in any mode, no sandbox.

@@ -21,15 +21,16 @@ from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, reward_for
 
 if TYPE_CHECKING:
-    from fleet.config import MasterConfig
+    from fleet.config.env import EnvConfig
+    from fleet.config.policy import PolicyConfig
     from rollout.engine.base import GenerationEngine
 
 LOCAL_TOOL_ENVS = frozenset({"lookup"})
 
 
 class LocalToolRunner:
-    def __init__(self, cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any) -> None:
-        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+    def __init__(self, env: EnvConfig, policy: PolicyConfig, engine: GenerationEngine, tokenizer: Any) -> None:
+        self.env, self.policy, self.engine, self.tokenizer = env, policy, engine, tokenizer
         # Made on first use: a worker that never leases such a task needs neither (nor valid agent budgets).
         self._limits: EpisodeLimits | None = None
         self._fmt: ChatFormat | None = None
@@ -46,7 +47,7 @@ class LocalToolRunner:
     @property
     def limits(self) -> EpisodeLimits:
         if self._limits is None:
-            self._limits = limits_from_config(self.cfg.env.code.agent, self.cfg.policy)
+            self._limits = limits_from_config(self.env.code.agent, self.policy)
         return self._limits
 
     @staticmethod
@@ -57,7 +58,7 @@ class LocalToolRunner:
         if name not in self._envs:
             from envs.registry import make_environment
 
-            env = make_environment(name, self.cfg.env)
+            env = make_environment(name, self.env)
             if not getattr(env, "tools_in_process", False):
                 raise ValueError(f"environment {name!r} has no in-process tools (tools_in_process)")
             self._envs[name] = env
@@ -82,5 +83,5 @@ class LocalToolRunner:
         self.end_reasons[episode.end_reason] += 1
         self.tool_calls += episode.tool_calls
         self.tool_errors += episode.tool_errors
-        return _trajectory(episode, verdict, reward_for(self.cfg.env, prompt.env_name, verdict), t1 - t0,
+        return _trajectory(episode, verdict, reward_for(self.env, prompt.env_name, verdict), t1 - t0,
                            time.monotonic() - t1)

@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from buffer_client.payloads import REDIS_DOWN, redis_client
-from fleet.config.schema import MasterConfig
+from fleet.config.infra import ServicesConfig
 from services.replay_buffer.store import ReplayStore
 from services.runtime.client import BACKEND_DOWN
 from services.runtime.errors import Unavailable
@@ -33,13 +33,13 @@ def _describe(exc: BaseException) -> str:
 
 
 class RedisWatch:
-    def __init__(self, url: str, client: Redis, store: ReplayStore, cfg: MasterConfig) -> None:
+    def __init__(self, url: str, client: Redis, store: ReplayStore, services: ServicesConfig) -> None:
         self.url = url
         self.client = client
         self.store = store
         self.ready = False  # the store's consumer group exists (first contact made)
         self.outage = Outage(
-            f"redis at {url}", cfg.services.outage_tolerance_s, report_every_s=cfg.services.outage_report_s, logger=log
+            f"redis at {url}", services.outage_tolerance_s, report_every_s=services.outage_report_s, logger=log
         )
 
     async def contact(self) -> None:

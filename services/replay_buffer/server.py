@@ -87,7 +87,7 @@ class ReplayBufferApp:
 async def build(cfg: MasterConfig, redis_url: str) -> ReplayBufferApp:
     client = redis_client(redis_url)
     store = ReplayStore(client, StoreSettings.from_config(cfg))
-    watch = RedisWatch(redis_url, client, store, cfg)
+    watch = RedisWatch(redis_url, client, store, cfg.services)
     await watch.try_contact()  # a Redis that is down now (restarting, loading its AOF) is an outage, not a failure
     service = GrpcService("replay_buffer", cfg.services.replay_buffer, cfg.services)
     servicer = ReplayBufferServicer(store)

@@ -89,7 +89,7 @@ def test_an_episode_through_the_local_runner_is_token_exact_and_graded(tokenizer
     key, value = task.metadata["key"], task.metadata["answer"]
     prompt = env.build_prompt(task, tokenizer, 512)
     assert len(prompt.token_ids) < 100  # the compact tools block: a learning run trains on episodes
-    runner = LocalToolRunner(cfg, SimpleNamespace(), tokenizer)  # type: ignore[arg-type]
+    runner = LocalToolRunner(cfg.env, cfg.policy, SimpleNamespace(), tokenizer)  # type: ignore[arg-type]
     policy = ScriptedPolicy(runner.fmt, [call("lookup", key=key), call("answer", value=str(value))])
     runner.engine = SimpleNamespace(generate=policy)  # type: ignore[assignment]
     group = PromptGroup(group_id="g", env_name="lookup", prompt_token_ids=prompt.token_ids)
