@@ -43,12 +43,23 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks/results/lookup_copy.json"
 PLOT = ROOT / "docs/img/agent_lookup_copy.png"
 LIMITS = {"max_turns": 2, "max_total_tokens": 256, "max_new_tokens_per_turn": 56}  # lookup_learn.yaml's budgets
+PEEK_LIMITS = {"max_turns": 2, "max_total_tokens": 96, "max_new_tokens_per_turn": 16}  # peek_learn.yaml's
 
 
 def lookup_cfg() -> Any:
     from fleet.config.env import LookupEnvConfig
 
     return LookupEnvConfig(num_keys=1, table_size=1, max_value=9)
+
+
+def make_tasks(env: str, seed: int, split: str, n: int) -> list[Any]:
+    if env == "peek":
+        from envs.peek import make_peek_tasks
+
+        return make_peek_tasks(seed, split, n)
+    from envs.lookup import make_lookup_tasks
+
+    return make_lookup_tasks(seed, split, n, lookup_cfg())
 
 
 def format_corpus(seed: int) -> Iterator[list[dict[str, str]]]:
@@ -139,11 +150,12 @@ class BatchGenerate:
 async def play(model: Any, fmt: Any, tasks: list[Any], gens: int, temperature: float,
                seed: int) -> list[dict[str, Any]]:
     """`gens` episodes of each task through the agent loop: rows of (ids, loss mask, reward, group, what happened)."""
-    from envs.lookup import LookupEnvironment
+    from envs.registry import make_environment
     from rollout.agent.episode import EpisodeLimits, run_episode
     from rollout.engine.base import SamplingSpec
 
-    env, limits = LookupEnvironment(), EpisodeLimits(**LIMITS)
+    peek = tasks[0].env_name == "peek"
+    env, limits = make_environment(tasks[0].env_name), EpisodeLimits(**(PEEK_LIMITS if peek else LIMITS))
     batch = BatchGenerate(model, fmt.end_ids, fmt.tok.pad_token_id, len(tasks) * gens, seed)
     spec = SamplingSpec(max_new_tokens=limits.max_new_tokens_per_turn, temperature=temperature)
 
@@ -155,11 +167,12 @@ async def play(model: Any, fmt: Any, tasks: list[Any], gens: int, temperature: f
             ep = await run_episode(batch, fmt, tools, prompt, spec, limits, f"{group}/{i}")
         finally:
             batch.finished()
-        verdict = env.score_tools(payload, tools).verdict
+        verdict = env.score_tools(payload, tools).verdict  # type: ignore[attr-defined]
         return {"ids": list(prompt) + ep.token_ids, "mask": [0] * len(prompt) + ep.loss_mask(), "group": group,
                 "logprobs": [0.0] * len(prompt) + ep.logprobs,
                 "reward": 1.0 if verdict.resolution == "FULL" else 0.0, "answered": tools.answer is not None,
-                "looked_up": bool(tools.lookups), "tool_errors": ep.tool_errors}
+                "looked_up": bool(tools.peeks if peek else tools.lookups), "tool_errors": ep.tool_errors,
+                "tool_calls": ep.tool_calls, "turns": ep.turns}
 
     return list(await asyncio.gather(*[one(t, g, i) for g, t in enumerate(tasks) for i in range(gens)]))
 
@@ -175,6 +188,8 @@ def grpo_step(model: Any, opt: Any, rows: list[dict[str, Any]], pad_id: int) -> 
         sel = groups == g
         std = rewards[sel].std()
         adv[sel] = (rewards[sel] - rewards[sel].mean()) / (std + 1e-6) if std > 0 else 0.0
+    if not bool(adv.any()):
+        return 0.0  # no group with reward spread: no update (the fleet's grpo.skip_update_without_signal)
     width = max(len(r["ids"]) for r in rows)
     ids = torch.tensor([r["ids"] + [pad_id] * (width - len(r["ids"])) for r in rows], device=dev)
     mask = torch.tensor([r["mask"] + [0] * (width - len(r["mask"])) for r in rows], dtype=torch.float32,
@@ -189,13 +204,27 @@ def grpo_step(model: Any, opt: Any, rows: list[dict[str, Any]], pad_id: int) -> 
     return float(norm)
 
 
+def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float = 0.0) -> Path:
+    """The `peek` base: `tiny-qwen2` (random weights) with `<tool_call>` / `</tool_call>` added as single tokens,
+    pre-trained on peek episodes with random answers (`envs.peek.format_corpus`): the format at chance level."""
+    import functools
+
+    from envs.peek import TOOL_TOKENS
+    from envs.peek import format_corpus as peek_corpus
+    from fleet.pretrain import ensure_format_model
+
+    return ensure_format_model(out, functools.partial(peek_corpus, direct_frac=direct_frac),
+                               name=f"peek-episodes-random-answer-direct{direct_frac:g}", steps=steps, batch=batch,
+                               lr=lr, extra_tokens=TOOL_TOKENS)
+
+
 def evaluate(model: Any, fmt: Any, tasks: list[Any]) -> dict[str, float]:
     """Greedy rates over `tasks`. A greedy episode depends only on (key, value), so each distinct pair is played
     once and weighted by how often it occurs: exact, and ~20x cheaper than playing all 200."""
     weight: dict[tuple[str, int], int] = {}
     first: dict[tuple[str, int], Any] = {}
     for t in tasks:
-        pair = (t.metadata["key"], int(t.metadata["answer"]))
+        pair = (t.metadata.get("key", ""), int(t.metadata["answer"]))
         weight[pair] = weight.get(pair, 0) + 1
         first.setdefault(pair, t)
     rows = asyncio.run(play(model, fmt, list(first.values()), 1, 0.0, 0))
@@ -210,22 +239,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envs.agent.chat import ChatFormat
-    from envs.lookup import make_lookup_tasks
     from fleet.pretrain import ensure_format_model
 
     torch.set_num_threads(args.threads)  # one core: the machine is shared
     torch.manual_seed(args.seed)
-    # Two stages (each folder reused): 120 x 32 left the 40-token calls half-formed (greedy output not parsable).
-    stage1 = args.from_model or ensure_format_model(
-        args.base.with_name(args.base.name + "-1"), format_corpus, steps=args.pre_steps,
-        name="lookup-episodes-random-answer", batch=args.pre_batch, lr=args.pre_lr)
-    base = ensure_format_model(args.base, format_corpus, name="lookup-episodes-random-answer", steps=args.pre2_steps,
-                               batch=16, lr=args.pre_lr, seed=1, init=stage1)
+    if args.env == "peek":
+        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr, args.direct_frac)
+    else:  # two stages (each folder reused): 120 x 32 left the 40-token calls half-formed (not parsable)
+        stage1 = args.from_model or ensure_format_model(
+            args.base.with_name(args.base.name + "-1"), format_corpus, steps=args.pre_steps,
+            name="lookup-episodes-random-answer", batch=args.pre_batch, lr=args.pre_lr)
+        base = ensure_format_model(args.base, format_corpus, name="lookup-episodes-random-answer",
+                                   steps=args.pre2_steps, batch=16, lr=args.pre_lr, seed=1, init=stage1)
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(args.device)
     fmt = ChatFormat(tok)
-    held_out = make_lookup_tasks(99, "heldout", 200, lookup_cfg())
-    train = make_lookup_tasks(args.seed, "train", args.steps * args.prompts, lookup_cfg())
+    held_out = make_tasks(args.env, 99, "heldout", 200)
+    train = make_tasks(args.env, args.seed, "train", args.steps * args.prompts)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     t0 = time.monotonic()
     history = [{"step": 0, "t": 0.0, **evaluate(model, fmt, held_out)}]
@@ -239,7 +269,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         norm = grpo_step(model, opt, rows, tok.pad_token_id)
         n = len(rows)
         train_log.append({"step": step + 1, "reward": sum(r["reward"] for r in rows) / n, "grad_norm": norm,
-                          "tool_error_rate": sum(r["tool_errors"] > 0 for r in rows) / n})
+                          "tool_error_rate": sum(r["tool_errors"] for r in rows) / max(1, sum(r["tool_calls"]
+                                                                                            for r in rows)),
+                          "turns": sum(r["turns"] for r in rows) / n})
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             model.eval()
             history.append({"step": step + 1, "t": round(time.monotonic() - t0, 1), **evaluate(model, fmt, held_out)})
@@ -279,6 +311,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", choices=["lookup", "peek"], default="lookup")
+    ap.add_argument("--direct-frac", type=float, default=0.0,
+                    help="peek: share of the base's pre-training episodes that answer without the tool")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--gens", type=int, default=8)

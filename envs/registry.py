@@ -123,6 +123,7 @@ _DATASETS: dict[str, str | DatasetLoader] = {
     "arith": "envs.arith:load_arith_dataset",
     "computer_use": "envs.computer_use.env:load_computer_use_dataset",
     "lookup": "envs.lookup:load_lookup_dataset",
+    "peek": "envs.peek:load_peek_dataset",
     "digits": "envs.digits:load_digits_dataset",
     "digits_max": "envs.digits:load_digits_max_dataset",
 }
@@ -131,6 +132,7 @@ _ENVIRONMENTS: dict[str, str | EnvFactory] = {
     "arith": "envs.arith:make_arith_environment",
     "computer_use": "envs.computer_use.env:make_computer_use_environment",
     "lookup": "envs.lookup:make_lookup_environment",  # multi-turn, tools run in the rollout worker
+    "peek": "envs.peek:make_peek_environment",  # multi-turn, the answer only a tool call gives
     "digits": "envs.digits:make_digits_environment",
 }
 

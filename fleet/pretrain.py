@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from fleet.paths import tiny_model_dir
@@ -29,7 +29,8 @@ Corpus = Callable[[int], Iterator[tuple[str, str] | list[dict[str, str]]]]
 
 
 def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50, batch: int = 64,
-                        lr: float = 1e-3, seed: int = 0, init: Path | None = None) -> Path:
+                        lr: float = 1e-3, seed: int = 0, init: Path | None = None,
+                        extra_tokens: Sequence[str] = ()) -> Path:
     """Make the model pretrained on `corpus(seed)` (named `name` in its folder) at `out` unless it exists; return
     `out`. ~10 s on one CPU core.
 
@@ -37,7 +38,9 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
     by the end-of-turn token) and little more; longer pre-training on random answers makes the model more firmly
     ignore the question, and GRPO then takes longer to leave chance level (measured in a standalone sketch:
     100 steps of pre-training needed 70-150 GRPO steps to 0.8, 50 needed 60-135). `init`: the model folder to
-    start from instead of `tiny-qwen2` (a pre-training in stages, each folder reused)."""
+    start from instead of `tiny-qwen2` (a pre-training in stages, each folder reused). `extra_tokens`: added to the
+    tokenizer (as ordinary, non-special tokens: decoding keeps them) and to the embeddings before training, e.g.
+    `<tool_call>`, a single token in real Qwen tokenizers (`envs.peek.TOOL_TOKENS`)."""
     if steps < 1 or batch < 1:
         raise ValueError(f"pretrain: steps ({steps}) and batch ({batch}) must be >= 1")
 
@@ -50,6 +53,8 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            if tok.add_tokens(list(extra_tokens)):
+                model.resize_token_embeddings(len(tok))  # new rows: the mean of the others (tied: in and out)
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
             pairs = corpus(seed)
@@ -63,7 +68,8 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
                     logger.info("pretrain %s step %d/%d loss %.3f", name, step + 1, steps, loss.item())
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        start = f" from {init.name}" if init is not None else ""
+        start = (f" from {init.name}" if init is not None else "") + (f" +tokens {list(extra_tokens)}"
+                                                                      if extra_tokens else "")
         (tmp / "PRETRAIN.txt").write_text(f"corpus={name} steps={steps} batch={batch} lr={lr} seed={seed}{start}: "
                                           "the format with random answers (fleet/pretrain.py)\n")
 

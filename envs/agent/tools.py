@@ -66,7 +66,8 @@ class Observation:
 
 class ToolRunner(Protocol):
     """What the episode loop calls tools through: `ToolBox` (a sandbox session) or an environment's in-process
-    tools (`envs.lookup.LookupTools`)."""
+    tools (`envs.lookup.LookupTools`). Optional: `final_answer(text, closed)`, which makes a turn without a call the
+    episode's answer (`envs.peek.PeekTools`; `rollout.agent.episode._act`)."""
 
     async def run(self, call: ToolCall) -> Observation: ...
 

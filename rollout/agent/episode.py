@@ -128,7 +128,7 @@ async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolRunner, context
         episode.add_generated(gen)
         context += gen.token_ids
         episode.turns += 1
-        results, submitted = await _act(fmt.decode(gen.token_ids), tools, episode)
+        results, submitted = await _act(fmt.decode(gen.token_ids), tools, episode, fmt.turn_closed(gen.token_ids))
         if submitted:
             return "submitted"
         if turn == limits.max_turns - 1:
@@ -144,8 +144,10 @@ async def _turns(generate: Generate, fmt: ChatFormat, tools: ToolRunner, context
     return "max_turns"
 
 
-async def _act(text: str, tools: ToolRunner, episode: Episode) -> tuple[list[Observation], bool]:
-    """Run the turn's tool calls in order, up to a submit. Returns (observations, submitted)."""
+async def _act(text: str, tools: ToolRunner, episode: Episode, closed: bool = True) -> tuple[list[Observation], bool]:
+    """Run the turn's tool calls in order, up to a submit. Returns (observations, submitted). A turn without a call
+    is the episode's answer for tools that take answers as text (`final_answer(text, closed)`, e.g. `envs.peek`:
+    the Qwen / Hermes convention), else an error observation."""
     try:
         calls = parse_tool_calls(text)[: getattr(tools, "max_calls_per_turn", None)]
     except ToolCallError as exc:
@@ -153,6 +155,10 @@ async def _act(text: str, tools: ToolRunner, episode: Episode) -> tuple[list[Obs
         episode.tool_errors += 1
         return [Observation(f"error: {exc}", error=True)], False
     if not calls:
+        final_answer = getattr(tools, "final_answer", None)
+        if final_answer is not None:
+            final_answer(text, closed)
+            return [], True
         episode.tool_calls += 1
         episode.tool_errors += 1
         return [Observation(NO_CALL, error=True)], False

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from fleet.config.policy import PolicyConfig
     from rollout.engine.base import GenerationEngine
 
-LOCAL_TOOL_ENVS = frozenset({"lookup"})
+LOCAL_TOOL_ENVS = frozenset({"lookup", "peek"})
 
 
 class LocalToolRunner:
