@@ -5,6 +5,7 @@ episodes against single-shot answers on the same tasks with the same engine, mea
     .venv/bin/python benchmarks/agent_bench.py --engine vllm --episodes 32 --samples 200
     .venv/bin/python benchmarks/agent_bench.py learn    # the tiny model learns a tool env (agent_learn.py)
     .venv/bin/python benchmarks/agent_bench.py copy     # ... to copy a tool's result, from a format base
+    .venv/bin/python benchmarks/agent_bench.py peek     # ... through the fleet, on `peek` (peek_learn.py)
 
 Sessions: a real executor + HTTP server (bwrap, root) over a small git repository, driven by `SessionClient`:
 `open` (checkout, uid hand-over, HTTP) and `exec` of `echo hi` (HTTP + bwrap + prlimit + setpriv), against
@@ -182,6 +183,10 @@ if __name__ == "__main__":
         from agent_learn import main as learn
 
         learn(sys.argv[2:])
+    elif sys.argv[1:2] == ["peek"]:  # the tool-copy demo through the fleet (benchmarks/peek_learn.py)
+        from peek_learn import main as peek
+
+        peek(sys.argv[2:])
     elif sys.argv[1:2] == ["copy"]:  # GRPO on success only from a format-pretrained base (benchmarks/lookup_copy.py)
         from lookup_copy import main as copy
 

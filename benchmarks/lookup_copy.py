@@ -18,6 +18,10 @@
 3. Every `--eval-every` steps, greedy success on 200 held-out episodes (tasks of another seed; with one key a greedy
    episode is a function of the looked-up value, so this is the rate over the ten values, weighted as drawn).
 
+`--env peek` (envs/peek.py, the fleet demo's environment: examples/configs/peek_learn.yaml, benchmarks/peek_learn.py)
+runs the same loop on `peek` episodes (~12 generated tokens, `<tool_call>` as single tokens, the answer as text),
+from `peek_base`: `tiny-qwen2` pre-trained `--pre-steps` of `--pre-batch` on peek episodes with random answers.
+
 The environment is `examples/configs/lookup_learn.yaml`'s: one key, one-digit values (a one-token copy). Result:
 benchmarks/results/lookup_copy.json; plot: docs/img/agent_lookup_copy.png (`--out`, `--plot`). In the recorded
 runs success stayed at chance (docs/performance.md, "Agent mode"). Why not through the fleet: at the
