@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from fleet.contracts.sandbox import TOKEN_ENV, TaskSpec, Verdict
-from sandbox_client.endpoints import EndpointPool, EndpointState
+from sandbox_client.endpoints import EndpointPool, EndpointState, http_session, stop_task
 from sandbox_client.results import SandboxAuthError, SandboxRequestError, SandboxResult, SandboxUnavailable
 
 if TYPE_CHECKING:
@@ -85,18 +85,15 @@ class SandboxClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            await asyncio.gather(self._prober, return_exceptions=True)
-            self._prober = None
+        await stop_task(self._prober)
+        self._prober = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self._session = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0))
+            self._session = http_session(self.token)
         if self._prober is None or self._prober.done():
             self._prober = asyncio.create_task(self._probe_loop(), name="sandbox-client-prober")
         return self._session

@@ -12,6 +12,23 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+def http_session(token: str | None) -> aiohttp.ClientSession:
+    """The executors' HTTP session: the bearer token on every request, and no cap on connections (the client's own
+    concurrency limits bound them; aiohttp's default of 100 would queue long-polls behind each other)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0))
+
+
+async def stop_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a client's background task (prober, lease renewer) and wait until it has finished."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 @dataclass

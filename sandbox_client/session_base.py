@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Self
 import aiohttp
 
 from fleet.contracts.sandbox import TOKEN_ENV
+from sandbox_client.endpoints import http_session, stop_task
 from sandbox_client.results import SandboxAuthError, SandboxError, SandboxRequestError, SandboxUnavailable
 
 if TYPE_CHECKING:
@@ -84,18 +85,15 @@ class SessionClientBase:
     async def close(self) -> None:
         for session in list(self.open_sessions.values()):
             await session.close()
-        if self._renewer is not None:
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
-            self._renewer = None
+        await stop_task(self._renewer)
+        self._renewer = None
         if self._http is not None:
             await self._http.close()
             self._http = None
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self._http = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0))
+            self._http = http_session(self.token)
         return self._http
 
     def forget(self, session: PinnedSession) -> None:
