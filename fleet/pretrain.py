@@ -54,7 +54,9 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
             if tok.add_tokens(list(extra_tokens)):
-                model.resize_token_embeddings(len(tok))  # new rows: the mean of the others (tied: in and out)
+                # New rows: the mean of the others (tied: in and out). Padded to a multiple of 64, as real Qwen
+                # checkpoints are (151936 rows, 151665 tokens) and as vLLM pads its embedding anyway.
+                model.resize_token_embeddings(len(tok), pad_to_multiple_of=64)
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
             pairs = corpus(seed)

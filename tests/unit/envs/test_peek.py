@@ -150,7 +150,7 @@ def test_the_base_model_gets_tool_tokens_as_single_kept_tokens(tmp_path: Path) -
                               extra_tokens=TOOL_TOKENS)
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert model.get_input_embeddings().weight.shape[0] == len(tok) == 2048 + len(TOOL_TOKENS)
+    assert len(tok) == 2048 + len(TOOL_TOKENS) and model.get_input_embeddings().weight.shape[0] == 2048 + 64
     ids = tok(CALL, add_special_tokens=False)["input_ids"]
     assert tok.convert_ids_to_tokens([ids[0], ids[-1]]) == TOOL_TOKENS
     assert tok.decode(ids, skip_special_tokens=True) == CALL  # not special: decoding (the parser's input) keeps them
