@@ -20,6 +20,13 @@ digit). `--base DIR` starts from a format-pretrained folder (e.g. the fleet's
 .cache/models/tiny-qwen2-digits_max-format) instead of pre-training here. Options for what was tried:
 `--no-normalize` (advantages r - mean), `--dense` (reward 1 - |error| / 9), `--pre-mix` (half of the pre-training
 corpus answers "Last digit of" questions correctly: a related skill), `--shape`.
+
+`--stale` (issue 21, the async collapse) samples every batch from the weights one update behind the trained ones,
+as the fleet's async mode with `max_trajectory_age_steps: 1` does at most, and weights each token's gradient by
+`tis` (the IS weight pi_theta / pi_behaviour clamped to [`--is-min`, `--is-max`]; `--trust EPS` instead zeroes the
+gradient of a token the update would push further outside [1 - EPS, 1 + EPS] of its behaviour probability, PPO's
+clip against pi_behaviour). Every step also records the largest change of a sampled token's log-prob that the
+update itself made (`move`), and the run stops early once every answer of a step is a format error (`collapsed`).
 """
 
 from __future__ import annotations
@@ -92,10 +99,17 @@ def main() -> None:
     p.add_argument("--cache", default="/tmp/skill-sketch-models")
     p.add_argument("--base", default="", help="a format-pretrained model folder: no pre-training here")
     p.add_argument("--answer", default="one", choices=["one", "two-lenient", "two-strict"])
+    p.add_argument("--stale", action="store_true", help="sample from the weights one update behind (async age 1)")
+    p.add_argument("--is-min", type=float, default=0.0)
+    p.add_argument("--is-max", type=float, default=2.0)
+    p.add_argument("--trust", type=float, default=0.0, help="with --stale: PPO clip against pi_behaviour")
+    p.add_argument("--beta2", type=float, default=0.999)
     args = p.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(1)  # one core per sketch: several run side by side
+    torch.manual_seed(args.seed)
     path = Path(args.base) if args.base else make_model(args)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev)
@@ -106,11 +120,19 @@ def main() -> None:
         text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
-    def last_logits(seqs: list[list[int]]) -> torch.Tensor:
-        width = max(map(len, seqs))
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(s)) + s for s in seqs], device=dev)
-        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=dev)
-        return model(input_ids=ids, attention_mask=mask).logits[:, -1]
+    def last_logits(seqs: list[list[int]], keep: int = 1) -> torch.Tensor:
+        """The logits of the last `keep` positions ([n, V], or [n, keep, V]); each distinct sequence is run once
+        (a group's answers share their prompt, so this is up to 16x less work)."""
+        where: dict[tuple[int, ...], int] = {}
+        for x in seqs:
+            where.setdefault(tuple(x), len(where))
+        uniq = list(where)
+        width = max(map(len, uniq))
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(s)) + list(s) for s in uniq], device=dev)
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in uniq], device=dev)
+        out = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
+        out = out[torch.tensor([where[tuple(x)] for x in seqs], device=dev)]
+        return out[:, -1] if keep == 1 else out
 
     rng = random.Random(args.seed)
     val = [task(args.kind, random.Random(f"val{i}")) for i in range(200)]
@@ -143,20 +165,38 @@ def main() -> None:
         return acc, float(p_end.mean())
 
     acc0, _ = evaluate()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    hist, reach = [], None
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, args.beta2))
+    hist, reach, moves, collapsed = [], None, [], None
     P, G = args.prompts, args.gens
+    behind = {k: v.clone() for k, v in model.state_dict().items()}  # the weights one update behind (--stale)
+
+    def answer_lp(prompts: list[list[int]], sample: torch.Tensor, nxt: torch.Tensor | None) -> torch.Tensor:
+        """Per answer, the log-probs of its generated tokens under `model`: [n, 1] or [n, 2]."""
+        if nxt is None:
+            return torch.log_softmax(last_logits(prompts), -1).gather(1, sample[:, None])
+        seqs = [x + [int(t)] for x, t in zip(prompts, sample, strict=True)]
+        logp = torch.log_softmax(last_logits(seqs, keep=2), -1)  # one forward: the digit's and the next token's
+        return torch.cat([logp[:, 0].gather(1, sample[:, None]), logp[:, 1].gather(1, nxt[:, None])], 1)
+
     for step in range(args.steps):
         qs = list(itertools.islice((x for x in iter(lambda: task(args.kind, rng), None) if x[0] not in held_out), P))
         prompts = [prompt(q) for q, _ in qs for _ in range(G)]
-        logp = torch.log_softmax(last_logits(prompts), -1)
-        sample = torch.multinomial(logp.exp().detach(), 1).squeeze(1)
         want = digit_ids[torch.tensor([a for _, a in qs for _ in range(G)], device=dev)]
-        token_lp = logp.gather(1, sample[:, None]).squeeze(1)
-        if args.answer != "one":  # the next token too, trained with a token-mean loss like the fleet's
-            logp2 = torch.log_softmax(last_logits([x + [int(t)] for x, t in zip(prompts, sample, strict=True)]), -1)
-            nxt = torch.multinomial(logp2.exp().detach(), 1).squeeze(1)
-            token_lp = (token_lp + logp2.gather(1, nxt[:, None]).squeeze(1)) / 2
+        now = {k: v.clone() for k, v in model.state_dict().items()} if args.stale else {}
+        if args.stale:
+            model.load_state_dict(behind)
+        with torch.no_grad():  # sampling: the current weights, or (--stale) the previous update's
+            logp = torch.log_softmax(last_logits(prompts), -1)
+            sample = torch.multinomial(logp.exp(), 1).squeeze(1)
+            gen_lp, nxt = logp.gather(1, sample[:, None]), None
+            if args.answer != "one":  # the next token too, trained with a token-mean loss like the fleet's
+                logp = torch.log_softmax(last_logits([x + [int(t)] for x, t in zip(prompts, sample, strict=True)]), -1)
+                nxt = torch.multinomial(logp.exp(), 1).squeeze(1)
+                gen_lp = torch.cat([gen_lp, logp.gather(1, nxt[:, None])], 1)
+        if args.stale:
+            behind = now
+            model.load_state_dict(now)
+        lps = answer_lp(prompts, sample, nxt)
         if args.dense:
             pos = (sample[:, None] == digit_ids[None]).float()
             got = (pos * torch.arange(10, device=dev)).sum(1)
@@ -169,18 +209,31 @@ def main() -> None:
         if not args.no_normalize:
             std = r.std(1, keepdim=True)
             adv = torch.where(std > 0, adv / (std + 1e-6), torch.zeros_like(adv))
-        loss = -(adv.view(-1) * token_lp).mean()
+        a = adv.view(-1, 1)
+        weight = torch.ones_like(lps)
+        if args.stale:
+            ratio = (lps.detach() - gen_lp).exp()
+            weight = ratio.clamp(args.is_min, args.is_max)
+            if args.trust:  # no push further out of the band around the behaviour probability
+                weight = weight * ~(((ratio > 1 + args.trust) & (a > 0)) | ((ratio < 1 - args.trust) & (a < 0)))
+        loss = -(a * weight * lps).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        with torch.no_grad():  # how far this one update moved the sampled tokens
+            moves.append(round(float((answer_lp(prompts, sample, nxt) - lps.detach()).abs().max()), 2))
+        if args.answer != "one" and nxt is not None and not bool((nxt == end).any()):
+            collapsed = step + 1  # no answer ended its turn: every reward is 0 from here on
+            break
         if step % 5 == 4:
             acc, p_end = evaluate()
             hist.append((step + 1, round(acc, 3), round(r.mean().item(), 3), round(p_end, 3)))
             reach = reach or (step + 1 if acc >= 0.8 else None)
             if acc >= 0.95:
                 break
-    print(json.dumps({**vars(args), "acc0": acc0, "reach_0.8": reach, "history": hist, "s": round(time.time() - t0)}))
+    print(json.dumps({**vars(args), "acc0": acc0, "reach_0.8": reach, "collapsed": collapsed, "max_move": max(moves),
+                      "moves": moves, "history": hist, "s": round(time.time() - t0)}))
 
 
 if __name__ == "__main__":
