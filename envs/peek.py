@@ -15,9 +15,12 @@ with the value); here the episode is ~12 generated tokens with `<tool_call>` / `
 (as in real Qwen tokenizers: `TOOL_TOKENS`, added to the base model's tokenizer), the prompt holds no digit, and
 the answer is one token: the copy is the whole skill.
 
-Scoring is strict (issue 21's lesson: a token the reward does not see drifts): the answer must be exactly one digit
-ended by the end of turn. Other text, a number of several digits, no end of turn (the turn budget ran out), or no
-answer at all (every turn a call, or a malformed one) is a format error, reward `env.code.format_error_reward`.
+Scoring is strict (issue 21's lesson: a token the reward does not see drifts): the answer must follow a successful
+`read` and be exactly one digit ended by the end of turn. An answer without a read (a guess, or after a malformed
+call), other text, a number of several digits, no end of turn (the turn budget ran out), or no answer at all is a
+format error, reward `env.code.format_error_reward`. Without the read requirement a guess scored like a read at
+chance, nothing in the reward held the call, and in the first fleet run one AdamW step took the tool call from 89% of
+sampled episodes to 0% within 3 steps (docs/performance.md, "Agent mode").
 Episodes run in the agent loop (`rollout/agent`: parser, chat format, token-exact trajectories, observation masks,
 budgets from `env.code.agent`) with the tools in the worker's process (`PeekTools`, `rollout/agent/local.py`).
 Verdicts have three tests, `format`, `read` (the tool was called) and `answer`; FULL iff the answer is right.
@@ -114,10 +117,12 @@ class PeekTools:
 
 
 def score_answer(expected: int, answer: str | None, *, closed: bool = True, peeked: bool = False) -> ScoreResult:
-    """FULL iff `answer` is exactly the digit and the turn was closed; see the module docstring."""
+    """FULL iff the episode read the digit and `answer` is exactly it, its turn closed; see the module docstring."""
     error: str | None = None
     if answer is None:
         error = "missing: the episode never answered"
+    elif not peeked:
+        error = "answered without reading the digit"
     elif not closed:
         error = "truncated: no end of turn after the answer"
     elif _ONE_DIGIT.fullmatch(answer) is None:
@@ -159,7 +164,7 @@ class PeekEnvironment:
 
     async def score(self, payload: dict[str, Any], completion_text: str, *, truncated: bool = False,
                     **_: Any) -> ScoreResult:
-        """A single-shot completion (no episode, no tool): graded as the answer -- a guess."""
+        """A single-shot completion (no episode, no tool): a guess, never paid (no read)."""
         return score_answer(int(payload["answer"]), completion_text, closed=not truncated)
 
 

@@ -79,6 +79,9 @@ def test_only_exactly_one_digit_then_end_of_turn_scores(answer: str | None, clos
     assert result.verdict.resolution == ("FULL" if right else "NO")
     assert reward_for(cfg.env, "peek", result.verdict) == (1.0 if right else 0.0)  # binary: env.code's settings
     assert result.verdict.test_status["read"] == "PASSED"
+    guess = score_answer(7, "7", peeked=False)  # the right digit without reading it
+    assert guess.format_error == "answered without reading the digit"
+    assert reward_for(cfg.env, "peek", guess.verdict) == 0.0
 
 
 def _episode(tokenizer: Any, turns: list[str], digit: int = 7) -> tuple[Any, LocalToolRunner, ScriptedPolicy]:
@@ -110,9 +113,9 @@ def test_read_then_the_digit_as_text_is_a_right_token_exact_episode(tokenizer: A
 
 @pytest.mark.parametrize(("turns", "reward", "turns_taken", "calls", "errors"), [
     ([CALL, "3"], 0.0, 2, 1, 0),  # read, then a wrong digit
-    (["7"], 1.0, 1, 0, 0),  # a guess without the tool: right 1 time in 10
-    (['<tool_call>{"name": "read"</tool_call>', "7"], 1.0, 2, 1, 1),  # malformed JSON: an error observation
-    (['<tool_call>{"name": "look"}</tool_call>', "7"], 1.0, 2, 1, 1),  # unknown tool: an error observation
+    (["7"], 0.0, 1, 0, 0),  # the right digit without the tool: a guess, never paid
+    (['<tool_call>{"name": "read"</tool_call>', "7"], 0.0, 2, 1, 1),  # malformed JSON: an error observation
+    (['<tool_call>{"name": "look"}</tool_call>', "7"], 0.0, 2, 1, 1),  # unknown tool: an error observation
     ([CALL, CALL], 0.0, 2, 2, 0),  # never answered: a format error
     ([CALL, "7 and more text than the turn budget holds"], 0.0, 2, 1, 0),  # cut at the budget: truncated
 ])
