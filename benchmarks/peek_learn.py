@@ -139,8 +139,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="center right")
-    fig.suptitle(f"tiny Qwen2 (format base, random answers) learning to answer with the tool's result through the "
-                 f"fleet (peek, sync, 16x16 episodes/step): {run['wall_s']:.0f} s on 2 CPU cores", fontsize=10)
+    fig.suptitle(f"tiny Qwen2 (format base, random answers), GRPO on peek through the fleet (sync, 16x16 "
+                 f"episodes/step, binary success): {run['steps']} steps, {run['wall_s']:.0f} s on 2 shared CPU cores",
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -185,4 +186,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["plot"]:  # re-plot the recorded result
+        plot(json.loads(RESULTS.read_text()), PLOT)
+    else:
+        main()
