@@ -181,7 +181,10 @@ async def play(model: Any, fmt: Any, tasks: list[Any], gens: int, temperature: f
     return list(await asyncio.gather(*[one(t, g, i) for g, t in enumerate(tasks) for i in range(gens)]))
 
 
-def grpo_step(model: Any, opt: Any, rows: list[dict[str, Any]], pad_id: int) -> float:
+def grpo_step(model: Any, opt: Any, rows: list[dict[str, Any]], pad_id: int, ref: Any = None,
+              beta: float = 0.0) -> float:
+    """One AdamW update on the token-mean policy-gradient loss, plus `beta` x the fleet's k3 KL to `ref` (NeMo RL's
+    current gradient: `beta (logp - logp_ref)` per generated token, `trainer/grpo/loss.py`)."""
     import torch
 
     dev = next(model.parameters()).device
@@ -201,6 +204,13 @@ def grpo_step(model: Any, opt: Any, rows: list[dict[str, Any]], pad_id: int) -> 
     logits = model(input_ids=ids).logits[:, :-1].float()  # right padding: causal attention never sees it
     logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
     loss = -(adv[:, None] * logp * mask).sum() / mask.sum()
+    if ref is not None and beta > 0:
+        with torch.no_grad():
+            ref_lp = torch.log_softmax(ref(input_ids=ids).logits[:, :-1].float(), -1).gather(
+                -1, ids[:, 1:, None])[..., 0]
+        log_ratio = (ref_lp - logp).clamp(-20, 20)
+        k3 = (log_ratio.exp() - log_ratio - 1).clamp(max=10) * (logp - logp.detach()).exp()
+        loss = loss + beta * (k3 * mask).sum() / mask.sum()
     opt.zero_grad()
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -208,7 +218,7 @@ def grpo_step(model: Any, opt: Any, rows: list[dict[str, Any]], pad_id: int) -> 
     return float(norm)
 
 
-def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float = 0.0) -> Path:
+def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float = 0.0, echo_frac: float = 0.0) -> Path:
     """The `peek` base: `tiny-qwen2` (random weights) with `<tool_call>` / `</tool_call>` added as single tokens,
     pre-trained on peek episodes with random answers (`envs.peek.format_corpus`): the format at chance level."""
     import functools
@@ -217,9 +227,10 @@ def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float =
     from envs.peek import format_corpus as peek_corpus
     from fleet.pretrain import ensure_format_model
 
-    return ensure_format_model(out, functools.partial(peek_corpus, direct_frac=direct_frac),
-                               name=f"peek-episodes-random-answer-direct{direct_frac:g}", steps=steps, batch=batch,
-                               lr=lr, extra_tokens=TOOL_TOKENS)
+    echo = f"-echo{echo_frac:g}" if echo_frac else ""
+    return ensure_format_model(out, functools.partial(peek_corpus, direct_frac=direct_frac, echo_frac=echo_frac),
+                               name=f"peek-episodes-random-answer-direct{direct_frac:g}{echo}", steps=steps,
+                               batch=batch, lr=lr, extra_tokens=TOOL_TOKENS)
 
 
 def evaluate(model: Any, fmt: Any, tasks: list[Any]) -> dict[str, float]:
@@ -248,7 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)  # one core: the machine is shared
     torch.manual_seed(args.seed)
     if args.env == "peek":
-        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr, args.direct_frac)
+        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr, args.direct_frac, args.echo_frac)
     else:  # two stages (each folder reused): 120 x 32 left the 40-token calls half-formed (not parsable)
         stage1 = args.from_model or ensure_format_model(
             args.base.with_name(args.base.name + "-1"), format_corpus, steps=args.pre_steps,
@@ -261,6 +272,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     held_out = make_tasks(args.env, 99, "heldout", 200)
     train = make_tasks(args.env, args.seed, "train", args.steps * args.prompts)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    ref = None
+    if args.kl > 0:  # the frozen base, as the fleet's reference policy
+        ref = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(args.device).eval()
     t0 = time.monotonic()
     history = [{"step": 0, "t": 0.0, **evaluate(model, fmt, held_out)}]
     print(json.dumps(history[-1]), flush=True)
@@ -270,7 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows = asyncio.run(play(model, fmt, train[step * args.prompts:(step + 1) * args.prompts], args.gens, 1.0,
                                 args.seed * 100003 + step))
         model.train()
-        norm = grpo_step(model, opt, rows, tok.pad_token_id)
+        norm = grpo_step(model, opt, rows, tok.pad_token_id, ref, args.kl)
         n = len(rows)
         train_log.append({"step": step + 1, "reward": sum(r["reward"] for r in rows) / n, "grad_norm": norm,
                           "tool_error_rate": sum(r["tool_errors"] for r in rows) / max(1, sum(r["tool_calls"]
@@ -318,11 +332,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--env", choices=["lookup", "peek"], default="lookup")
     ap.add_argument("--direct-frac", type=float, default=0.0,
                     help="peek: share of the base's pre-training episodes that answer without the tool")
+    ap.add_argument("--echo-frac", type=float, default=0.0,
+                    help="peek: share of the base's pre-training chats that copy a digit from the user (no tool)")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--gens", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-4, help="1e-3 broke the call format within 5 steps")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kl", type=float, default=0.0,
+                    help="beta of the k3 KL to the base (loss_fn.reference_policy_kl_penalty)")
     ap.add_argument("--pre-steps", type=int, default=120)
     ap.add_argument("--pre-batch", type=int, default=32)
     ap.add_argument("--pre-lr", type=float, default=3e-3)

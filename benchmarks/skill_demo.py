@@ -217,7 +217,8 @@ def run(args: argparse.Namespace) -> None:
                 if (work / name / "logs/metrics.jsonl").is_file():  # runs not made are left out, not guessed
                     runs.append(summarize(name, work / name, overrides))
             else:
-                runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree))
+                runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree,
+                                      after=args.after))
     by_mode = {m: [r for r in runs if r["name"].startswith(m + "-")] for m in args.modes.split(",")}
     result = {"env": env_info(), "config": str(CONFIG.relative_to(ROOT)), "steps": args.steps, "target": TARGET,
               "summary": {m: {k: _spread(rs, k) for k in ("reach_step", "reach_s", "final_val", "chance_val",
@@ -292,6 +293,8 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/grpo-fleet-skill-demo", help="run directories and logs")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds after which a run is stopped (the demo's target is 0.8 within 15 minutes)")
+    p.add_argument("--after", type=int, default=2,
+                   help="validation rounds a run goes on after first reaching 0.8 (a large number: all --steps)")
     p.add_argument("--set", nargs="*", default=[], help="extra config overrides (key=value) for every run")
     p.add_argument("--tree", type=Path, default=None, help="run the fleet from this snapshot of the code")
     p.add_argument("--reuse", action="store_true", help="summarize the runs already in --work, run nothing")

@@ -139,13 +139,10 @@ class LookupEnvironment:
                 "answer": int(task.metadata["answer"])}
 
     def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
-        from envs.agent.chat import ChatFormat
+        from envs.agent.chat import tool_prompt
 
-        fmt = ChatFormat(tokenizer)
-        ids = fmt.prompt_ids(SYSTEM_PROMPT, task.problem_statement, LOOKUP_TOOL_SPECS, fallback=COMPACT_TOOLS)
-        if len(ids) > max_prompt_length:
-            raise ValueError(f"lookup prompt of {len(ids)} tokens exceeds max_prompt_length={max_prompt_length}")
-        return PromptResult(ids, fmt.decode(ids))
+        return PromptResult(*tool_prompt(tokenizer, "lookup", SYSTEM_PROMPT, task.problem_statement, LOOKUP_TOOL_SPECS,
+                                         max_prompt_length=max_prompt_length, fallback=COMPACT_TOOLS))
 
     def episode_tools(self, payload: dict[str, Any]) -> LookupTools:
         return LookupTools({str(k): int(v) for k, v in payload["table"].items()})

@@ -79,13 +79,20 @@ def load_peek_dataset(cfg: DatasetConfig, *, seed: int = 0, **_: Any) -> TaskDat
     return TaskDataset("peek", "peek", make_peek_tasks(seed, split, n))
 
 
-def format_corpus(seed: int, direct_frac: float = 0.0) -> Iterator[list[dict[str, str]]]:
+def format_corpus(seed: int, direct_frac: float = 0.0, echo_frac: float = 0.0) -> Iterator[list[dict[str, str]]]:
     """Episodes in the format with a **random** answer, independent of the observation (`fleet/pretrain.py` trains
     the base on them: it learns the call and the answer's shape, nothing about which digit is right).
-    `direct_frac`: the share that answers at once, without the tool."""
+    `direct_frac`: the share that answers at once, without the tool. `echo_frac`: the share replaced by a chat
+    with no tool in which the user names a digit and the answer repeats it ("Repeat the digit 7." -> "7"): a
+    copy from the context, as any pretrained model can, but never from a tool's result."""
     rng = random.Random(f"peek:format:{seed}")
     system = SYSTEM_PROMPT + COMPACT_TOOLS.format()  # what ChatFormat.prompt_ids writes for the tiny template
     while True:
+        if echo_frac and rng.random() < echo_frac:
+            digit = str(rng.randrange(10))
+            yield [{"role": "system", "content": system}, {"role": "user", "content": f"Repeat the digit {digit}."},
+                   {"role": "assistant", "content": digit}]
+            continue
         chat = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
         if rng.random() >= direct_frac:
             chat += [{"role": "assistant", "content": CALL}, {"role": "tool", "content": str(rng.randrange(10))}]
@@ -147,13 +154,10 @@ class PeekEnvironment:
         return {"instance_id": task.instance_id, "answer": int(task.metadata["answer"])}
 
     def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
-        from envs.agent.chat import ChatFormat
+        from envs.agent.chat import tool_prompt
 
-        fmt = ChatFormat(tokenizer)
-        ids = fmt.prompt_ids(SYSTEM_PROMPT, task.problem_statement, TOOL_SPECS, fallback=COMPACT_TOOLS)
-        if len(ids) > max_prompt_length:
-            raise ValueError(f"peek prompt of {len(ids)} tokens exceeds max_prompt_length={max_prompt_length}")
-        return PromptResult(ids, fmt.decode(ids))
+        return PromptResult(*tool_prompt(tokenizer, "peek", SYSTEM_PROMPT, task.problem_statement, TOOL_SPECS,
+                                         max_prompt_length=max_prompt_length, fallback=COMPACT_TOOLS))
 
     def episode_tools(self, payload: dict[str, Any]) -> PeekTools:
         return PeekTools(int(payload["answer"]))

@@ -102,3 +102,14 @@ class ChatFormat:
         keep = max(0, max_tokens - len(self.encode(marker)))
         head, tail = keep // 2, keep - keep // 2
         return self.decode(ids[:head]) + marker + (self.decode(ids[-tail:]) if tail else "")
+
+
+def tool_prompt(tokenizer: Any, env: str, system: str, user: str, tools: list[dict[str, Any]], *,
+                max_prompt_length: int, fallback: str | None = None) -> tuple[list[int], str]:
+    """An agent environment's prompt (`ChatFormat.prompt_ids`) as ids and text, refused with the environment's
+    name when it is longer than `max_prompt_length` (`data.*.max_prompt_length`)."""
+    fmt = ChatFormat(tokenizer)
+    ids = fmt.prompt_ids(system, user, tools, fallback=fallback)
+    if len(ids) > max_prompt_length:
+        raise ValueError(f"{env} prompt of {len(ids)} tokens exceeds max_prompt_length={max_prompt_length}")
+    return ids, fmt.decode(ids)

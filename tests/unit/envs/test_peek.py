@@ -49,6 +49,8 @@ def test_the_digit_is_in_no_prompt_only_the_tool_gives_it(tokenizer: Any) -> Non
     text = env.build_prompt(tasks[0], tokenizer, 64).text
     assert QUESTION in text and not any(c.isdigit() for c in text)
     assert len(next(iter(prompts))) < 40  # short: every prompt token is in every training sequence
+    with pytest.raises(ValueError, match=r"peek prompt of \d+ tokens exceeds max_prompt_length=8"):
+        env.build_prompt(tasks[0], tokenizer, 8)
     train, val = (load_dataset(DatasetConfig(dataset_name="peek", split=s), seed=1) for s in ("train", "validation"))
     assert (len(train), len(val), val.env_name) == (20000, 200, "peek")
     assert {t.instance_id for t in train}.isdisjoint(t.instance_id for t in val)
@@ -142,6 +144,18 @@ def test_format_corpus_renders_as_the_loops_episodes_with_random_answers(tokeniz
     assert 0.05 < sum(c[3]["content"] == c[4]["content"] for c in chats) / len(chats) < 0.15
     direct = list(itertools.islice(format_corpus(0, direct_frac=0.5), 400))
     assert 0.4 < sum(len(c) == 3 for c in direct) / len(direct) < 0.6
+
+
+def test_echo_chats_copy_a_digit_from_the_user_and_never_from_a_tool() -> None:
+    chats = list(itertools.islice(format_corpus(0, echo_frac=0.3), 400))
+    echo = [c for c in chats if c[1]["content"] != QUESTION]
+    assert 0.2 < len(echo) / len(chats) < 0.4
+    for c in echo:
+        assert [m["role"] for m in c] == ["system", "user", "assistant"]
+        assert c[1]["content"] == f"Repeat the digit {c[2]['content']}."
+    # The tool episodes keep their random answers: copying a tool's result is still never shown.
+    tool = [c for c in chats if len(c) == 5]
+    assert 0.05 < sum(c[3]["content"] == c[4]["content"] for c in tool) / len(tool) < 0.2
 
 
 def test_the_base_model_gets_tool_tokens_as_single_kept_tokens(tmp_path: Path) -> None:
