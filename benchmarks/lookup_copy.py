@@ -218,7 +218,8 @@ def grpo_step(model: Any, opt: Any, rows: list[dict[str, Any]], pad_id: int, ref
     return float(norm)
 
 
-def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float = 0.0, echo_frac: float = 0.0) -> Path:
+def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float = 0.0, echo_frac: float = 0.0,
+              copy_frac: float = 0.0) -> Path:
     """The `peek` base: `tiny-qwen2` (random weights) with `<tool_call>` / `</tool_call>` added as single tokens,
     pre-trained on peek episodes with random answers (`envs.peek.format_corpus`): the format at chance level."""
     import functools
@@ -227,10 +228,10 @@ def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float =
     from envs.peek import format_corpus as peek_corpus
     from fleet.pretrain import ensure_format_model
 
-    echo = f"-echo{echo_frac:g}" if echo_frac else ""
-    return ensure_format_model(out, functools.partial(peek_corpus, direct_frac=direct_frac, echo_frac=echo_frac),
-                               name=f"peek-episodes-random-answer-direct{direct_frac:g}{echo}", steps=steps,
-                               batch=batch, lr=lr, extra_tokens=TOOL_TOKENS)
+    extra = (f"-echo{echo_frac:g}" if echo_frac else "") + (f"-copy{copy_frac:g}" if copy_frac else "")
+    corpus = functools.partial(peek_corpus, direct_frac=direct_frac, echo_frac=echo_frac, copy_frac=copy_frac)
+    return ensure_format_model(out, corpus, name=f"peek-episodes-random-answer-direct{direct_frac:g}{extra}",
+                               steps=steps, batch=batch, lr=lr, extra_tokens=TOOL_TOKENS)
 
 
 def evaluate(model: Any, fmt: Any, tasks: list[Any]) -> dict[str, float]:
@@ -259,7 +260,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)  # one core: the machine is shared
     torch.manual_seed(args.seed)
     if args.env == "peek":
-        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr, args.direct_frac, args.echo_frac)
+        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr, args.direct_frac, args.echo_frac,
+                         args.copy_frac)
     else:  # two stages (each folder reused): 120 x 32 left the 40-token calls half-formed (not parsable)
         stage1 = args.from_model or ensure_format_model(
             args.base.with_name(args.base.name + "-1"), format_corpus, steps=args.pre_steps,
@@ -334,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="peek: share of the base's pre-training episodes that answer without the tool")
     ap.add_argument("--echo-frac", type=float, default=0.0,
                     help="peek: share of the base's pre-training chats that copy a digit from the user (no tool)")
+    ap.add_argument("--copy-frac", type=float, default=0.0,
+                    help="peek: share of the base's reading episodes that answer the tool's result")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--gens", type=int, default=8)

@@ -115,7 +115,7 @@ def summarize(metrics: Path) -> dict[str, Any]:
             "step_s_median": statistics.median(steps_s) if steps_s else None}
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(result: dict[str, Any], path: Path, title: str = "format base, random answers") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,7 +139,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="center right")
-    fig.suptitle(f"tiny Qwen2 (format base, random answers), GRPO on peek through the fleet (sync, 16x16 "
+    fig.suptitle(f"tiny Qwen2 ({title}), GRPO on peek through the fleet (16x16 "
                  f"episodes/step, binary success): {run['steps']} steps, {run['wall_s']:.0f} s on 2 shared CPU cores",
                  fontsize=10)
     fig.tight_layout()
@@ -156,6 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pre-lr", type=float, default=2e-3, help="1e-3 x 100 steps: the sampled call was still "
                     "malformed or skipped in 28% of episodes at temperature 1")
     ap.add_argument("--base", type=Path, default=BASE, help="built unless it exists")
+    ap.add_argument("--tool-use", action="store_true",
+                    help="the tool-use base instead: it copies a tool's result when it reads, and seldom reads "
+                    "(--direct-frac of its pre-training episodes answer at once); GRPO has to teach the call")
+    ap.add_argument("--direct-frac", type=float, default=0.95, help="--tool-use: see above")
+    ap.add_argument("--out", default="lookup_peek", help="results/<out>.json and docs/img/agent_<out>.png")
     ap.add_argument("--pretrain-only", action="store_true")
     ap.add_argument("--target", type=float, default=0.9)
     ap.add_argument("--after", type=int, default=2, help="validation rounds logged past the target before stopping")
@@ -165,7 +170,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides for the fleet run (key=value)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr)
+    results, figure = RESULTS.with_name(f"{args.out}.json"), PLOT.with_name(f"agent_{args.out}.png")
+    if args.tool_use:
+        if args.base == BASE:
+            args.base = BASE.with_name(f"tiny-qwen2-peek-tooluse-direct{args.direct_frac:g}")
+        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr, args.direct_frac, copy_frac=1.0)
+    else:
+        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr)
     result: dict[str, Any] = {"config": str(CONFIG.relative_to(ROOT)), "overrides": args.overrides,
                               "base": str(base.relative_to(ROOT)) if base.is_relative_to(ROOT) else str(base),
                               "pretrain": (base / "PRETRAIN.txt").read_text().strip(), "chance": 0.1,
@@ -177,12 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     result["load_at_start"] = os.getloadavg()
     result["run"] = run_fleet(args.work, [f"policy.model_name={base}", *args.overrides], args)
     result["load_at_end"] = os.getloadavg()
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, PLOT)
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, figure, "tool-use base: copies when it reads, seldom reads" if args.tool_use else
+         "format base, random answers")
     va = result["run"]["val"]
     print(f"validation success {va[0]['success']:.2f} (step {va[0]['step']}) -> {va[-1]['success']:.2f} "
-          f"(step {va[-1]['step']}) in {result['run']['wall_s']:.0f} s; wrote {RESULTS} and {PLOT}")
+          f"(step {va[-1]['step']}) in {result['run']['wall_s']:.0f} s; wrote {results} and {figure}")
 
 
 if __name__ == "__main__":

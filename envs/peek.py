@@ -79,12 +79,15 @@ def load_peek_dataset(cfg: DatasetConfig, *, seed: int = 0, **_: Any) -> TaskDat
     return TaskDataset("peek", "peek", make_peek_tasks(seed, split, n))
 
 
-def format_corpus(seed: int, direct_frac: float = 0.0, echo_frac: float = 0.0) -> Iterator[list[dict[str, str]]]:
+def format_corpus(seed: int, direct_frac: float = 0.0, echo_frac: float = 0.0,
+                  copy_frac: float = 0.0) -> Iterator[list[dict[str, str]]]:
     """Episodes in the format with a **random** answer, independent of the observation (`fleet/pretrain.py` trains
     the base on them: it learns the call and the answer's shape, nothing about which digit is right).
     `direct_frac`: the share that answers at once, without the tool. `echo_frac`: the share replaced by a chat
     with no tool in which the user names a digit and the answer repeats it ("Repeat the digit 7." -> "7"): a
-    copy from the context, as any pretrained model can, but never from a tool's result."""
+    copy from the context, as any pretrained model can, but never from a tool's result. `copy_frac`: the share of
+    the episodes that read whose answer *is* the tool's result (the tool-use base: it copies when it reads, and
+    with a high `direct_frac` it seldom reads; GRPO then has to teach the call, not the copy)."""
     rng = random.Random(f"peek:format:{seed}")
     system = SYSTEM_PROMPT + COMPACT_TOOLS.format()  # what ChatFormat.prompt_ids writes for the tiny template
     while True:
@@ -94,9 +97,14 @@ def format_corpus(seed: int, direct_frac: float = 0.0, echo_frac: float = 0.0) -
                    {"role": "assistant", "content": digit}]
             continue
         chat = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
+        seen = None
         if rng.random() >= direct_frac:
-            chat += [{"role": "assistant", "content": CALL}, {"role": "tool", "content": str(rng.randrange(10))}]
-        yield [*chat, {"role": "assistant", "content": str(rng.randrange(10))}]
+            seen = str(rng.randrange(10))
+            chat += [{"role": "assistant", "content": CALL}, {"role": "tool", "content": seen}]
+        answer = str(rng.randrange(10))  # drawn in this order so that copy_frac=0 keeps the recorded corpus
+        if seen is not None and copy_frac and rng.random() < copy_frac:
+            answer = seen
+        yield [*chat, {"role": "assistant", "content": answer}]
 
 
 class PeekTools:

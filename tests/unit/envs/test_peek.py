@@ -158,6 +158,15 @@ def test_echo_chats_copy_a_digit_from_the_user_and_never_from_a_tool() -> None:
     assert 0.05 < sum(c[3]["content"] == c[4]["content"] for c in tool) / len(tool) < 0.2
 
 
+def test_the_tool_use_corpus_copies_when_it_reads_and_seldom_reads() -> None:
+    plain = list(itertools.islice(format_corpus(0), 50))
+    assert list(itertools.islice(format_corpus(0, copy_frac=0.0), 50)) == plain  # the recorded base's corpus
+    chats = list(itertools.islice(format_corpus(0, direct_frac=0.9, copy_frac=1.0), 1000))
+    tool = [c for c in chats if len(c) == 5]
+    assert 0.05 < len(tool) / len(chats) < 0.15
+    assert all(c[3]["content"] == c[4]["content"] for c in tool)  # every read is answered with its result
+
+
 def test_the_base_model_gets_tool_tokens_as_single_kept_tokens(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
