@@ -234,6 +234,26 @@ def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float =
                                steps=steps, batch=batch, lr=lr, extra_tokens=TOOL_TOKENS)
 
 
+def peek_tooluse_base(out: Path, copy_steps: int = 200, rare_steps: int = 60, direct_frac: float = 0.95) -> Path:
+    """The tool-use base: it copies the tool's result when it reads, and seldom reads. Two stages, each folder
+    reused: `copy_steps` x 64 episodes that read and answer the result, then `rare_steps` x 64 from it in which
+    `direct_frac` answer at once with a guess: a guess is a format error in `peek`, so GRPO has to teach the call.
+    Both at lr 3e-4: at 2e-3 (the format base's) 500 steps of copies left the answer independent of the tool's
+    result; at 3e-4 it was exact by step 150 (docs/performance.md, "peek")."""
+    import functools
+
+    from envs.peek import TOOL_TOKENS
+    from envs.peek import format_corpus as peek_corpus
+    from fleet.pretrain import ensure_format_model
+
+    copy = ensure_format_model(out.with_name(out.name + "-stage1"), functools.partial(peek_corpus, copy_frac=1.0),
+                               name="peek-episodes-copied-answer", steps=copy_steps, batch=64, lr=3e-4,
+                               extra_tokens=TOOL_TOKENS)
+    rare = functools.partial(peek_corpus, direct_frac=direct_frac, copy_frac=1.0)
+    return ensure_format_model(out, rare, name=f"peek-episodes-direct{direct_frac:g}-copied-answer", steps=rare_steps,
+                               batch=64, lr=3e-4, seed=1, init=copy)
+
+
 def evaluate(model: Any, fmt: Any, tasks: list[Any]) -> dict[str, float]:
     """Greedy rates over `tasks`. A greedy episode depends only on (key, value), so each distinct pair is played
     once and weighted by how often it occurs: exact, and ~20x cheaper than playing all 200."""

@@ -148,7 +148,7 @@ def plot(result: dict[str, Any], path: Path, title: str = "format base, random a
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lookup_copy import peek_base
+    from lookup_copy import peek_base, peek_tooluse_base
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pre-steps", type=int, default=150)
@@ -157,8 +157,9 @@ def main(argv: list[str] | None = None) -> None:
                     "malformed or skipped in 28% of episodes at temperature 1")
     ap.add_argument("--base", type=Path, default=BASE, help="built unless it exists")
     ap.add_argument("--tool-use", action="store_true",
-                    help="the tool-use base instead: it copies a tool's result when it reads, and seldom reads "
-                    "(--direct-frac of its pre-training episodes answer at once); GRPO has to teach the call")
+                    help="the tool-use base instead (lookup_copy.peek_tooluse_base): it copies a tool's result when "
+                    "it reads, and seldom reads (--direct-frac of its last pre-training episodes guess at once); "
+                    "GRPO has to teach the call")
     ap.add_argument("--direct-frac", type=float, default=0.95, help="--tool-use: see above")
     ap.add_argument("--out", default="lookup_peek", help="results/<out>.json and docs/img/agent_<out>.png")
     ap.add_argument("--pretrain-only", action="store_true")
@@ -173,8 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     results, figure = RESULTS.with_name(f"{args.out}.json"), PLOT.with_name(f"agent_{args.out}.png")
     if args.tool_use:
         if args.base == BASE:
-            args.base = BASE.with_name(f"tiny-qwen2-peek-tooluse-direct{args.direct_frac:g}")
-        base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr, args.direct_frac, copy_frac=1.0)
+            args.base = BASE.with_name("tiny-qwen2-peek-tooluse")
+        base = peek_tooluse_base(args.base, direct_frac=args.direct_frac)
     else:
         base = peek_base(args.base, args.pre_steps, args.pre_batch, args.pre_lr)
     result: dict[str, Any] = {"config": str(CONFIG.relative_to(ROOT)), "overrides": args.overrides,
