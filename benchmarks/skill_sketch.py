@@ -32,6 +32,7 @@ update itself made (`move`), and the run stops early once every answer of a step
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
 import random
@@ -50,8 +51,8 @@ def task(kind: str, rng: random.Random, n: int = 5) -> tuple[str, int]:
     s = " ".join(map(str, d))
     if kind in ("first", "last"):
         return f"{kind.capitalize()} digit of {s}?", d[0] if kind == "first" else d[-1]
-    if kind == "max":  # as envs/digits.py: the maximum uniform over 0-9, the rest uniform below it
-        m = rng.randrange(10)
+    if kind == "max":  # as envs/digits.py: the maximum uniform over 2-9 (MAX_LOWEST), the rest uniform below it
+        m = rng.randrange(2, 10)
         d = [rng.randrange(m + 1) for _ in range(n)]
         d[rng.randrange(n)] = m
         return "Largest digit of " + " ".join(map(str, d)) + "?", m
@@ -104,6 +105,8 @@ def main() -> None:
     p.add_argument("--is-max", type=float, default=2.0)
     p.add_argument("--trust", type=float, default=0.0, help="with --stale: PPO clip against pi_behaviour")
     p.add_argument("--beta2", type=float, default=0.999)
+    p.add_argument("--kl", type=float, default=0.0, help="k3 KL to the base (loss_fn.reference_policy_kl_penalty)")
+    p.add_argument("--warmup", type=int, default=0, help="linear lr warm-up over this many steps")
     args = p.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -120,7 +123,7 @@ def main() -> None:
         text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
-    def last_logits(seqs: list[list[int]], keep: int = 1) -> torch.Tensor:
+    def last_logits(seqs: list[list[int]], keep: int = 1, net: torch.nn.Module | None = None) -> torch.Tensor:
         """The logits of the last `keep` positions ([n, V], or [n, keep, V]); each distinct sequence is run once
         (a group's answers share their prompt, so this is up to 16x less work)."""
         where: dict[tuple[int, ...], int] = {}
@@ -130,7 +133,7 @@ def main() -> None:
         width = max(map(len, uniq))
         ids = torch.tensor([[tok.pad_token_id] * (width - len(s)) + list(s) for s in uniq], device=dev)
         mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in uniq], device=dev)
-        out = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
+        out = (net or model)(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
         out = out[torch.tensor([where[tuple(x)] for x in seqs], device=dev)]
         return out[:, -1] if keep == 1 else out
 
@@ -170,12 +173,15 @@ def main() -> None:
     P, G = args.prompts, args.gens
     behind = {k: v.clone() for k, v in model.state_dict().items()}  # the weights one update behind (--stale)
 
-    def answer_lp(prompts: list[list[int]], sample: torch.Tensor, nxt: torch.Tensor | None) -> torch.Tensor:
-        """Per answer, the log-probs of its generated tokens under `model`: [n, 1] or [n, 2]."""
+    ref = copy.deepcopy(model).eval() if args.kl else None  # the KL's reference: the base
+
+    def answer_lp(prompts: list[list[int]], sample: torch.Tensor, nxt: torch.Tensor | None,
+                  net: torch.nn.Module | None = None) -> torch.Tensor:
+        """Per answer, the log-probs of its generated tokens under `net` (`model`): [n, 1] or [n, 2]."""
         if nxt is None:
-            return torch.log_softmax(last_logits(prompts), -1).gather(1, sample[:, None])
+            return torch.log_softmax(last_logits(prompts, net=net), -1).gather(1, sample[:, None])
         seqs = [x + [int(t)] for x, t in zip(prompts, sample, strict=True)]
-        logp = torch.log_softmax(last_logits(seqs, keep=2), -1)  # one forward: the digit's and the next token's
+        logp = torch.log_softmax(last_logits(seqs, keep=2, net=net), -1)  # one forward: the digit's and the next
         return torch.cat([logp[:, 0].gather(1, sample[:, None]), logp[:, 1].gather(1, nxt[:, None])], 1)
 
     for step in range(args.steps):
@@ -217,6 +223,15 @@ def main() -> None:
             if args.trust:  # no push further out of the band around the behaviour probability
                 weight = weight * ~(((ratio > 1 + args.trust) & (a > 0)) | ((ratio < 1 - args.trust) & (a < 0)))
         loss = -(a * weight * lps).mean()
+        if ref is not None:  # k3 to the base, with current NeMo RL's exp(logp - logp.detach()) factor (the fleet's)
+            with torch.no_grad():
+                ref_lp = answer_lp(prompts, sample, nxt, ref)
+            diff = ref_lp - lps
+            k3 = diff.exp() - diff - 1
+            loss = loss + args.kl * (k3 * torch.exp(lps - lps.detach())).mean()
+        if args.warmup:
+            for group in opt.param_groups:
+                group["lr"] = args.lr * min(1.0, (step + 1) / args.warmup)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

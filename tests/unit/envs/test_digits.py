@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from envs.digits import CHANCE, NUM_VALIDATION_TASKS, format_corpus, make_digits_tasks, score_digit
+from envs.digits import CHANCE, MAX_LOWEST, NUM_VALIDATION_TASKS, chance, format_corpus, make_digits_tasks, score_digit
 from envs.registry import load_dataset, make_environment
 from fleet.config.env import DatasetConfig, EnvConfig
 from sandbox_client import reward_from_verdict
@@ -53,12 +53,23 @@ def test_largest_digit_task_has_uniform_answers_and_held_out_lists():
     for t in train[:200]:
         assert t.problem_statement == "Largest digit of " + " ".join(map(str, t.metadata["digits"])) + "?"
         assert t.metadata["answer"] == max(t.metadata["digits"])
-    # Validation answers are uniform (plain random lists have max 9 41% of the time). Training loses the lists
-    # held out, so small maxima, which have few lists (1 for max 0, 31 for max 1), are rarer there.
+    # Validation answers are uniform over 2-9 (plain random lists have max 9 41% of the time). Training loses the
+    # lists held out, so max 2, the fewest lists (211), is a little rarer there.
     val_counts = [sum(t.metadata["answer"] == d for t in val) for d in range(10)]
-    assert all(8 <= c <= 35 for c in val_counts), val_counts
-    counts = [sum(t.metadata["answer"] == d for t in train) for d in range(2, 10)]
+    assert val_counts[:MAX_LOWEST] == [0] * MAX_LOWEST and all(12 <= c <= 40 for c in val_counts[2:]), val_counts
+    counts = [sum(t.metadata["answer"] == d for t in train) for d in range(10)]
+    assert counts[:MAX_LOWEST] == [0] * MAX_LOWEST
+    counts = counts[MAX_LOWEST:]
     assert max(counts) / min(counts) < 1.3, counts
+
+
+def test_every_validation_answer_of_the_largest_digit_task_is_rewarded_in_training():
+    # Issue 21: with maxima 0-9 the all-zero list was held out for validation, so the answer 0 was never right in
+    # training and ~10% of validation could not be learned.
+    for seed in (1, 2, 3):
+        train = {t.metadata["answer"] for t in make_digits_tasks(seed, "train", 5000, "max")}
+        assert {t.metadata["answer"] for t in make_digits_tasks(seed, "validation", 200, "max")} <= train
+    assert chance("max") == 1 / 8 and chance("first") == CHANCE
 
 
 def test_unknown_task_kind_is_refused_by_name():
