@@ -1,6 +1,6 @@
 """A skill acquired through the whole fleet, sync vs async (issue 21).
 
-    python benchmarks/skill_demo.py pretrain                      # the base model (format only, chance 1/10)
+    python benchmarks/skill_demo.py pretrain                      # the base model (format only)
     python benchmarks/skill_demo.py run [--seeds 1,2,3] [--modes sync,async] [--steps 150]
     python benchmarks/skill_demo.py run --reuse                   # re-read finished runs, plot, write JSON
     python benchmarks/skill_demo.py variants --config examples/configs/arith_learn.yaml --steps 60 \
@@ -9,7 +9,7 @@
 
 Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
 one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
-on the answer format with random answers (`fleet/pretrain.py`), learns "First digit of 4 7 1 9 2?" from a binary
+on the answer format with random answers (`fleet/pretrain.py`), learns "Largest digit of 3 1 4 1 2?" (`--task digits`: "First digit of 4 7 1 9 2?") from a binary
 reward. The measure is the fleet's own validation (`grpo.val_period`): greedy answers to 200 held-out lists. Sync
 and async runs of one seed use the same grpo.seed (data order, sampling) and the same number of samples per step.
 
@@ -53,7 +53,8 @@ def base_model(task: str) -> Path:
 
 
 def pretrain(task: str) -> Path:
-    """The base model of `task` (`digits`: first digit, `digits_max`: largest digit): format only, chance 1/10."""
+    """The base model of `task` (`digits`: first digit, `digits_max`: largest digit): the format only (chance:
+    `envs.digits.chance`, 1/10 and 1/8)."""
     sys.path.insert(0, str(ROOT))
     from envs.digits import format_corpus, max_format_corpus
     from fleet.pretrain import ensure_format_model
@@ -226,9 +227,13 @@ def run(args: argparse.Namespace) -> None:
               "runs": runs}
     (RESULTS / "skill_demo.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
-    what = {"digits": "first digit", "digits_max": "largest digit"}[args.task]
+    sys.path.insert(0, str(ROOT))
+    from envs.digits import chance
+
+    kind = {"digits": "first", "digits_max": "max"}[args.task]
+    what = {"first": "first digit", "max": "largest digit"}[kind]
     _plot(runs, ROOT / "docs/img/skill_demo.png", f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, "
-          "chance 0.1) through the fleet, 2 CPU cores")
+          f"chance {chance(kind):.3g}) through the fleet, 2 CPU cores")
     _plot(runs, ROOT / "docs/img/skill_offpolicy.png", "off-policy diagnostics (sync runs: no staleness, so the "
           "error is 1 and the ratios 1)", offpolicy=True)
 

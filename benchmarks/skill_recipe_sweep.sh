@@ -6,7 +6,9 @@
 # of the skill demo on a GPU").
 #
 # Needs torch and transformers and the base in .cache/models (`python benchmarks/skill_demo.py pretrain`):
-#   OUT=/tmp/skill_sweep bash benchmarks/skill_recipe_sweep.sh
+#   OUT=/tmp/skill_sweep bash benchmarks/skill_recipe_sweep.sh              # recipes (sync-like)
+#   OUT=/tmp/skill_variants SET=variants bash benchmarks/skill_recipe_sweep.sh  # IS corrections (async-like)
+# (results/skill_recipe_sweep.json, skill_variant_sweep.json)
 set -u
 OUT=${OUT:-/tmp/skill_sweep}
 mkdir -p "$OUT"
@@ -14,16 +16,37 @@ BASE=.cache/models/tiny-qwen2-digits_max-format
 SEEDS=${SEEDS:-1 2 3 4 5 6 7 8}
 STEPS=${STEPS:-300}
 
-declare -A RECIPES=(
-    [lr3e-4_p16g16_kl05]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05"  # the fleet demo's recipe
-    [lr3e-4_p32g8_kl05]="--lr 3e-4 --prompts 32 --gens 8 --kl 0.05"
-    [lr5e-4_p16g16_kl05]="--lr 5e-4 --prompts 16 --gens 16 --kl 0.05"
-    [lr1e-3_p16g16_kl05]="--lr 1e-3 --prompts 16 --gens 16 --kl 0.05"
-    [lr1e-3_p16g16_kl05_warm20]="--lr 1e-3 --prompts 16 --gens 16 --kl 0.05 --warmup 20"
-    [lr3e-4_p16g16_kl01]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.01"
-    [lr3e-4_p16g16_kl05_b99]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05 --beta2 0.99"
-    [lr3e-4_p16g16_kl05_stale]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05 --stale"  # async, age 1, tis [0, 2]
-)
+declare -A RECIPES
+if [[ ${SET:-recipes} == recipes ]]; then  # sync-like: one update per step on fresh samples
+    RECIPES=(
+        [lr3e-4_p16g16_kl05]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05"  # the fleet demo's recipe
+        [lr3e-4_p32g8_kl05]="--lr 3e-4 --prompts 32 --gens 8 --kl 0.05"
+        [lr5e-4_p16g16_kl05]="--lr 5e-4 --prompts 16 --gens 16 --kl 0.05"
+        [lr1e-3_p16g16_kl05]="--lr 1e-3 --prompts 16 --gens 16 --kl 0.05"
+        [lr1e-3_p16g16_kl05_warm20]="--lr 1e-3 --prompts 16 --gens 16 --kl 0.05 --warmup 20"
+        [lr3e-4_p16g16_kl01]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.01"
+        [lr3e-4_p16g16_kl05_b99]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05 --beta2 0.99"
+        [lr3e-4_p16g16_kl05_stale]="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05 --stale"  # async, age 1, tis [0, 2]
+    )
+elif [[ $SET == variants ]]; then  # SET=variants: async (samples one update behind), the IS corrections with and without the KL
+    R="--lr 3e-4 --prompts 16 --gens 16 --stale"
+    RECIPES=(
+        [stale_tis_kl05]="$R --kl 0.05 --correction tis --is-min 0 --is-max 2"  # the fleet demo's defaults
+        [stale_icepop_kl05]="$R --kl 0.05 --correction icepop --is-min 0.5 --is-max 2"
+        [stale_seqmask_kl05]="$R --kl 0.05 --correction seq-mask-tis --is-min 0.5 --is-max 2"
+        [stale_none_kl05]="$R --kl 0.05 --correction none"
+        [stale_tis_kl0]="$R --correction tis --is-min 0 --is-max 2"
+        [stale_icepop_kl0]="$R --correction icepop --is-min 0.5 --is-max 2"
+        [stale_seqmask_kl0]="$R --correction seq-mask-tis --is-min 0.5 --is-max 2"
+        [stale_none_kl0]="$R --correction none"
+    )
+elif [[ $SET == kl ]]; then  # SET=kl: the KL's strength, sync-like and async-like
+    R="--lr 3e-4 --prompts 16 --gens 16"
+    RECIPES=(
+        [kl05]="$R --kl 0.05" [kl10]="$R --kl 0.1" [kl20]="$R --kl 0.2"
+        [stale_kl05]="$R --kl 0.05 --stale" [stale_kl10]="$R --kl 0.1 --stale" [stale_kl20]="$R --kl 0.2 --stale"
+    )
+fi
 run() {  # run NAME SEED: one sketch, its JSON line in $OUT/NAME_sSEED.json
     python3 benchmarks/skill_sketch.py max --base $BASE --answer two-strict --steps "$STEPS" --seed "$2" \
         ${RECIPES[$1]} > "$OUT/$1_s$2.json" 2> "$OUT/$1_s$2.log"
@@ -54,6 +77,6 @@ for name, rs in sorted(rows.items()):
                      "median_of_reached": statistics.median(hit) if hit else None, "reached": f"{len(hit)}/{len(reach)}",
                      "collapsed": [r["collapsed"] for r in rs if r["collapsed"]],
                      "final_acc": [r["history"][-1][1] if r["history"] else None for r in sorted(rs, key=lambda r: r["seed"])]}
-    print(f"{name:32s} reached {summary[name]['reached']}  median {summary[name]['median_of_reached']}  {reach}")
+    print(f"{name:32s} collapsed {len(summary[name]['collapsed'])}  reached {summary[name]['reached']}  median {summary[name]['median_of_reached']}  {reach}")
 (out / "summary.json").write_text(json.dumps({"summary": summary, "runs": rows}))
 PY

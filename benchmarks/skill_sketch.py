@@ -23,7 +23,8 @@ corpus answers "Last digit of" questions correctly: a related skill), `--shape`.
 
 `--stale` (issue 21, the async collapse) samples every batch from the weights one update behind the trained ones,
 as the fleet's async mode with `max_trajectory_age_steps: 1` does at most, and weights each token's gradient by
-`tis` (the IS weight pi_theta / pi_behaviour clamped to [`--is-min`, `--is-max`]; `--trust EPS` instead zeroes the
+`tis` (the IS weight pi_theta / pi_behaviour clamped to [`--is-min`, `--is-max`]; `--correction icepop|seq-mask-tis|
+none` the fleet's other variants, or none; `--trust EPS` instead zeroes the
 gradient of a token the update would push further outside [1 - EPS, 1 + EPS] of its behaviour probability, PPO's
 clip against pi_behaviour). Every step also records the largest change of a sampled token's log-prob that the
 update itself made (`move`), and the run stops early once every answer of a step is a format error (`collapsed`).
@@ -101,6 +102,8 @@ def main() -> None:
     p.add_argument("--base", default="", help="a format-pretrained model folder: no pre-training here")
     p.add_argument("--answer", default="one", choices=["one", "two-lenient", "two-strict"])
     p.add_argument("--stale", action="store_true", help="sample from the weights one update behind (async age 1)")
+    p.add_argument("--correction", default="tis", choices=["tis", "icepop", "seq-mask-tis", "none"],
+                   help="with --stale: loss_fn.truncated_importance_sampling_type (none: no correction)")
     p.add_argument("--is-min", type=float, default=0.0)
     p.add_argument("--is-max", type=float, default=2.0)
     p.add_argument("--trust", type=float, default=0.0, help="with --stale: PPO clip against pi_behaviour")
@@ -219,7 +222,16 @@ def main() -> None:
         weight = torch.ones_like(lps)
         if args.stale:
             ratio = (lps.detach() - gen_lp).exp()
-            weight = ratio.clamp(args.is_min, args.is_max)
+            lo, hi = args.is_min, args.is_max
+            if args.correction == "tis":
+                weight = ratio.clamp(lo, hi)
+            elif args.correction == "icepop":  # as trainer/grpo/loss.py: raw weights, zeroed outside [lo, hi]
+                weight = ratio * ((ratio >= lo) & (ratio <= hi))
+            elif args.correction == "seq-mask-tis":  # raw weights, the answer zeroed when its geometric mean is out
+                geo = (lps.detach() - gen_lp).mean(1, keepdim=True).exp()
+                weight = ratio * ((geo >= lo) & (geo <= hi))
+            else:  # none: stale samples used as if on-policy
+                weight = torch.ones_like(ratio)
             if args.trust:  # no push further out of the band around the behaviour probability
                 weight = weight * ~(((ratio > 1 + args.trust) & (a > 0)) | ((ratio < 1 - args.trust) & (a < 0)))
         loss = -(a * weight * lps).mean()
