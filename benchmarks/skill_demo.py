@@ -9,9 +9,10 @@
 
 Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
 one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
-on the answer format with random answers (`fleet/pretrain.py`), learns "Largest digit of 3 1 4 1 2?" (`--task digits`: "First digit of 4 7 1 9 2?") from a binary
-reward. The measure is the fleet's own validation (`grpo.val_period`): greedy answers to 200 held-out lists. Sync
-and async runs of one seed use the same grpo.seed (data order, sampling) and the same number of samples per step.
+on the answer format with random answers (`fleet/pretrain.py`), learns "Largest digit of 3 1 4 1 2?" (`--task
+digits`: "First digit of 4 7 1 9 2?") from a binary reward. The measure is the fleet's own validation
+(`grpo.val_period`): greedy answers to 200 held-out lists. Sync and async runs of one seed use the same grpo.seed
+(data order, sampling) and the same number of samples per step.
 
 Per run (all from the trainer's metrics.jsonl, times from its first record = the first weights pushed): validation
 accuracy and training reward per step, the step and the wall-clock second at which validation accuracy first
@@ -150,7 +151,9 @@ def summarize(name: str, rd: Path, overrides: list[str]) -> dict[str, Any]:
             "steps": len(train), "step_s_median": statistics.median([s["step_s"] for s in train if s["step_s"]])}
 
 
-def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = False) -> None:
+def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = False, chance: float = 0.1,
+          by_run: bool = False) -> None:
+    """`by_run`: a colour per run (collect's runs of one mode), else per mode; `chance`: the dotted line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,9 +162,10 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
     colors = {"sync": "tab:blue", "async": "tab:orange", "tis": "tab:orange", "icepop": "tab:green",
               "seq-mask-tis": "tab:red", "tis+fix": "tab:blue"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
-    for run in runs:
+    for i, run in enumerate(runs):
         mode = run["name"].rsplit("-s", 1)[0]
-        kw = {"color": colors.get(mode, "gray"), "alpha": 0.85, "linewidth": 1.2}
+        color = f"C{i % 10}" if by_run else colors.get(mode, "gray")
+        kw = {"color": color, "alpha": 0.85, "linewidth": 1.2}
         tr, va = run["train"], run["val"]
         if offpolicy:
             axes[0][0].plot([s["step"] for s in tr], [s["tmpe"] for s in tr], label=run["name"], **kw)
@@ -189,7 +193,7 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
         ax.grid(alpha=0.3)
         if "accuracy" in yl:
             ax.axhline(TARGET, color="black", linewidth=0.6, linestyle="--")
-            ax.axhline(0.1, color="gray", linewidth=0.6, linestyle=":")
+            ax.axhline(chance, color="gray", linewidth=0.6, linestyle=":")
     axes[0][0].legend(fontsize=7, ncol=2)
     fig.suptitle(title)
     fig.tight_layout()
@@ -227,15 +231,12 @@ def run(args: argparse.Namespace) -> None:
               "runs": runs}
     (RESULTS / "skill_demo.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
-    sys.path.insert(0, str(ROOT))
-    from envs.digits import chance
-
-    kind = {"digits": "first", "digits_max": "max"}[args.task]
-    what = {"first": "first digit", "max": "largest digit"}[kind]
+    what = {"digits": "first digit", "digits_max": "largest digit"}[args.task]
+    level = _chance(args.task)
     _plot(runs, ROOT / "docs/img/skill_demo.png", f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, "
-          f"chance {chance(kind):.3g}) through the fleet, 2 CPU cores")
+          f"chance {level:.3g}) through the fleet, 2 CPU cores", chance=level)
     _plot(runs, ROOT / "docs/img/skill_offpolicy.png", "off-policy diagnostics (sync runs: no staleness, so the "
-          "error is 1 and the ratios 1)", offpolicy=True)
+          "error is 1 and the ratios 1)", offpolicy=True, chance=level)
 
 
 def variants(args: argparse.Namespace) -> None:
@@ -271,10 +272,17 @@ def collect(args: argparse.Namespace) -> None:
     (RESULTS / f"{args.out}.json").write_text(json.dumps({"env": env_info(), "work": str(work), "runs": runs},
                                                          indent=1) + "\n")
     _plot(runs, ROOT / f"docs/img/{args.out}.png", args.title or "async arith demo: IS correction variants and the "
-          "fix, by seed", offpolicy=True)
+          "fix, by seed", offpolicy=True, by_run=True, chance=_chance(args.task))
     for r in runs:
         print(r["name"], "max tmpe", round(r["max_token_mult_prob_error"], 2), "IS range",
               [round(x, 3) for x in r["is_ratio_range"]], "min reward after step 10", r["min_reward_after_10"])
+
+
+def _chance(task: str) -> float:
+    sys.path.insert(0, str(ROOT))
+    from envs.digits import chance
+
+    return chance({"digits": "first", "digits_max": "max"}[task])
 
 
 def env_info() -> dict[str, Any]:
