@@ -8,6 +8,7 @@
 # Needs torch and transformers and the base in .cache/models (`python benchmarks/skill_demo.py pretrain`):
 #   OUT=/tmp/skill_sweep bash benchmarks/skill_recipe_sweep.sh              # recipes (sync-like)
 #   OUT=/tmp/skill_variants SET=variants bash benchmarks/skill_recipe_sweep.sh  # IS corrections (async-like)
+#   OUT=/tmp/skill_isolate SET=isolate SEEDS="$(seq -s' ' 1 16)" bash benchmarks/skill_recipe_sweep.sh
 # (results/skill_recipe_sweep.json, skill_variant_sweep.json)
 set -u
 OUT=${OUT:-/tmp/skill_sweep}
@@ -45,6 +46,25 @@ elif [[ $SET == kl ]]; then  # SET=kl: the KL's strength, sync-like and async-li
     RECIPES=(
         [kl05]="$R --kl 0.05" [kl10]="$R --kl 0.1" [kl20]="$R --kl 0.2"
         [stale_kl05]="$R --kl 0.05 --stale" [stale_kl10]="$R --kl 0.1 --stale" [stale_kl20]="$R --kl 0.2 --stale"
+    )
+elif [[ $SET == isolate ]]; then  # SET=isolate: the fleet's async differences from the sketch, one at a time
+    R="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05 --correction tis --is-min 0 --is-max 2"
+    RECIPES=(
+        [stale]="$R --stale" [stale_wd01]="$R --stale --weight-decay 0.01"
+        [stale_mix50]="$R --stale --age-mix 0.5" [stale_wd01_mix50]="$R --stale --weight-decay 0.01 --age-mix 0.5"
+        [sync_wd01]="$R --weight-decay 0.01"
+    )
+elif [[ $SET == step ]]; then  # SET=step: what bounds one update's move (async-like): Adam's eps and beta2, the lr
+    R="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05 --correction tis --is-min 0 --is-max 2 --stale"
+    RECIPES=(
+        [stale_eps1e-6]="$R --eps 1e-6" [stale_eps1e-5]="$R --eps 1e-5" [stale_eps1e-4]="$R --eps 1e-4"
+        [stale_b2_099]="$R --beta2 0.99" [stale_lr2e-4]="$R --lr 2e-4"
+    )
+elif [[ $SET == eps ]]; then  # SET=eps: Adam's eps, the one that did best in SET=step, on more seeds and sync too
+    R="--lr 3e-4 --prompts 16 --gens 16 --kl 0.05 --correction tis --is-min 0 --is-max 2"
+    RECIPES=(
+        [stale]="$R --stale" [stale_eps1e-5]="$R --stale --eps 1e-5" [stale_eps1e-4]="$R --stale --eps 1e-4"
+        [sync_eps1e-4]="$R --eps 1e-4"
     )
 fi
 run() {  # run NAME SEED: one sketch, its JSON line in $OUT/NAME_sSEED.json

@@ -26,7 +26,9 @@ as the fleet's async mode with `max_trajectory_age_steps: 1` does at most, and w
 `tis` (the IS weight pi_theta / pi_behaviour clamped to [`--is-min`, `--is-max`]; `--correction icepop|seq-mask-tis|
 none` the fleet's other variants, or none; `--trust EPS` instead zeroes the
 gradient of a token the update would push further outside [1 - EPS, 1 + EPS] of its behaviour probability, PPO's
-clip against pi_behaviour). Every step also records the largest change of a sampled token's log-prob that the
+clip against pi_behaviour; `--age-mix F` samples a share F of each step's groups from the current weights instead, as
+the fleet's async batches mix ages 0 and 1). `--weight-decay` is AdamW's (0 here, 0.01 the fleet's default). Every
+step also records the largest change of a sampled token's log-prob that the
 update itself made (`move`), and the run stops early once every answer of a step is a format error (`collapsed`).
 """
 
@@ -110,6 +112,10 @@ def main() -> None:
     p.add_argument("--beta2", type=float, default=0.999)
     p.add_argument("--kl", type=float, default=0.0, help="k3 KL to the base (loss_fn.reference_policy_kl_penalty)")
     p.add_argument("--warmup", type=int, default=0, help="linear lr warm-up over this many steps")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's (the fleet's default is 0.01)")
+    p.add_argument("--eps", type=float, default=1e-8, help="AdamW's epsilon (policy.optimizer.eps)")
+    p.add_argument("--age-mix", type=float, default=0.0,
+                   help="with --stale: this fraction of each step's groups sampled from the current weights (age 0)")
     args = p.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -171,8 +177,9 @@ def main() -> None:
         return acc, float(p_end.mean())
 
     acc0, _ = evaluate()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, args.beta2))
-    hist, reach, moves, collapsed = [], None, [], None
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, args.beta2),
+                            eps=args.eps)
+    hist, reach, moves, collapsed, cuts = [], None, [], None, []
     P, G = args.prompts, args.gens
     behind = {k: v.clone() for k, v in model.state_dict().items()}  # the weights one update behind (--stale)
 
@@ -192,19 +199,30 @@ def main() -> None:
         prompts = [prompt(q) for q, _ in qs for _ in range(G)]
         want = digit_ids[torch.tensor([a for _, a in qs for _ in range(G)], device=dev)]
         now = {k: v.clone() for k, v in model.state_dict().items()} if args.stale else {}
-        if args.stale:
+        fresh = round(P * args.age_mix) * G if args.stale else len(prompts)  # the first `fresh` answers: age 0
+
+        def sample_answers(part: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+            with torch.no_grad():
+                logp = torch.log_softmax(last_logits(part), -1)
+                first = torch.multinomial(logp.exp(), 1).squeeze(1)
+                lp, second = logp.gather(1, first[:, None]), None
+                if args.answer != "one":  # the next token too, trained with a token-mean loss like the fleet's
+                    logp = torch.log_softmax(last_logits([x + [int(t)] for x, t in zip(part, first, strict=True)]), -1)
+                    second = torch.multinomial(logp.exp(), 1).squeeze(1)
+                    lp = torch.cat([lp, logp.gather(1, second[:, None])], 1)
+            return first, lp, second
+
+        # Sampling: the current weights, or (--stale) the previous update's for all but the `--age-mix` share.
+        parts = [sample_answers(prompts[:fresh])] if fresh else []
+        if fresh < len(prompts):
             model.load_state_dict(behind)
-        with torch.no_grad():  # sampling: the current weights, or (--stale) the previous update's
-            logp = torch.log_softmax(last_logits(prompts), -1)
-            sample = torch.multinomial(logp.exp(), 1).squeeze(1)
-            gen_lp, nxt = logp.gather(1, sample[:, None]), None
-            if args.answer != "one":  # the next token too, trained with a token-mean loss like the fleet's
-                logp = torch.log_softmax(last_logits([x + [int(t)] for x, t in zip(prompts, sample, strict=True)]), -1)
-                nxt = torch.multinomial(logp.exp(), 1).squeeze(1)
-                gen_lp = torch.cat([gen_lp, logp.gather(1, nxt[:, None])], 1)
+            parts.append(sample_answers(prompts[fresh:]))
+            model.load_state_dict(now)
         if args.stale:
             behind = now
-            model.load_state_dict(now)
+        sample = torch.cat([x[0] for x in parts])
+        gen_lp = torch.cat([x[1] for x in parts])
+        nxt = None if args.answer == "one" else torch.cat([x[2] for x in parts if x[2] is not None])
         lps = answer_lp(prompts, sample, nxt)
         if args.dense:
             pos = (sample[:, None] == digit_ids[None]).float()
@@ -250,6 +268,8 @@ def main() -> None:
         opt.step()
         with torch.no_grad():  # how far this one update moved the sampled tokens
             moves.append(round(float((answer_lp(prompts, sample, nxt) - lps.detach()).abs().max()), 2))
+        if nxt is not None:
+            cuts.append(round(float((nxt != end).float().mean()), 3))
         if args.answer != "one" and nxt is not None and not bool((nxt == end).any()):
             collapsed = step + 1  # no answer ended its turn: every reward is 0 from here on
             break
@@ -260,6 +280,8 @@ def main() -> None:
             if acc >= 0.95:
                 break
     print(json.dumps({**vars(args), "acc0": acc0, "reach_0.8": reach, "collapsed": collapsed, "max_move": max(moves),
+                      "first_cut90": next((i + 1 for i, c in enumerate(cuts) if c >= 0.9), None),
+                      "max_cut": max(cuts, default=None), "cuts": cuts,
                       "moves": moves, "history": hist, "s": round(time.time() - t0)}))
 
 

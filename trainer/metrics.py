@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,18 +30,38 @@ class Backend(Protocol):
 class JsonlBackend:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = path.open("a", buffering=1)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}  # JSON has no inf/nan
         # Wall-clock stamp: plots against time (sync vs async) need it, and TensorBoard records its own.
-        self._fh.write(json.dumps({"step": step, "time": time.time(), **clean}, sort_keys=True) + "\n")
+        self._append({"step": step, "time": time.time(), **clean})
 
     def histogram(self, step: int, name: str, values: list[float]) -> None:
-        self._fh.write(json.dumps({"step": step, "histogram": name, "values": values}) + "\n")
+        self._append({"step": step, "histogram": name, "values": values})
+
+    def _append(self, record: dict[str, Any]) -> None:
+        # One write per record: a line-buffered text file splits a record longer than its buffer (8 KiB) into
+        # several writes, and a reader polling mid-run then sees half a JSON object.
+        data = (json.dumps(record, sort_keys=True) + "\n").encode()
+        while data:
+            data = data[os.write(self._fd, data):]
 
     def close(self) -> None:
-        self._fh.close()
+        os.close(self._fd)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The complete records of a JSONL file another process may be appending to; a missing file has none.
+
+    The last line is skipped until its newline lands, so a poll that races a write never sees half a record.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 class TensorBoardBackend:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from trainer_harness import load, read_jsonl, start_trainer, write_config
+from trainer_harness import load, start_trainer, write_config
 
 from grpofleet.v1 import trainer_pb2, trainer_pb2_grpc
+from trainer.metrics import read_jsonl
 from trainer.status import PHASES
 
 

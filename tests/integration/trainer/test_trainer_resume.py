@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_harness import read_jsonl, start_trainer, write_config
+from trainer_harness import start_trainer, write_config
+
+from trainer.metrics import read_jsonl
 
 STEPS = 6
 

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainer_harness import ROOT, child_env, read_jsonl, start_trainer, write_config
+from trainer_harness import ROOT, child_env, start_trainer, write_config
+
+from trainer.metrics import read_jsonl
 
 
 @pytest.mark.slow

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_harness import RPC_TIMEOUT, FakeRollout, read_jsonl, start_trainer, write_config
+from trainer_harness import RPC_TIMEOUT, FakeRollout, start_trainer, write_config
 
 from fleet.contracts import scored_group
 from grpofleet.v1 import common_pb2, replay_buffer_pb2
+from trainer.metrics import read_jsonl
 
 V = common_pb2
 # Validation task i gets verdict VERDICTS[i]; task len(VERDICTS) is never answered.

@@ -9,7 +9,6 @@ Fixtures stop only the processes they started, through their Popen handles.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -91,10 +90,6 @@ def start_trainer(config: Path, *overrides: str) -> subprocess.Popen[bytes]:
     log = open(config.parent / "trainer.log", "ab")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen([sys.executable, str(ROOT / "trainer" / "main.py"), "--config", str(config), *overrides],
                             cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 @dataclass
