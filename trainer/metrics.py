@@ -41,8 +41,8 @@ class JsonlBackend:
         self._append({"step": step, "histogram": name, "values": values})
 
     def _append(self, record: dict[str, Any]) -> None:
-        # One write per record: a line-buffered text file splits a record longer than its buffer (8 KiB) into
-        # several writes, and a reader polling mid-run then sees half a JSON object.
+        # One write per record (a line-buffered text file splits one longer than its 8 KiB buffer). Even one write
+        # is not atomic for a concurrent reader (the page cache fills page by page), so readers use `read_jsonl`.
         data = (json.dumps(record, sort_keys=True) + "\n").encode()
         while data:
             data = data[os.write(self._fd, data):]
