@@ -27,6 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from trainer.metrics import read_jsonl  # noqa: E402
+
 CONFIG = ROOT / "examples/configs/lookup_learn.yaml"
 RESULTS = ROOT / "benchmarks/results/lookup_learn.json"
 PLOT = ROOT / "docs/img/lookup_learning.png"
@@ -230,8 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     run = run_fleet("lookup", args.work, args.steps, [f"policy.model_name={args.model_dir}", *args.overrides], CONFIG,
                     args.timeout_s)
-    records = [json.loads(line) for line in (args.work / "lookup/logs/metrics.jsonl").read_text().splitlines()
-               if line.strip()]
+    records = read_jsonl(args.work / "lookup/logs/metrics.jsonl")
     agent = {r["step"]: r for r in records if "agent/turns_mean" in r}
     for s in run["steps"]:
         r = agent.get(s["step"], {})

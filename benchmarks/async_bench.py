@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from trainer.metrics import read_jsonl  # noqa: E402
+
 CONFIG = ROOT / "examples/configs/arith_learn.yaml"
 RESULTS = ROOT / "benchmarks/results"
 WARMUP = 3  # steps left out of per-step means: first compiles, first pushes, queues filling
@@ -69,7 +72,7 @@ def _median(xs: list[float]) -> float:
 
 
 def summarize(name: str, rd: Path, overrides: list[str], launcher_s: float) -> dict[str, Any]:
-    records = [json.loads(line) for line in (rd / "logs/metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_jsonl(rd / "logs/metrics.jsonl")
     records = [r for r in records if "histogram" not in r]
     t0 = min(r["time"] for r in records)
     steps = []

@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from trainer.metrics import read_jsonl  # noqa: E402
+
 CONFIG = "examples/configs/grpo_computer_use_tiny.yaml"
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "logs" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(run_dir / "logs" / "metrics.jsonl")
 
 
 def measure(steps: int, run_dir: Path) -> dict[str, Any]:

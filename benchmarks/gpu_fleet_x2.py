@@ -34,6 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from trainer.metrics import read_jsonl  # noqa: E402
 
 PEAK_FLOPS = 989e12
 SHAPE = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=2048)
@@ -173,8 +174,7 @@ def _prod(shape: list[int]) -> int:
 
 
 def summarize(run_dir: Path, model_cfg: dict[str, Any], n: int) -> dict[str, Any]:
-    path = run_dir / "logs" / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = read_jsonl(run_dir / "logs" / "metrics.jsonl")
     steps = [r for r in rows if "loss/loss" in r]
     layers, hidden = model_cfg["num_hidden_layers"], model_cfg["hidden_size"]
     per_step = []

@@ -30,6 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from trainer.metrics import read_jsonl  # noqa: E402
+
 CONFIG = ROOT / "examples/configs/peek_learn.yaml"
 BASE = ROOT / ".cache/models/tiny-qwen2-peek-format"
 RESULTS = ROOT / "benchmarks/results/lookup_peek.json"
@@ -74,7 +76,7 @@ def run_fleet(work: Path, overrides: list[str], args: argparse.Namespace) -> dic
                 loads.append({"t": round(time.monotonic() - t0), "load1": os.getloadavg()[0]})
             if why:
                 continue
-            accs = [json.loads(line)["val/accuracy"] for line in _lines(metrics) if '"val/accuracy"' in line]
+            accs = [r["val/accuracy"] for r in read_jsonl(metrics) if "val/accuracy" in r]
             hit = next((i for i, a in enumerate(accs) if a >= args.target), None)
             why = ("target reached" if hit is not None and len(accs) - 1 - hit >= args.after
                    else "max-s" if time.monotonic() - t0 > args.max_s else "")
@@ -88,15 +90,8 @@ def run_fleet(work: Path, overrides: list[str], args: argparse.Namespace) -> dic
     return {**summarize(metrics), "launcher_s": round(time.monotonic() - t0, 1), "stopped": why, "load": loads}
 
 
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-
-
 def summarize(metrics: Path) -> dict[str, Any]:
-    records = [json.loads(line) for line in _lines(metrics) if line.strip()]
+    records = read_jsonl(metrics)
     records = [r for r in records if "histogram" not in r]
     t0 = min(r["time"] for r in records)
     train = [{"step": r["step"] + 1, "t": round(r["time"] - t0, 1), "reward": r["reward/mean"],
@@ -154,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pre-steps", type=int, default=150)
     ap.add_argument("--pre-batch", type=int, default=64)
     ap.add_argument("--pre-lr", type=float, default=2e-3, help="1e-3 x 100 steps: the sampled call was still "
-                    "malformed or skipped in 28% of episodes at temperature 1")
+                    "malformed or skipped in 28%% of episodes at temperature 1")
     ap.add_argument("--base", type=Path, default=BASE, help="built unless it exists")
     ap.add_argument("--tool-use", action="store_true",
                     help="the tool-use base instead (lookup_copy.peek_tooluse_base): it copies a tool's result when "

@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from trainer.metrics import read_jsonl  # noqa: E402 (after the path: the benchmark runs as a script)
+
 CONFIG = ROOT / "examples/configs/digits_skill.yaml"
 RESULTS = ROOT / "benchmarks/results"
 TARGET = 0.8
@@ -106,7 +109,7 @@ def _watch(proc: subprocess.Popen[bytes], metrics: Path, t0: float, timeout_s: f
         time.sleep(5)
         if why:
             continue
-        accs = [json.loads(line)["val/accuracy"] for line in _lines(metrics) if '"val/accuracy"' in line]
+        accs = [r["val/accuracy"] for r in read_jsonl(metrics) if "val/accuracy" in r]
         hit = next((i for i, a in enumerate(accs) if a >= TARGET), None)
         if hit is not None and len(accs) - 1 - hit >= after:
             why = "target reached"
@@ -119,15 +122,8 @@ def _watch(proc: subprocess.Popen[bytes], metrics: Path, t0: float, timeout_s: f
     return why
 
 
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-
-
 def summarize(name: str, rd: Path, overrides: list[str]) -> dict[str, Any]:
-    records = [json.loads(line) for line in (rd / "logs/metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = read_jsonl(rd / "logs/metrics.jsonl")
     records = [r for r in records if "histogram" not in r]
     t0 = min(r["time"] for r in records)
     train = [{"step": r["step"] + 1, "t": r["time"] - t0, "reward": r["reward/mean"],
