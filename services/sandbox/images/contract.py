@@ -39,6 +39,9 @@ def _swebench() -> Any:
     from swebench.harness.constants import END_TEST_OUTPUT, FAIL_TO_PASS, PASS_TO_PASS, START_TEST_OUTPUT, EvalType
     from swebench.harness.run_evaluation import GIT_APPLY_CMDS
 
+    from services.sandbox.images import parsers
+
+    parsers.install()
     return {"grading": grading, "make_test_spec": utils.make_test_spec, "apply": GIT_APPLY_CMDS,
             "F2P": FAIL_TO_PASS, "P2P": PASS_TO_PASS, "start": START_TEST_OUTPUT, "end": END_TEST_OUTPUT,
             "EvalType": EvalType}

@@ -10,7 +10,7 @@ from image_helpers import IMAGE_F2P, ImageSet
 from sandbox_helpers import P2P
 
 from envs.registry import load_dataset
-from envs.swe.formats import reverse_patch
+from envs.swe.harnesses.swesmith import reverse_patch
 from envs.swe.loaders import DatasetFormatError
 from envs.swe.payload import payload_to_spec, task_to_payload
 from fleet.config.env import DatasetConfig
