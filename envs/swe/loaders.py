@@ -11,6 +11,7 @@ for it, `sweb.eval.x86_64.<instance_id>` with `__` written `_1776_` (the executo
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,14 +32,35 @@ _MAX_ERRORS = 20
 RowParser = Callable[[Any, int], "tuple[Task | None, list[str]]"]
 
 
+class Unsupported(str):
+    """A row error meaning "valid, but this harness cannot grade it yet": counted per family at load time."""
+
+    family: str
+    why: str
+
+    def __new__(cls, where: str, family: str, why: str) -> Unsupported:
+        self = super().__new__(cls, f"{where}: {family}: cannot be graded yet: {why}")
+        self.family, self.why = family, why
+        return self
+
+
 class DatasetFormatError(ValueError):
     """A task file that does not follow the SWE-bench format; `errors` lists `row N (id): field F: problem`."""
 
     def __init__(self, source: str, errors: list[str]) -> None:
         self.source, self.errors = source, errors
-        more = "" if len(errors) <= _MAX_ERRORS else f"\n  ... and {len(errors) - _MAX_ERRORS} more"
-        listed = "\n  ".join(errors[:_MAX_ERRORS])
-        super().__init__(f"{source}: {len(errors)} invalid row field(s):\n  {listed}{more}")
+        invalid = [e for e in errors if not isinstance(e, Unsupported)]
+        refused = Counter((e.family, e.why) for e in errors if isinstance(e, Unsupported))
+        parts = []
+        if invalid:
+            more = "" if len(invalid) <= _MAX_ERRORS else f"\n  ... and {len(invalid) - _MAX_ERRORS} more"
+            listed = "\n  ".join(invalid[:_MAX_ERRORS])
+            parts.append(f"{len(invalid)} invalid row field(s):\n  {listed}{more}")
+        if refused:
+            counts = "\n  ".join(f"{n} row(s) of {family}: {why}" for (family, why), n in refused.most_common())
+            parts.append(f"{refused.total()} row(s) cannot be graded yet (refused rather than scored zero; "
+                         f"drop them or see docs/swe-datasets.md):\n  {counts}")
+        super().__init__(f"{source}: " + "\n".join(parts))
 
 
 def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
