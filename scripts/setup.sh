@@ -23,6 +23,13 @@ if [ "$EXTRA" = cpu ]; then
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
+# swebench 4.1 beside swebench 5, for the tests only: they compare our derivation of princeton-nlp rows' eval
+# scripts with 4.1's own make_test_spec (envs/swe/harnesses/swebench.py). Not importable from the package.
+if [ ! -f .venv/opt/swebench-4.1/swebench/__init__.py ]; then
+  echo "[setup] installing swebench 4.1 (reference harness for the tests) into .venv/opt/swebench-4.1"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --target .venv/opt/swebench-4.1 swebench==4.1.0
+fi
+
 echo "[setup] generating gRPC code from protos/"
 .venv/bin/python -m fleet.protogen
 # The editable install maps packages that existed when it ran; grpofleet/ is generated, so map it now.

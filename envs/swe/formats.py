@@ -15,21 +15,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from envs.registry import Task, TaskDataset
+from envs.registry import TaskDataset
 from envs.swe.harnesses.r2e import parse_r2e_gym
+from envs.swe.harnesses.swebench import parse_swe_gym
 from envs.swe.harnesses.swesmith import parse_swe_smith
-from envs.swe.loaders import dataset_file, load_swebench_file, parse_row
+from envs.swe.loaders import dataset_file, load_swebench_file
 
 if TYPE_CHECKING:
     from fleet.config.env import DatasetConfig
-
-
-def parse_swe_gym(row: Any, row_no: int) -> tuple[Task | None, list[str]]:
-    task, errors = parse_row(row, row_no)
-    if task is not None and not task.metadata.get("image"):
-        name = task.instance_id.replace("__", "_s_").lower()
-        task.metadata["image"] = f"xingyaoww/sweb.eval.x86_64.{name}:latest"
-    return task, errors
 
 
 _PARSERS = {"swe_gym": parse_swe_gym, "swe_smith": parse_swe_smith, "r2e_gym": parse_r2e_gym}
