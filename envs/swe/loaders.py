@@ -212,12 +212,20 @@ def task_to_row(task: Task) -> dict[str, Any]:
 
 
 def _split_file(folder: Path, split: str) -> Path:
-    for pattern in (f"{split}.jsonl", f"{split}.json", f"{split}.parquet", f"{split}-*.parquet",
-                    f"data/{split}-*.parquet"):
+    """The file of `split` in a folder: `{split}.jsonl|json|parquet`, or a hub shard `[data/]{split}-*.parquet`
+    (`dev-00000-of-00001.parquet`). Any split name works; a missing one is named with the splits that are there."""
+    patterns = (f"{split}.jsonl", f"{split}.json", f"{split}.parquet", f"{split}-*.parquet", f"data/{split}-*.parquet")
+    for pattern in patterns:
         hits = sorted(folder.glob(pattern))
         if hits:
             return hits[0]
-    raise FileNotFoundError(f"{folder}: no {split}.jsonl / {split}.json / {split}.parquet / {split}-*.parquet")
+    found = sorted({f.name.split("-")[0] if f.suffix == ".parquet" and "-" in f.name else f.stem
+                    for sub in (folder, folder / "data") if sub.is_dir()
+                    for f in sub.iterdir() if f.suffix in (".jsonl", ".json", ".parquet") and f.is_file()}
+                   - {"manifest"})
+    there = f"the splits there: {', '.join(found)}" if found else "no task files there"
+    raise FileNotFoundError(f"{folder}: no file of split {split!r} ({' / '.join(patterns)}); {there} "
+                            "(set data.*.split to one of them)")
 
 
 def load_swebench_dataset(cfg: DatasetConfig, **_: Any) -> TaskDataset:
@@ -226,7 +234,9 @@ def load_swebench_dataset(cfg: DatasetConfig, **_: Any) -> TaskDataset:
         raise ValueError("dataset swebench needs data_path (a SWE-bench .json/.jsonl/.parquet file or folder)")
     path = Path(cfg.data_path).expanduser()
     file = _split_file(path, cfg.split) if path.is_dir() else path
-    tasks = load_swebench_file(file, derive_image=True)
+    from envs.swe.harnesses.swebench import parse_swebench  # it builds on parse_row
+
+    tasks = load_swebench_file(file, parse=parse_swebench)
     if cfg.max_samples is not None:
         tasks = tasks[: cfg.max_samples]
     return TaskDataset("swebench", "swe", tasks, root=file.parent)

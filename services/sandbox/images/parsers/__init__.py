@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from services.sandbox.images.parsers import r2e, swesmith
+from services.sandbox.images.parsers import r2e, swegym, swesmith
 
 Parser = Callable[[str, Any], dict[str, str]]
-EXTRA_PARSERS: dict[str, Parser] = {**r2e.PARSERS, **swesmith.PARSERS}
+EXTRA_PARSERS: dict[str, Parser] = {**r2e.PARSERS, **swegym.PARSERS, **swesmith.PARSERS}
 
 
 def install() -> None:
