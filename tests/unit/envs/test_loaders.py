@@ -86,7 +86,8 @@ def test_row_round_trip(tmp_path):
 
 
 def test_swebench_dataset_reads_a_folder_split_and_caps_samples(tmp_path):
-    write_jsonl(tmp_path / "test.jsonl", [row(i) for i in range(5)])
+    # A SWE-bench repository and version: rows of any other repo are refused (they have no harness spec).
+    write_jsonl(tmp_path / "test.jsonl", [row(i, repo="psf/requests", version="2.0") for i in range(5)])
     ds = load_dataset(DatasetConfig(dataset_name="swebench", data_path=str(tmp_path), split="test", max_samples=3))
     assert (ds.env_name, len(ds)) == ("swe", 3)
     with pytest.raises(FileNotFoundError, match="train.jsonl"):
