@@ -29,6 +29,11 @@ if [ ! -f .venv/opt/swebench-4.1/swebench/__init__.py ]; then
   echo "[setup] installing swebench 4.1 (reference harness for the tests) into .venv/opt/swebench-4.1"
   .venv/bin/pip install -q --disable-pip-version-check --no-deps --target .venv/opt/swebench-4.1 swebench==4.1.0
 fi
+# Likewise swesmith 0.0.9, whose repo profiles the SWE-smith harness reproduces (envs/swe/harnesses/swesmith.py).
+if [ ! -d .venv/opt/swesmith-0.0.9/swesmith/profiles ]; then
+  echo "[setup] installing swesmith 0.0.9 (reference harness for the tests) into .venv/opt/swesmith-0.0.9"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --target .venv/opt/swesmith-0.0.9 swesmith==0.0.9
+fi
 
 echo "[setup] generating gRPC code from protos/"
 .venv/bin/python -m fleet.protogen
