@@ -1,8 +1,8 @@
 """SWE-smith rows get the task SWE-smith's own harness (swesmith 0.0.9) would run, and its gold-run logs grade FULL.
 
-Expected values are recorded from swesmith 0.0.9 (`harness/utils.py::run_patch_in_container`, `profiles/*.py`). Where
-swesmith is present (`SWESMITH_ROOT`, default `.venv/opt/swesmith-0.0.9`, installed by `make setup`), the live tests recompute them
-with swesmith's own registry in a subprocess, and check the vendored profile table is not stale.
+Expected values are recorded from swesmith 0.0.9 (`harness/utils.py::run_patch_in_container`, `profiles/*.py`). The live
+tests recompute them with swesmith's own registry in a subprocess (`SWESMITH_ROOT`, default
+`.venv/opt/swesmith-0.0.9`, installed by `make setup`), and check the vendored profile table is not stale.
 """
 
 from __future__ import annotations
