@@ -4,7 +4,7 @@
     grpo-fleet serve replay-buffer|sandbox|rollout|trainer [--config FILE] [overrides...]
     grpo-fleet up [--config FILE] [overrides...]
     grpo-fleet prepare [--config FILE] [overrides...]
-    grpo-fleet data build|list [...]
+    grpo-fleet data build|list|validate [...]
     grpo-fleet status [--config FILE] [overrides...]
 
 The config is parsed and validated before anything heavy (torch, vLLM) is imported, so mistakes fail fast.
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="refresh every 2 s")
     add_config_args(p)
     p.set_defaults(fn=_cmd_status)
-    sub.add_parser("data", help="build or list task sets (grpo-fleet data --help)", add_help=False)
+    sub.add_parser("data", help="build, list or validate task sets (grpo-fleet data --help)", add_help=False)
     return parser
 
 

@@ -13,6 +13,7 @@ from fleet.contracts.groups import EpisodeInfo, PromptGroup, ScoredGroup, Trajec
 from fleet.contracts.sandbox import Verdict
 from grpofleet.v1 import common_pb2
 from rollout.engine import Generation
+from sandbox_client.verdicts import is_not_gradable
 
 _STATUS = {
     "completed": common_pb2.VERDICT_STATUS_COMPLETED,
@@ -65,6 +66,7 @@ def to_proto_verdict(v: Verdict) -> common_pb2.Verdict:
         status=_STATUS.get(v.status, common_pb2.VERDICT_STATUS_UNSPECIFIED),
         resolution=_RESOLUTION.get(v.resolution, common_pb2.RESOLUTION_NO),
         tests_passed=v.tests_passed, tests_failed=v.tests_failed, detail=v.error[:500],
+        not_gradable=is_not_gradable(v),
     )
 
 

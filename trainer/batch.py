@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import torch
 
@@ -27,6 +28,10 @@ from trainer.grpo import compute_advantages
 from trainer.logprobs import PackedInputs, pack
 
 log = logging.getLogger(__name__)
+
+Grading = Literal["graded", "not_gradable", "infra_error"]
+"""Whether a trajectory's reward measured its answer: `graded`; `not_gradable` (the tests ran but their log could
+not be graded: a silent zero); `infra_error` (no verdict the answer earned)."""
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Trajectory:
     tool_errors: int = 0
     images: list[tuple[bytes, int, int]] = field(default_factory=list)
     """Computer use: (PNG, start, length) of each screenshot and its placeholder run (inside an observation span)."""
+    grading: Grading = "graded"
 
     def loss_mask(self) -> list[float] | None:
         """1.0 on generated tokens, 0.0 on observation tokens (version -1 or inside an observation span); None when
@@ -64,6 +70,7 @@ class Group:
     trajectories: list[Trajectory]
     min_version: int
     target_step: int = 0
+    task_id: str = ""
 
 
 @dataclass

@@ -7,8 +7,16 @@ from __future__ import annotations
 from buffer_client import BufferClient
 from fleet.contracts.buffer import Starvation
 from grpofleet.v1 import common_pb2
-from trainer.batch import Group, Trajectory
+from trainer.batch import Grading, Group, Trajectory
 from trainer.data import PromptSpec
+
+
+def grading(v: common_pb2.Verdict) -> Grading:
+    """How far a trajectory's verdict measured the answer. An unspecified status is the wire's encoding of an
+    infrastructure failure (or of a status this trainer does not know): no verdict the answer earned."""
+    if v.status == common_pb2.VERDICT_STATUS_UNSPECIFIED:
+        return "infra_error"
+    return "not_gradable" if v.not_gradable else "graded"
 
 
 def to_group(g: common_pb2.ScoredGroup) -> Group:
@@ -24,11 +32,13 @@ def to_group(g: common_pb2.ScoredGroup) -> Group:
             tool_calls=t.episode.tool_calls,
             tool_errors=t.episode.tool_errors,
             images=[(im.png, im.span.start, im.span.length) for im in t.images],
+            grading=grading(t.verdict),
         )
         for t in g.trajectories
     ]
     return Group(
-        g.prompt.group_id, list(g.prompt.prompt_token_ids), trajs, int(g.min_version), int(g.prompt.target_step)
+        g.prompt.group_id, list(g.prompt.prompt_token_ids), trajs, int(g.min_version), int(g.prompt.target_step),
+        task_id=g.prompt.task_id,
     )
 
 

@@ -43,6 +43,8 @@ class Task:
     task_id: str
     prompt_token_ids: list[int]
     env_payload: bytes
+    repo: str = ""
+    """The task's repository (SWE tasks), for messages that name where a problem is."""
 
 
 class TaskSource(Protocol):
@@ -51,6 +53,10 @@ class TaskSource(Protocol):
     def __len__(self) -> int: ...
 
     def task(self, index: int) -> Task: ...
+
+    def repo_of(self, task_id: str) -> str:
+        """The repository of task `task_id` ("" when unknown), without building its prompt."""
+        ...
 
 
 @dataclass
@@ -171,6 +177,9 @@ class ListSource:
 
     def task(self, index: int) -> Task:
         return self.tasks[index]
+
+    def repo_of(self, task_id: str) -> str:
+        return next((t.repo for t in self.tasks if t.task_id == task_id), "")
 
 
 def payload_bytes(payload: Any) -> bytes:

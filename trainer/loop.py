@@ -35,6 +35,7 @@ from trainer.batch import StepBatch, build_step_batch
 from trainer.checkpoint import CheckpointManager, TrainerCheckpoint
 from trainer.coordinator import Coordinator
 from trainer.dist import Dist
+from trainer.grading import check_grading
 from trainer.metrics import Metrics, Progress, age_histogram
 from trainer.model import PolicyModule
 from trainer.status import TrainerState
@@ -145,6 +146,7 @@ class TrainLoop:
         g = self.grpo
         batch = build_step_batch(groups, step, leave_one_out=g.use_leave_one_out_baseline,
                                  normalize=g.normalize_rewards, max_len=self.policy_cfg.max_total_sequence_length)
+        batch.stats.update(check_grading(step, groups, r0.coordinator.feeder.source.repo_of))
         return StepMessage(batch, wait_s=time.monotonic() - t0)
 
     def _train(self, msg: StepMessage) -> None:

@@ -38,6 +38,7 @@ class EnvTaskSource:
         self.tokenizer = tokenizer
         self.data_cfg = data_cfg
         self.task = lru_cache(maxsize=4096)(self._build)  # type: ignore[method-assign]
+        self._repos: dict[str, str] | None = None
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -48,10 +49,15 @@ class EnvTaskSource:
         if getattr(prompt, "dropped_files", None):
             log.debug("task %s: context files dropped to fit the prompt: %s", t.instance_id, prompt.dropped_files)
         payload = json.dumps(self.env.task_to_payload(t), sort_keys=True).encode()
-        return Task(t.env_name, t.instance_id, list(prompt.token_ids), payload)
+        return Task(t.env_name, t.instance_id, list(prompt.token_ids), payload, repo=t.repo)
 
     def task(self, index: int) -> Task:  # replaced per instance by the cached builder
         return self._build(index)
+
+    def repo_of(self, task_id: str) -> str:
+        if self._repos is None:  # once, on the first step that needs a name: the tasks are already in memory
+            self._repos = {t.instance_id: t.repo for t in self.dataset}
+        return self._repos.get(task_id, "")
 
 
 def load_sources(data: DataConfig, tokenizer: Any, deps: SourceDeps, *,

@@ -1,4 +1,5 @@
-"""`grpo-fleet data ...`: build the embedded SWE task set, or list what a built one holds.
+"""`grpo-fleet data ...`: build the embedded SWE task set, list what a built one holds, or validate any SWE dataset's
+rows (gold FULL, empty NO) through the sandbox.
 
 `launch/cli.py` calls `data_main(argv)`; heavy imports (LibCST, the executor) happen only inside the subcommands.
 """
@@ -7,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 from envs.swe.paths import default_sdist_cache, default_task_dir
+from fleet.entry import add_config_args, parse_config_args
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,20 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--insecure-registry", action="store_true", help="--images: plain HTTP / unverified TLS")
     ls = sub.add_parser("list", help="counts per repository and bug kind of a built task set")
     ls.add_argument("--data", type=Path, default=default_task_dir(), help="task-set folder (default: %(default)s)")
+    v = sub.add_parser("validate", help="grade N rows' gold and empty patches in the sandbox; exit 1 unless every "
+                                        "gold resolves FULL and every empty patch NO",
+                       description="The dataset is the one training would read: data.train.* from --config and "
+                                   "overrides (e.g. data.train.dataset_name=swebench data.train.data_path=F.jsonl).")
+    v.add_argument("--gold", type=int, required=True, metavar="N",
+                   help="rows to grade, spread round-robin over the repos (0: every row)")
+    v.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                   help="sandbox runs at once (default: cores, %(default)s)")
+    v.add_argument("--remote", action="store_true",
+                   help="grade on the sandbox service at env.code.sandbox_urls (default: an in-process executor "
+                        "with the config's sandbox section)")
+    v.add_argument("--out", type=Path, default=None, help="also write the report as JSON to this file")
+    v.add_argument("--verbose", action="store_true", help="log every sandbox run")
+    add_config_args(v)
     return p
 
 
@@ -110,11 +127,52 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from envs.registry import load_dataset
+    from envs.swe.loaders import DatasetFormatError
+    from envs.swe.paths import repos_dir
+    from fleet.config import ConfigError, load_config
+    from launch.data.gold import format_report, pick_rows, report_json, validate_tasks
+
+    if args.gold < 0 or args.workers < 1:
+        print("error: --gold must be >= 0 and --workers >= 1", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"grpo-fleet: config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        dataset = load_dataset(cfg.data.train, env_cfg=cfg.env, seed=cfg.grpo.seed)
+    except (DatasetFormatError, FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"error: dataset {cfg.data.train.dataset_name}: {exc}", file=sys.stderr)
+        return 2
+    if dataset.env_name != "swe":
+        print(f"error: data validate grades SWE tasks; {dataset.name} is a {dataset.env_name!r} dataset",
+              file=sys.stderr)
+        return 2
+    if dataset.root is not None and cfg.sandbox.repos_root is None:  # an embedded set's embedded:// repos
+        cfg = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(
+            update={"repos_root": str(repos_dir(dataset.root))})})
+    if not args.verbose:  # one line per run is noise next to the table
+        logging.getLogger("services.sandbox.executor").setLevel(logging.WARNING)
+    tasks = pick_rows(list(dataset), args.gold)
+    where = ", ".join(cfg.env.code.sandbox_urls) if args.remote else "an in-process executor"
+    print(f"grading {len(tasks)} of {len(dataset)} rows of {dataset.name} (gold and empty patch) on {where}",
+          file=sys.stderr)
+    rows = asyncio.run(validate_tasks(tasks, cfg, remote=args.remote, concurrency=args.workers))
+    print(format_report(rows))
+    if args.out is not None:
+        args.out.write_text(json.dumps(report_json(rows, dataset.name), indent=2) + "\n")
+    return 0 if all(r.ok for r in rows) else 1
+
+
 def data_main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_config_args(_parser(), argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return _build(args) if args.command == "build" else _list(args)
+    commands = {"build": _build, "list": _list, "validate": _validate}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":
