@@ -1,9 +1,9 @@
 """Row parsers of the other SWE dataset formats; each gives the task its environment image.
 
   swe_gym    SWE-bench rows; image `xingyaoww/sweb.eval.x86_64.<instance_id>` with `__` written `_s_`.
-  swe_smith  one image per repo@commit (`image_name`, or `jyangballin/swesmith.x86_64.<owner>_1776_<repo>.<c8>`
-             from `repo`); the row's `patch` is the bug: it becomes the task's `setup_patch` (applied and committed
-             as the tree's only commit before the agent's patch), and its reverse is the gold patch.
+  swe_smith  one image per repo@commit, named as swesmith's repo profile names it; the row's `patch` is the bug: it
+             becomes the task's `setup_patch` (applied and committed as the tree's only commit before the agent's
+             patch), and its reverse is the gold patch.
   r2e_gym    `docker_image` (or `namanjain12/<repo_name>_final:<commit_hash>`); the hidden tests live in the image
              (`/r2e_tests`), the row's `expected_output_json` lists the outcome of each test on the fixed tree: the
              ones expected to pass are FAIL_TO_PASS, run by the row's `test_command` (default `bash run_tests.sh`).
