@@ -12,7 +12,7 @@ from fleet.contracts.sandbox import TaskSpec
 
 PAYLOAD_KEYS = ("instance_id", "repo_url", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass",
                 "test_command")
-IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch")
+IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status")
 """Optional: a task that names its environment image (SWE-bench 5 rows, or the name its loader derived)."""
 
 
@@ -29,7 +29,7 @@ def task_to_payload(task: Task) -> dict[str, Any]:
     }
 
 
-def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 300.0) -> TaskSpec:
+def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 1800.0) -> TaskSpec:
     """The sandbox task that grades `patch` against the payload's task."""
     missing = [k for k in PAYLOAD_KEYS if k not in payload]
     if missing:
@@ -48,4 +48,5 @@ def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 300
         log_parser=payload.get("log_parser") or None,
         eval_type=payload.get("eval_type") or None,
         setup_patch=payload.get("setup_patch") or None,
+        expected_status=dict(payload["expected_status"]) if payload.get("expected_status") else None,
     )

@@ -28,6 +28,12 @@ FINAL_STATUSES: frozenset[str] = frozenset({"completed", "not_applied", "refused
                                             "integrity_violation"})
 
 
+DEFAULT_TASK_TIMEOUT_S = 1800.0
+"""Seconds a task may run: the SWE-bench harness's own default (`run_evaluation --timeout 1800`); real repositories'
+test suites (astropy, sympy, django) take minutes to set up and run, so a shorter default grades slow tests as
+`timeout`."""
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One task: materialise `repo_url`@`base_commit`, apply `patch`, force-apply `test_patch`, run, grade."""
@@ -40,7 +46,7 @@ class TaskSpec:
     fail_to_pass: list[str] = field(default_factory=list)
     pass_to_pass: list[str] = field(default_factory=list)
     reference_patch: str | None = None
-    timeout: float = 300.0
+    timeout: float = DEFAULT_TASK_TIMEOUT_S
     integrity_check: bool = True
     """Refuse a patch touching tests or the test runner (`env.code.integrity_check`; the client sends it)."""
     image: str | None = None
@@ -54,6 +60,9 @@ class TaskSpec:
     setup_patch: str | None = None
     """Image tasks: a patch applied to /testbed, and committed as its only commit, before the agent's patch (the
     bug of a SWE-smith task: its image holds the clean repository)."""
+    expected_status: dict[str, str] | None = None
+    """Image tasks graded by exact match (R2E-Gym's rule): the whole parsed status map, test -> status, the tests must
+    give; FULL iff it matches, else NO (fail_to_pass/pass_to_pass then play no part in the resolution)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -61,7 +70,7 @@ class TaskSpec:
         return {k: v for k, v in data.items() if not (k in IMAGE_KEYS and v is None)}
 
 
-IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch")
+IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status")
 
 
 @dataclass
@@ -109,7 +118,7 @@ class SpecError(ValueError):
 
 _SPEC_KEYS = {"repo_url", "base_commit", "patch", "test_patch", "test_command", "fail_to_pass", "pass_to_pass",
               "reference_patch", "timeout", "integrity_check", "image", "eval_script", "log_parser", "eval_type",
-              "setup_patch"}
+              "setup_patch", "expected_status"}
 # Labels seed clients send along; accepted and ignored so that a misspelt key is still an error.
 _IGNORED_KEYS = {"instance_id", "metadata"}
 
@@ -148,7 +157,7 @@ def _flag(data: dict[str, Any], key: str, default: bool) -> bool:
 
 
 def _timeout(data: dict[str, Any], max_timeout: float) -> float:
-    value = data.get("timeout", 300.0)
+    value = data.get("timeout", DEFAULT_TASK_TIMEOUT_S)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise SpecError("timeout", "must be a number of seconds")
     if not 0 < value <= max_timeout:
@@ -159,16 +168,28 @@ def _timeout(data: dict[str, Any], max_timeout: float) -> float:
 _EVAL_TYPES = ("pass_and_fail", "fail_only")
 
 
-def _image_fields(data: dict[str, Any]) -> dict[str, str | None]:
+def _expected_status(data: dict[str, Any]) -> dict[str, str] | None:
+    value = data.get("expected_status")
+    if value is None:
+        return None
+    # Keys as R2E's parser makes them: an empty name is one (a summary line without `::`), so only types are checked.
+    if not isinstance(value, dict) or not value or not all(isinstance(k, str) and isinstance(v, str)
+                                                           for k, v in value.items()):
+        raise SpecError("expected_status", "must be a non-empty object of test name -> status string")
+    return dict(value)
+
+
+def _image_fields(data: dict[str, Any]) -> dict[str, Any]:
     image = _string(data, "image", default=None) or None
     if image is not None and (any(c.isspace() for c in image) or image.startswith("-")):
         raise SpecError("image", f"must be an image reference like repo/name:tag, got {image!r}")
     fields_ = {"image": image, "eval_script": _string(data, "eval_script", default=None) or None,
                "log_parser": _string(data, "log_parser", default=None) or None,
                "eval_type": _string(data, "eval_type", default=None) or None,
-               "setup_patch": _string(data, "setup_patch", default=None) or None}
+               "setup_patch": _string(data, "setup_patch", default=None) or None,
+               "expected_status": _expected_status(data)}
     if image is None:
-        given = [k for k in ("eval_script", "log_parser", "eval_type", "setup_patch") if fields_[k] is not None]
+        given = [k for k in IMAGE_KEYS[1:] if fields_[k] is not None]
         if given:
             raise SpecError(given[0], "only applies to a task with an image (send `image` too)")
     if fields_["eval_type"] is not None and fields_["eval_type"] not in _EVAL_TYPES:

@@ -10,7 +10,8 @@ as in the SWE-bench harness):
      code after the end marker), or one in the same shape made from the row's test patch and test files; run with
      stderr merged into stdout (the markers are `set -x` lines, on stderr).
   4. grading with swebench's functions: `get_logs_eval` (PARSER_REGISTRY[log_parser] on the marked slice; a log
-     that claims success over a failing exit code is not graded), `get_eval_tests_report`, `get_resolution_status`.
+     that claims success over a failing exit code is not graded), `get_eval_tests_report`, `get_resolution_status`;
+     a task with `expected_status` (R2E-Gym) is instead FULL iff the parsed map matches it exactly, R2E's rule.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from fleet.contracts.sandbox import TaskSpec, TaskStatus, Verdict
 from fleet.contracts.swe_eval import GIT as _GIT
 from fleet.contracts.swe_eval import WORKDIR, derived_eval_script
+from services.sandbox.images.parsers import r2e
 from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
 from services.sandbox.workspace import InfraError, parse_numstat, rename_sources
@@ -88,18 +90,39 @@ $g reflog expire --expire=now --all && $g gc --quiet --prune=now && echo GRPO_SE
 """
 
 
-def apply_script() -> str:
-    """swebench's apply chain over the agent patch, the tree reset between attempts."""
-    patch = f"{IO_DIR}/patch.diff"
-    lines = [f"cd {WORKDIR}"]
+def apply_script(workdir: str = WORKDIR, patch: str = f"{IO_DIR}/patch.diff") -> str:
+    """swebench's apply chain over the agent patch, the tree reset between attempts.
+
+    The reset is `git checkout -- .` plus deleting the untracked files a failed attempt left (`patch` writes some
+    hunks, `.rej` and `.orig` files), not `git clean`: the untracked files the image ships (R2E-Gym's
+    `/testbed/run_tests.sh`, a `.venv` that no .gitignore names) are the harness's and must survive a failed attempt.
+    """
+    before = "${TMPDIR:-/tmp}/grpo-untracked-before"
+    untracked = f"{_GIT} ls-files --others --exclude-standard -z | sort -z"
+    lines = [f"cd {shlex.quote(workdir)} || exit 1", f"{untracked} > {before} || exit 1"]
     for i, command in enumerate(_swebench()["apply"]):
         if i:
-            lines.append(f"{_GIT} checkout -- . ; {_GIT} clean -fdq")
+            lines.append(f"{_GIT} checkout -- . ; {untracked} | comm -z -13 {before} - | xargs -0 -r rm -f --")
         prefix = command.replace("git ", f"{_GIT} ", 1) if command.startswith("git ") else command
-        lines.append(f"{prefix} {patch} && {{ echo GRPO_APPLIED; exit 0; }}")
-    lines.append(f"{_GIT} apply --check --reverse {patch} && {{ echo GRPO_APPLIED; exit 0; }}")
+        lines.append(f"{prefix} {shlex.quote(patch)} && {{ echo GRPO_APPLIED; exit 0; }}")
+    lines.append(f"{_GIT} apply --check --reverse {shlex.quote(patch)} && {{ echo GRPO_APPLIED; exit 0; }}")
     lines.append("exit 1")
     return "\n".join(lines) + "\n"
+
+
+def shipped_untracked_script() -> str:
+    """The untracked entries the image ships in /testbed (a wholly untracked folder as one `dir/` entry)."""
+    return f"cd {WORKDIR} && {_GIT} ls-files --others --directory -z"
+
+
+def touches_shipped(paths: list[str], shipped: list[str]) -> str | None:
+    """The first patch path that is, or lies under, an untracked entry of the image: the harness's files (R2E-Gym's
+    run_tests.sh, the venv), which the patch is applied over before the tests run."""
+    for path in paths:
+        for entry in shipped:
+            if path == entry.rstrip("/") or (entry.endswith("/") and path.startswith(entry)):
+                return path
+    return None
 
 
 def test_spec(spec: TaskSpec, test_paths: list[str]) -> Any:
@@ -171,6 +194,12 @@ async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> 
         test_paths = found
     if spec.patch.strip():
         paths = await _paths(env, "patch.diff", spec.patch)
+        if spec.integrity_check:
+            shipped = await _read(env, ["/bin/sh", "-c", shipped_untracked_script()])
+            touched = touches_shipped(paths or [], [p for p in (shipped or "").split("\0") if p])
+            if touched is not None:
+                return Verdict(status="refused", error=f"integrity check: patch modifies {touched}, which the image "
+                                                       "ships outside the repository (the test harness's files)")
         applied = await env.exec(["/bin/sh", "-c", apply_script()], limit_s=_STEP_LIMIT_S)
         if applied.exit_code != 0 or "GRPO_APPLIED" not in applied.stdout.text():
             return Verdict(status="not_applied", error=f"patch does not apply: {applied.stdout.text()[-1500:]}")
@@ -215,6 +244,15 @@ def grade(spec: TaskSpec, ts: Any, log: str, *, timed_out: bool = False) -> Verd
         notes.insert(0, f"tests ran past the {spec.timeout:g} s limit and were killed")
     if not ok:
         resolution = "NO"
+    kept = {k: v for k, v in report.items() if k in (sb["F2P"], sb["P2P"])}
+    if spec.expected_status is not None:
+        match, same, differ = r2e.exact_match(status_map, spec.expected_status)
+        # R2E's rule replaces swebench's lists: every test's status as expected (FAILED ones included), no more tests.
+        resolution = "FULL" if match and ok and not timed_out else "NO"
+        kept = {"expected_status": {"success": same, "failure": differ}}
+        if ok and not match:
+            notes.append(f"{len(differ)} of {len(spec.expected_status)} expected test status(es) differ"
+                         + ("" if differ else " (tests beyond the expected ones ran)"))
     values = list(status_map.values())
     return Verdict(
         status=status, patch_applied=True, test_patch_applied=True, tests_passed=sum(v in ("PASSED", "XFAIL")
@@ -222,4 +260,4 @@ def grade(spec: TaskSpec, ts: Any, log: str, *, timed_out: bool = False) -> Verd
         tests_failed=sum(v in ("FAILED", "ERROR") for v in values), exit_code=exit_code, test_status=status_map,
         resolution=resolution if resolution in ("FULL", "PARTIAL", "NO") else "NO",
         stdout_tail=log[-(256 << 10):], error="; ".join(notes),
-        report={k: v for k, v in report.items() if k in (sb["F2P"], sb["P2P"])}, stdout_bytes=len(log))
+        report=kept, stdout_bytes=len(log))

@@ -23,16 +23,17 @@ def _rows(images: ImageSet) -> dict[str, tuple[dict[str, object], str]]:
     repo = images.repo
     common = {"instance_id": "calc__1", "repo": "calc/calc", "base_commit": repo.base, "patch": repo.gold,
               "test_patch": repo.test_patch, "problem_statement": "add and mul are wrong",
-              "FAIL_TO_PASS": json.dumps(IMAGE_F2P), "PASS_TO_PASS": json.dumps(P2P)}
+              "FAIL_TO_PASS": json.dumps(IMAGE_F2P), "PASS_TO_PASS": json.dumps(P2P),
+              # Not a SWE-bench repository: without its own test command the row would be refused.
+              "test_command": "python3 -m pytest -p no:cacheprovider -rA tests"}
+    # calc has no SWE-smith profile: a custom SWE-smith-style row names its own test command (and image).
     smith = {"instance_id": "calc__calc.1.bug", "repo": "swesmith/calc__calc.1", "image_name": "swe/calc-clean:v1",
              "patch": reverse_patch(repo.gold), "problem_statement": "add and mul are wrong",
-             "FAIL_TO_PASS": IMAGE_F2P, "PASS_TO_PASS": P2P}
-    r2e = {"docker_image": images.image, "repo_name": "calc", "problem_statement": "add is wrong",
-           "patch": repo.gold, "base_commit": repo.base, "test_command": "python3 -m pytest -rA tests",
-           "expected_output_json": json.dumps({"tests/test_core.py::test_add": "PASSED"})}
+             "FAIL_TO_PASS": IMAGE_F2P, "PASS_TO_PASS": P2P,
+             "test_command": "python3 -m pytest -rA " + " ".join(sorted({t.split("::")[0] for t in IMAGE_F2P + P2P}))}
     return {"swebench": (common, "sweb.eval.x86_64.calc_1776_1:latest"),
             "swe_gym": (common, "xingyaoww/sweb.eval.x86_64.calc_s_1:latest"),
-            "swe_smith": (smith, "swe/calc-clean:v1"), "r2e_gym": (r2e, images.image)}
+            "swe_smith": (smith, "swe/calc-clean:v1")}  # r2e_gym: test_r2e_gym.py, on an image of R2E's layout
 
 
 async def test_a_row_of_each_format_loads_and_resolves(images: ImageSet, image_cfg: SandboxConfig,
@@ -52,8 +53,11 @@ async def test_a_row_of_each_format_loads_and_resolves(images: ImageSet, image_c
 
 @pytest.mark.parametrize("name,row,message", [
     ("swe_smith", {"instance_id": "x", "patch": "p", "problem_statement": "", "FAIL_TO_PASS": ["t"],
-                   "PASS_TO_PASS": []}, "row 1 (x): field image_name: missing"),
-    ("r2e_gym", {"docker_image": "a/b:c", "problem_statement": "s", "expected_output_json": "[]"},
+                   "PASS_TO_PASS": [], "test_command": "pytest"}, "row 1 (x): field image_name: missing"),
+    ("swe_smith", {"instance_id": "x", "patch": "p", "problem_statement": "", "FAIL_TO_PASS": ["t"],
+                   "PASS_TO_PASS": []}, "1 row(s) of swe_smith: no swesmith 0.0.9 profile for repo x"),
+    ("r2e_gym", {"docker_image": "a/b:c", "repo_name": "pillow", "commit_hash": "c", "problem_statement": "s",
+                 "parsed_commit_content": json.dumps({"file_diffs": []}), "expected_output_json": "[]"},
      "row 1 (a/b:c): field expected_output_json"),
     ("swebench", {"instance_id": "x", "repo": "r", "base_commit": "c", "patch": "p", "problem_statement": "",
                   "FAIL_TO_PASS": ["t"], "PASS_TO_PASS": [], "image": 3}, "row 1 (x): field image: expected a string"),
