@@ -5,8 +5,8 @@
              becomes the task's `setup_patch` (applied and committed as the tree's only commit before the agent's
              patch), and its reverse is the gold patch.
   r2e_gym    `docker_image` (or `namanjain12/<repo_name>_final:<commit_hash>`); the hidden tests live in the image
-             (`/r2e_tests`), the row's `expected_output_json` lists the outcome of each test on the fixed tree: the
-             ones expected to pass are FAIL_TO_PASS, run by the row's `test_command` (default `bash run_tests.sh`).
+             (`/r2e_tests`, linked in by the eval script as R2E's runtime does), and every outcome the row's
+             `expected_output_json` lists must match exactly (R2E's rule); the gold patch is `parsed_commit_content`.
 Each format's harness (image names, eval scripts, parsers, refusals) lives in `envs/swe/harnesses/`.
 Errors are those of `loaders.parse_row`: `row N (id): field F: problem`, all at once.
 """
