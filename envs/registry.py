@@ -51,7 +51,7 @@ class PromptResult:
     context_files: list[str] = field(default_factory=list)
     """Files whose full content is in the prompt."""
     dropped_files: list[str] = field(default_factory=list)
-    """Context files left out (whole) to fit the budget, or unreadable; never cut in half."""
+    """Retrieved context files left out (whole) to fit the budget; never cut in half."""
     statement_truncated: bool = False
     """True when even the bare problem statement did not fit and was shortened (with a visible marker)."""
 
@@ -87,7 +87,7 @@ class Environment(Protocol):
         """The JSON-able payload the rollout worker needs to score answers to `task`."""
         ...
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "oracle") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "bm25") -> PromptResult:
         ...
 
     async def score(self, payload: dict[str, Any], completion_text: str, **context: Any) -> ScoreResult:
@@ -116,7 +116,7 @@ EnvFactory = Callable[..., Environment]
 
 _DATASETS: dict[str, str | DatasetLoader] = {
     "swe_embedded": "envs.swe.taskset:load_embedded_dataset",
-    "swebench": "envs.swe.loaders:load_swebench_dataset",
+    "swebench": "envs.swe.assets:load_swebench_dataset",  # the loaders' one, then Multimodal images staged
     "swe_gym": "envs.swe.formats:load_swe_gym_dataset",
     "swe_smith": "envs.swe.formats:load_swe_smith_dataset",
     "r2e_gym": "envs.swe.formats:load_r2e_gym_dataset",

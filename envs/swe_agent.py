@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from envs.registry import PromptResult, Task
+from envs.swe.assets import statement_with_image_notes
 from envs.swe.env import SweEnvironment, make_swe_environment
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class SweAgentEnvironment(SweEnvironment):
         from envs.agent.tools import TOOL_SPECS
 
         fmt = ChatFormat(tokenizer)
-        statement = task.problem_statement
+        statement = statement_with_image_notes(task)
         ids = fmt.prompt_ids(self.system_prompt, user_message(task, statement), TOOL_SPECS)
         lo, hi, best = 0, len(statement), None
         while len(ids) > max_prompt_length and lo <= hi:  # longest statement prefix that fits

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from fleet.contracts.sandbox import TOKEN_ENV, TaskSpec, Verdict
+from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S, TOKEN_ENV, TaskSpec, Verdict
 from sandbox_client.endpoints import EndpointPool, EndpointState, http_session, stop_task
 from sandbox_client.results import SandboxAuthError, SandboxRequestError, SandboxResult, SandboxUnavailable
 
@@ -49,7 +49,7 @@ class SandboxClient:
         urls: Sequence[str],
         *,
         token: str | None = None,
-        task_timeout: float = 300.0,
+        task_timeout: float = DEFAULT_TASK_TIMEOUT_S,
         max_retries: int = 5,
         max_concurrency: int = 4,
         integrity_check: bool = True,

@@ -3,8 +3,8 @@
 A verdict of tests that ran but whose log the grader could not read (no markers, an error marker, an exit code that
 contradicts the log) is `completed` with resolution NO, exactly like a patch that failed its tests. Its reward of 0 is
 a silent zero: it measures the harness, not the patch. The sandbox's grader (`services/sandbox/images/contract.py`,
-`grade()`) writes NOT_GRADABLE_NOTE into `Verdict.error`; until the contract carries it as a field, this module is
-the one place that reads it, and the rollout worker's wire edge turns it into `Verdict.not_gradable` for the trainer.
+`grade()`) sets `Verdict.gradable` (and says why in `error`, NOT_GRADABLE_NOTE); the rollout worker's wire edge
+turns it into the proto's `Verdict.not_gradable` for the trainer.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from fleet.contracts.sandbox import Verdict
 
 NOT_GRADABLE_NOTE = "eval log not gradable"
-"""The note `grade()` puts in `Verdict.error` when swebench's log parser could not grade the eval log."""
+"""How `grade()` says so in `Verdict.error`, for people reading logs (code reads `Verdict.gradable`)."""
 
 
 def is_not_gradable(verdict: Verdict) -> bool:
     """The tests ran to the end but their log could not be graded: resolution NO says nothing about the patch. (A
     timeout's log is cut short by the kill; it stays a timeout.)"""
-    return verdict.status == "completed" and NOT_GRADABLE_NOTE in verdict.error
+    return verdict.status == "completed" and not verdict.gradable

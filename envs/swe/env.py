@@ -10,7 +10,7 @@ from envs.swe.patch import extract_patch
 from envs.swe.paths import default_task_dir, repos_dir
 from envs.swe.payload import payload_to_spec, task_to_payload
 from envs.swe.prompt import build_prompt
-from fleet.contracts.sandbox import Verdict
+from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S, Verdict
 
 if TYPE_CHECKING:
     from fleet.config.env import EnvConfig
@@ -23,16 +23,17 @@ class SweEnvironment:
     name = "swe"
 
     def __init__(
-        self, *, scorer: Scorer | None = None, repos_root: str | Path | None = None, task_timeout: float = 300.0
+        self, *, scorer: Scorer | None = None, repos_root: str | Path | None = None,
+        task_timeout: float = DEFAULT_TASK_TIMEOUT_S,
     ) -> None:
         self.scorer, self.task_timeout = scorer, task_timeout
-        # Prompts read oracle files from the task set's bare repos; None means the default task set's.
+        # Prompts retrieve code context from the task set's bare repos; None means the default task set's.
         self.repos_root = repos_root if repos_root is not None else repos_dir(default_task_dir())
 
     def task_to_payload(self, task: Task) -> dict[str, Any]:
         return task_to_payload(task)
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "oracle") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "bm25") -> PromptResult:
         return build_prompt(task, tokenizer, max_prompt_length, context, repos_root=self.repos_root)
 
     async def score(
@@ -63,5 +64,5 @@ class SweEnvironment:
 def make_swe_environment(
     env_cfg: EnvConfig | None = None, *, scorer: Scorer | None = None, repos_root: str | Path | None = None
 ) -> SweEnvironment:
-    timeout = env_cfg.code.task_timeout if env_cfg is not None else 300.0
+    timeout = env_cfg.code.task_timeout if env_cfg is not None else DEFAULT_TASK_TIMEOUT_S
     return SweEnvironment(scorer=scorer, repos_root=repos_root, task_timeout=timeout)

@@ -88,6 +88,39 @@ class BareRepo:
     def list_files(self, commit: str) -> list[str]:
         return self.git("ls-tree", "-r", "--name-only", commit).splitlines()
 
+    def file_sizes(self, commit: str) -> dict[str, int]:
+        """path -> size in bytes of every file (blob) at `commit`."""
+        out: dict[str, int] = {}
+        for line in self.git("ls-tree", "-r", "-l", "-z", commit).split("\0"):
+            meta, _, path = line.partition("\t")
+            parts = meta.split()
+            if len(parts) == 4 and parts[1] == "blob" and parts[3].isdigit():
+                out[path] = int(parts[3])
+        return out
+
+    def read_files(self, commit: str, paths: list[str]) -> dict[str, str]:
+        """path -> text at `commit` of many files in one `git cat-file --batch` (one process, not one per file);
+        files that are not there or not UTF-8 text are left out."""
+        request = "".join(f"{commit}:{p}\n" for p in paths).encode()
+        proc = subprocess.run(["git", "--git-dir", str(self.path), "cat-file", "--batch"], input=request,
+                              capture_output=True, env={**os.environ, **_GIT_ENV}, check=False)
+        if proc.returncode != 0:
+            raise GitError(f"git cat-file --batch in {self.path} failed: {proc.stderr.decode(errors='replace')[-500:]}")
+        data, pos, out = proc.stdout, 0, {}
+        for path in paths:
+            end = data.index(b"\n", pos)
+            header = data[pos:end].split()
+            pos = end + 1
+            if len(header) != 3:  # "<name> missing"
+                continue
+            size = int(header[2])
+            blob, pos = data[pos:pos + size], pos + size + 1
+            try:
+                out[path] = blob.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        return out
+
     def diff(self, old: str, new: str) -> str:
         """Unified diff old -> new, in the `diff --git` form SWE-bench patches use."""
         return self.git("diff", "--no-color", "--no-ext-diff", "--no-renames", old, new)

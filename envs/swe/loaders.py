@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envs.registry import Task, TaskDataset
+from envs.registry import Task
 
 if TYPE_CHECKING:
     from fleet.config.env import DatasetConfig
@@ -226,20 +226,6 @@ def _split_file(folder: Path, split: str) -> Path:
     there = f"the splits there: {', '.join(found)}" if found else "no task files there"
     raise FileNotFoundError(f"{folder}: no file of split {split!r} ({' / '.join(patterns)}); {there} "
                             "(set data.*.split to one of them)")
-
-
-def load_swebench_dataset(cfg: DatasetConfig, **_: Any) -> TaskDataset:
-    """`data.*.dataset_name=swebench`: `data_path` is a task file, or a folder holding `{split}.jsonl|json|parquet`."""
-    if not cfg.data_path:
-        raise ValueError("dataset swebench needs data_path (a SWE-bench .json/.jsonl/.parquet file or folder)")
-    path = Path(cfg.data_path).expanduser()
-    file = _split_file(path, cfg.split) if path.is_dir() else path
-    from envs.swe.harnesses.swebench import parse_swebench  # it builds on parse_row
-
-    tasks = load_swebench_file(file, parse=parse_swebench)
-    if cfg.max_samples is not None:
-        tasks = tasks[: cfg.max_samples]
-    return TaskDataset("swebench", "swe", tasks, root=file.parent)
 
 
 def dataset_file(cfg: DatasetConfig, name: str) -> Path:

@@ -1,19 +1,25 @@
 """SWE prompts: the problem statement plus code context, in the tokenizer's chat template, within a token budget.
 
-Context "oracle" (SWE-bench's oracle setting) is the full text of every file the gold patch touches, read from the
-task's repository at `base_commit` with `git show`. To fit `max_prompt_length`, whole files are left out (and named
-in the prompt and in `PromptResult.dropped_files`); a file is never cut. Only when the bare statement alone is over
-budget is the statement shortened, with a visible marker and `statement_truncated=True`.
+Context "bm25" is the full text of the repository's source files that best match the problem statement
+(`envs/swe/retrieval.py`), read from the task's repository at `base_commit`; a task with no local checkout (a hub row
+whose `repo_url` is a GitHub URL) gets the statement alone. Nothing here reads `task.patch`: the gold patch's files,
+names or sizes would tell the policy where the fix is. To fit `max_prompt_length`, whole retrieved files are left out
+(and named in the prompt and in `PromptResult.dropped_files`); a file is never cut. Only when the bare statement
+alone is over budget is the statement shortened, with a visible marker and `statement_truncated=True`.
 """
 
 from __future__ import annotations
 
-import re
+import logging
 from pathlib import Path
 from typing import Any
 
 from envs.registry import PromptResult, Task
-from envs.swe.gitrepo import BareRepo
+from envs.swe.assets import statement_with_image_notes
+from envs.swe.gitrepo import BareRepo, GitError
+from envs.swe.retrieval import retrieve
+
+log = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = (
     "You are an expert software engineer. You get an issue and source files of a Python repository. "
@@ -21,17 +27,6 @@ SYSTEM_PROMPT = (
     "repository root, as `git diff` prints it, inside one ```diff fenced block, and write nothing after it."
 )
 _TRUNC_MARK = "\n[... the rest of the issue was cut to fit the prompt budget ...]"
-_DIFF_PATH = re.compile(r"^diff --git a/(\S+) b/(\S+)$|^--- a/(\S+)$", re.M)
-
-
-def patch_files(patch: str) -> list[str]:
-    """Files a patch modifies, in patch order (new files excluded: there is nothing to show at base_commit)."""
-    out: list[str] = []
-    for m in _DIFF_PATH.finditer(patch):
-        path = m.group(1) or m.group(3)
-        if path and path not in out:
-            out.append(path)
-    return out
 
 
 def resolve_repo(repo_url: str, repos_root: str | Path | None) -> BareRepo | None:
@@ -66,39 +61,38 @@ def _user_message(statement: str, files: list[tuple[str, str]], omitted: list[st
     return "\n\n".join(parts)
 
 
-def oracle_files(task: Task, repos_root: str | Path | None) -> tuple[list[tuple[str, str]], list[str]]:
-    """(path, text) of the files the gold patch touches, and the paths that could not be read."""
+def context_files(task: Task, repos_root: str | Path | None) -> list[tuple[str, str]]:
+    """(path, text) of the source files retrieved for the task's statement; none without a local checkout."""
     repo = resolve_repo(task.repo_url, repos_root)
-    found: list[tuple[str, str]] = []
-    unreadable: list[str] = []
-    for path in patch_files(task.patch):
-        text = repo.try_show(task.base_commit, path) if repo is not None else None
-        if text is None:
-            unreadable.append(path)
-        else:
-            found.append((path, text))
-    return found, unreadable
+    if repo is None:
+        return []
+    try:
+        return retrieve(repo, task.base_commit, task.problem_statement)
+    except GitError as exc:  # a checkout without this base_commit: the statement alone, said once per task
+        log.warning("task %s: no code context (%s)", task.instance_id, exc)
+        return []
 
 
 def build_prompt(
     task: Task,
     tokenizer: Any,
     max_prompt_length: int,
-    context: str = "oracle",
+    context: str = "bm25",
     *,
     repos_root: str | Path | None = None,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> PromptResult:
-    if context not in ("oracle", "none"):
-        raise ValueError(f"context must be 'oracle' or 'none', got {context!r}")
-    files, dropped = oracle_files(task, repos_root) if context == "oracle" else ([], [])
-    statement = task.problem_statement
-    text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], dropped + [p for p, _ in files]))
+    if context not in ("bm25", "none"):
+        raise ValueError(f"context must be 'bm25' or 'none', got {context!r}")
+    files = context_files(task, repos_root) if context == "bm25" else []
+    dropped: list[str] = []
+    statement = statement_with_image_notes(task)
+    text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], [p for p, _ in files]))
     if len(ids) > max_prompt_length:
-        return _truncated_statement(task, tokenizer, max_prompt_length, system_prompt, [p for p, _ in files] + dropped)
+        return _truncated_statement(task, tokenizer, max_prompt_length, system_prompt, [p for p, _ in files])
     kept: list[tuple[str, str]] = []
     for i, (path, body) in enumerate(files):
-        # Greedy in patch order: a file goes in whole if it fits next to those already in, else it is named only.
+        # Greedy in rank order: a file goes in whole if it fits next to those already in, else it is named only.
         omitted = dropped + [p for p, _ in files[i + 1:]]
         _, trial_ids = _render(tokenizer, system_prompt, _user_message(statement, [*kept, (path, body)], omitted))
         if len(trial_ids) <= max_prompt_length:
@@ -112,7 +106,7 @@ def build_prompt(
 def _truncated_statement(
     task: Task, tokenizer: Any, budget: int, system_prompt: str, dropped: list[str]
 ) -> PromptResult:
-    statement = task.problem_statement
+    statement = statement_with_image_notes(task)
     lo, hi = 0, len(statement)
     best: tuple[str, list[int]] | None = None
     while lo <= hi:  # longest statement prefix (plus marker) that fits

@@ -1,10 +1,14 @@
 """`env.*` and `data.*`: where tasks come from and how answers are scored (seed key names kept)."""
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from fleet.config.base import Section
+from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S
+
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 AGENT_SYSTEM_PROMPT = (
     "You are a software engineer fixing an issue in the repository you are in. Look around with the tools, change "
@@ -44,8 +48,9 @@ class CodeEnvConfig(Section):
     """binary: 1 for a FULL resolution, else 0. pass_rate: fraction of FAIL_TO_PASS + PASS_TO_PASS tests passing."""
     integrity_check: bool = True
     """Refuse patches that touch test files or files of the test patch."""
-    task_timeout: float = Field(300.0, gt=0)
-    """Seconds one task may take in the sandbox (tests included)."""
+    task_timeout: float = Field(DEFAULT_TASK_TIMEOUT_S, gt=0)
+    """Seconds one task may take in the sandbox (tests included); 1800 is the SWE-bench harness's default. The
+    executor refuses a task above `sandbox.max_timeout_s`."""
     num_workers: int = Field(4, ge=1)
     """Sandbox tasks one rollout worker keeps in flight."""
     format_error_reward: float = 0.0
@@ -158,14 +163,25 @@ class DatasetConfig(Section):
     """File or folder of the data. swe_embedded: the task-set folder (None: `.cache/tasks` under the repository
     root, built on first `grpo-fleet up`); swebench: a task file, or a folder holding `{split}.jsonl|json|parquet`;
     arith: unused (tasks are generated from `grpo.seed`)."""
-    split: Literal["train", "validation", "test"] = "train"
-    """Split of the source to read (the embedded task set and arith read `test` as `validation`)."""
+    split: str = "train"
+    """Split of the source to read: any name its files exist for (`train`, `validation`, `test`, SWE-bench's `dev`,
+    ...). A folder's split file is `{split}.jsonl|json|parquet`, `{split}-*.parquet` or `data/{split}-*.parquet` (the
+    hub's layout). The embedded task set and the generated sets (arith, ...) read `test` as `validation`."""
     max_prompt_length: int = Field(1536, ge=8)
     """Prompt token budget; code context is dropped file by file (never cut silently) to fit."""
     max_samples: int | None = Field(None, ge=1)
     """Use at most this many tasks (the first ones of the split)."""
-    context: Literal["oracle", "none"] = "oracle"
-    """Code context in the prompt: the files the gold patch touches (SWE-bench 'oracle'), or none."""
+    context: Literal["bm25", "none"] = "bm25"
+    """Code context in the prompt: bm25, the repository's source files at `base_commit` that best match the problem
+    statement (BM25, as SWE-bench's retrieval setting; needs a local checkout of the repository, else no code), or
+    none. Nothing in a prompt comes from the gold patch."""
+    assets_dir: str | None = None
+    """Folder of the rows' image assets (SWE-bench Multimodal `image_assets`), one file per URL named
+    `<sha256 of the URL>.<ext>`; None: `assets/` beside the data. Fill it where there is internet with
+    `python scripts/fetch_image_assets.py DATA_FILE --out DIR` (docs/data.md)."""
+    allow_missing_assets: bool = False
+    """Load rows whose problem-statement images are not in `assets_dir` (the prompt names each missing image in
+    text) instead of refusing the data set."""
     first_run_repos: list[str] | None = Field(default_factory=lambda: ["inflection", "toolz"])
     """swe_embedded: the recipe repositories (launch/data/recipe.yaml) that a run builds when `data_path` holds no task
     set yet -- a small slice, so that a first run trains within minutes. None: every repository. A task set already
@@ -174,6 +190,24 @@ class DatasetConfig(Section):
     """swe_embedded: tasks that slice aims for, spread evenly over `first_run_repos` (a repository may yield fewer).
     None: one distinct prompt per step's slot, `grpo.num_prompts_per_step` x `grpo.max_num_steps`, kept between 8
     and 16 (a longer run goes over the slice again, as it would over any task set)."""
+
+    @field_validator("split")
+    @classmethod
+    def _split_name(cls, value: str) -> str:
+        # The name becomes part of a file pattern: no path separators or glob characters.
+        if not _SPLIT_NAME.fullmatch(value):
+            raise ValueError(f"data.*.split: {value!r} is not a split name (letters, digits, `_`, `-`, `.`; "
+                             "e.g. train, dev, test)")
+        return value
+
+    @field_validator("context", mode="before")
+    @classmethod
+    def _no_oracle(cls, value: object) -> object:
+        if value == "oracle":
+            raise ValueError("data.*.context: 'oracle' (the files the gold patch touches) is gone: it tells the "
+                             "policy where the fix is; use 'bm25' (files retrieved from the problem statement) or "
+                             "'none'")
+        return value
 
 
 class DataConfig(Section):

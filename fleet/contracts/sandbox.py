@@ -93,6 +93,9 @@ class Verdict:
     """Bytes the tests wrote to stdout (only the tail is kept)."""
     stderr_bytes: int = 0
     """Bytes the tests wrote to stderr (only the tail is kept)."""
+    gradable: bool = True
+    """False when the tests ran but their log could not be graded (no markers, an error marker, an exit code that
+    contradicts the log): resolution NO then says nothing about the patch, and its reward is a silent zero."""
 
     @property
     def is_infra_failure(self) -> bool:

@@ -23,10 +23,13 @@ import re
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from envs.registry import Task
-from envs.swe.loaders import Unsupported, parse_row
+from envs.registry import Task, TaskDataset
+from envs.swe.loaders import Unsupported, dataset_file, load_swebench_file, parse_row
+
+if TYPE_CHECKING:
+    from fleet.config.env import DatasetConfig
 
 DATA = Path(__file__).with_name("data")
 HEREDOC = "EOF_114329324912"
@@ -200,3 +203,13 @@ def parse_swe_gym(row: Any, row_no: int) -> tuple[Task | None, list[str]]:
         name = task.instance_id.replace("__", "_s_").lower()
         task.metadata["image"] = f"xingyaoww/sweb.eval.x86_64.{name}:latest"
     return task, errors
+
+
+def load_swebench_dataset(cfg: DatasetConfig, **_: Any) -> TaskDataset:
+    """`data.*.dataset_name=swebench`: `data_path` is a task file, or a folder holding `{split}.jsonl|json|parquet`
+    (or the hub's `[data/]{split}-*.parquet` shards)."""
+    file = dataset_file(cfg, "swebench")
+    tasks = load_swebench_file(file, parse=parse_swebench)
+    if cfg.max_samples is not None:
+        tasks = tasks[: cfg.max_samples]
+    return TaskDataset("swebench", "swe", tasks, root=file.parent)

@@ -259,5 +259,5 @@ def grade(spec: TaskSpec, ts: Any, log: str, *, timed_out: bool = False) -> Verd
                                                                                        for v in values),
         tests_failed=sum(v in ("FAILED", "ERROR") for v in values), exit_code=exit_code, test_status=status_map,
         resolution=resolution if resolution in ("FULL", "PARTIAL", "NO") else "NO",
-        stdout_tail=log[-(256 << 10):], error="; ".join(notes),
+        stdout_tail=log[-(256 << 10):], error="; ".join(notes), gradable=ok or timed_out,
         report=kept, stdout_bytes=len(log))

@@ -86,18 +86,20 @@ def test_gold_patch_resolves_and_empty_patch_does_not(built):
     assert all(status == "completed" and resolution != "FULL" for status, resolution in results[1::2])
 
 
-def test_registry_loads_the_built_set_and_prompts_carry_the_oracle_file(built):
+def test_registry_loads_the_built_set_and_prompts_carry_the_retrieved_file(built):
     folder = built[0]
     train = load_dataset(DatasetConfig(dataset_name="swe_embedded", data_path=str(folder)))
     val = load_dataset(DatasetConfig(dataset_name="swe_embedded", data_path=str(folder), split="validation"))
     assert len(train) + len(val) == TASKS
     task = (list(train) + list(val))[0]
     env = make_environment("swe", repos_root=folder / "repos")
-    prompt = env.build_prompt(task, WordTokenizer(), 100_000, "oracle")
-    assert prompt.context_files == ["inflection/__init__.py"] and prompt.dropped_files == []
+    prompt = env.build_prompt(task, WordTokenizer(), 100_000, "bm25")
+    # Found from the statement's words, not from the gold patch (which the prompt never reads).
+    assert prompt.context_files[0] == "inflection/__init__.py" and prompt.dropped_files == []
     assert "def camelize(" in prompt.text and task.problem_statement.strip() in prompt.text
-    small = env.build_prompt(task, WordTokenizer(), len(prompt.token_ids) - 1, "oracle")
-    assert small.dropped_files == ["inflection/__init__.py"] and "def camelize(" not in small.text
+    bare = env.build_prompt(task, WordTokenizer(), 100_000, "none")
+    small = env.build_prompt(task, WordTokenizer(), len(bare.token_ids) + 5, "bm25")
+    assert "inflection/__init__.py" in small.dropped_files and "def camelize(" not in small.text
 
 
 def test_list_prints_counts_per_repository_and_kind(built, capsys):

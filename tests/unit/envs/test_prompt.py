@@ -4,7 +4,7 @@ import pytest
 
 from envs.registry import Task
 from envs.swe.gitrepo import BareRepo
-from envs.swe.prompt import build_prompt, patch_files
+from envs.swe.prompt import build_prompt
 
 BIG = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(60))
 SMALL = "def g(x):\n    return x * 2\n"
@@ -19,18 +19,15 @@ def make_task(tmp_path: Path, files: dict[str, str]) -> tuple[Task, Path]:
     repo = BareRepo.create(repos / "demo.git")
     commit = repo.commit_directory(src, "snapshot")
     patch = "".join(f"diff --git a/{n} b/{n}\n--- a/{n}\n+++ b/{n}\n@@ -1 +1 @@\n-x\n+y\n" for n in files)
-    task = Task("demo__1", "swe", "The function g doubles wrongly.", repo="demo", repo_url="embedded://demo",
-                base_commit=commit, patch=patch)
+    # The statement names what the retrieval should find: g (in small.py) and f0 (in big.py).
+    task = Task("demo__1", "swe", "The function g doubles wrongly, and f0 adds.", repo="demo",
+                repo_url="embedded://demo", base_commit=commit, patch=patch)
     return task, repos
 
 
-def test_patch_files_in_patch_order():
-    assert patch_files("diff --git a/b.py b/b.py\n--- a/b.py\n+++ b/b.py\n--- a/a.py\n") == ["b.py", "a.py"]
-
-
-def test_oracle_context_holds_whole_files_in_the_chat_template(tmp_path, chat_tokenizer):
+def test_retrieved_context_holds_whole_files_in_the_chat_template(tmp_path, chat_tokenizer):
     task, repos = make_task(tmp_path, {"pkg/small.py": SMALL})
-    r = build_prompt(task, chat_tokenizer, 4096, "oracle", repos_root=repos)
+    r = build_prompt(task, chat_tokenizer, 4096, "bm25", repos_root=repos)
     assert r.context_files == ["pkg/small.py"] and r.dropped_files == []
     assert r.text.startswith("<|im_start|>system\n") and r.text.endswith("<|im_start|>assistant\n")
     assert f"[start of pkg/small.py]\n{SMALL.rstrip()}\n[end of pkg/small.py]" in r.text
@@ -39,9 +36,9 @@ def test_oracle_context_holds_whole_files_in_the_chat_template(tmp_path, chat_to
 
 def test_files_that_do_not_fit_are_dropped_whole_and_named(tmp_path, chat_tokenizer):
     task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
-    full = build_prompt(task, chat_tokenizer, 100_000, "oracle", repos_root=repos)
+    full = build_prompt(task, chat_tokenizer, 100_000, "bm25", repos_root=repos)
     budget = len(full.token_ids) - 10
-    r = build_prompt(task, chat_tokenizer, budget, "oracle", repos_root=repos)
+    r = build_prompt(task, chat_tokenizer, budget, "bm25", repos_root=repos)
     assert len(r.token_ids) <= budget
     assert r.dropped_files == ["pkg/big.py"] and r.context_files == ["pkg/small.py"]
     assert "def f0(x)" not in r.text  # not even a piece of the dropped file
@@ -54,27 +51,35 @@ def test_no_file_is_ever_cut_whatever_the_budget(tmp_path, chat_tokenizer, budge
     task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
     bare = build_prompt(task, chat_tokenizer, 100_000, "none", repos_root=repos)
     budget = len(bare.token_ids) + budget_delta
-    r = build_prompt(task, chat_tokenizer, budget, "oracle", repos_root=repos)
+    r = build_prompt(task, chat_tokenizer, budget, "bm25", repos_root=repos)
     assert len(r.token_ids) <= budget
     for path, text in (("pkg/big.py", BIG), ("pkg/small.py", SMALL)):
         assert (path in r.context_files) == (text.rstrip() in r.text)
         assert (path in r.context_files) != (path in r.dropped_files)
 
 
-def test_unreadable_files_are_recorded_and_none_context_reads_nothing(tmp_path, chat_tokenizer):
+def test_no_checkout_means_no_context_and_none_context_reads_nothing(tmp_path, chat_tokenizer):
     task, _ = make_task(tmp_path, {"pkg/small.py": SMALL})
-    r = build_prompt(task, chat_tokenizer, 4096, "oracle", repos_root=tmp_path / "elsewhere")
-    assert r.dropped_files == ["pkg/small.py"] and r.context_files == []
+    r = build_prompt(task, chat_tokenizer, 4096, "bm25", repos_root=tmp_path / "elsewhere")
+    assert (r.context_files, r.dropped_files) == ([], [])
+    assert "pkg/small.py" not in r.text and "Files left out" not in r.text
     r = build_prompt(task, chat_tokenizer, 4096, "none")
     assert (r.context_files, r.dropped_files) == ([], [])
-    assert "<issue>\nThe function g doubles wrongly.\n</issue>" in r.text
+    assert "<issue>\nThe function g doubles wrongly, and f0 adds.\n</issue>" in r.text
+
+
+def test_test_files_and_unrelated_files_are_not_retrieved(tmp_path, chat_tokenizer):
+    task, repos = make_task(tmp_path, {"pkg/small.py": SMALL, "tests/test_small.py": "def test_g():\n    g(1)\n",
+                                       "pkg/other.py": "def h(y):\n    return y\n"})
+    r = build_prompt(task, chat_tokenizer, 100_000, "bm25", repos_root=repos)
+    assert r.context_files == ["pkg/small.py"]
 
 
 def test_over_long_statement_is_shortened_visibly(tmp_path, chat_tokenizer):
     task, repos = make_task(tmp_path, {"pkg/small.py": SMALL})
-    long = Task(**{**task.__dict__, "problem_statement": "word " * 2000})
+    long = Task(**{**task.__dict__, "problem_statement": "The function g doubles wrongly. " + "word " * 2000})
     budget = len(build_prompt(task, chat_tokenizer, 100_000, "none").token_ids) + 150
-    r = build_prompt(long, chat_tokenizer, budget, "oracle", repos_root=repos)
+    r = build_prompt(long, chat_tokenizer, budget, "bm25", repos_root=repos)
     assert r.statement_truncated and len(r.token_ids) <= budget
     assert r.dropped_files == ["pkg/small.py"]
     assert "the rest of the issue was cut" in r.text

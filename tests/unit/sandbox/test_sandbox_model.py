@@ -14,7 +14,7 @@ GOOD = {"repo_url": "embedded://calc", "base_commit": "abc123", "patch": "", "fa
 def test_minimal_request_becomes_a_spec_with_defaults() -> None:
     spec = spec_from_json(GOOD)
     assert spec == TaskSpec(repo_url="embedded://calc", base_commit="abc123", patch="", fail_to_pass=["t.py::test_a"])
-    assert spec.timeout == 300.0 and spec.integrity_check
+    assert spec.timeout == 1800.0 and spec.integrity_check  # the SWE-bench harness's default
 
 
 def test_swebench_style_json_text_lists_are_accepted() -> None:

@@ -1,0 +1,90 @@
+"""Code context retrieved from the problem statement: BM25 over the repository's source files at `base_commit`.
+
+This is SWE-bench's retrieval setting (its `bm25` prompts) and the only code context a prompt gets: the query is
+the problem statement and the corpus is the checkout, so nothing the policy sees is derived from the gold patch
+(the "oracle" setting, the files the gold patch touches, told the policy where the fix is). Test files are left out
+of the corpus: the policy is told to change library code, and the hidden tests are gold-side.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+
+from envs.swe.gitrepo import BareRepo
+
+TOP_K = 5
+"""Files ranked for the prompt (in rank order, each in whole or not at all); more rarely fit a prompt budget."""
+_MAX_FILE_BYTES = 400_000  # larger sources (generated tables, vendored bundles) never fit a prompt anyway
+_SOURCE_SUFFIXES = {".py", ".pyx", ".pyi"}
+_TEST_DIRS = {"test", "tests", "testing"}
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_K1, _B = 1.2, 0.75  # the usual BM25 constants (Robertson & Zaragoza), as Pyserini's defaults in SWE-bench
+
+
+def tokens(text: str) -> list[str]:
+    """Identifiers, lowercased, plus their `_`-separated parts: `separability_matrix` also matches `matrix`."""
+    out: list[str] = []
+    for word in _WORD.findall(text):
+        low = word.lower()
+        out.append(low)
+        parts = [p for p in low.split("_") if p]
+        if len(parts) > 1:
+            out += parts
+    return out
+
+
+def is_test_path(path: str) -> bool:
+    p = PurePosixPath(path)
+    return (any(part in _TEST_DIRS for part in p.parts[:-1]) or p.name.startswith("test_")
+            or p.name.endswith("_test.py") or p.name == "conftest.py")
+
+
+@dataclass(frozen=True)
+class _Doc:
+    path: str
+    text: str
+    counts: Counter[str]
+    length: int
+
+
+@lru_cache(maxsize=8)  # one index per (repository, commit); tasks of a commit share it
+def _index(repo_path: str, commit: str) -> tuple[_Doc, ...]:
+    repo = BareRepo(repo_path)
+    sizes = repo.file_sizes(commit)
+    paths = [p for p, n in sizes.items() if PurePosixPath(p).suffix in _SOURCE_SUFFIXES and n <= _MAX_FILE_BYTES
+             and not is_test_path(p) and "\n" not in p]
+    docs = []
+    for path, text in repo.read_files(commit, paths).items():
+        words = tokens(path) + tokens(text)
+        docs.append(_Doc(path, text, Counter(words), len(words)))
+    return tuple(docs)
+
+
+def rank(docs: tuple[_Doc, ...], query: str, k: int = TOP_K) -> list[_Doc]:
+    """The k documents with the best BM25 score for `query` (score > 0), best first; ties by path."""
+    if not docs:
+        return []
+    terms = set(tokens(query))
+    avg = sum(d.length for d in docs) / len(docs) or 1.0
+    df = Counter(t for d in docs for t in terms if t in d.counts)
+    idf = {t: math.log(1 + (len(docs) - n + 0.5) / (n + 0.5)) for t, n in df.items()}
+    scored = []
+    for d in docs:
+        score = 0.0
+        for t, w in idf.items():
+            f = d.counts.get(t, 0)
+            if f:
+                score += w * f * (_K1 + 1) / (f + _K1 * (1 - _B + _B * d.length / avg))
+        if score > 0:
+            scored.append((-score, d.path, d))
+    return [d for _, _, d in sorted(scored, key=lambda s: (s[0], s[1]))[:k]]
+
+
+def retrieve(repo: BareRepo, commit: str, statement: str, k: int = TOP_K) -> list[tuple[str, str]]:
+    """(path, text) of the k source files at `commit` that best match `statement`, best first."""
+    return [(d.path, d.text) for d in rank(_index(str(Path(repo.path).resolve()), commit), statement, k)]
