@@ -56,8 +56,8 @@ class ComputerVerdict:
 class ComputerSession(PinnedSession):
     """One open computer session; `first` is the page's screenshot before any action."""
 
-    def __init__(self, client: ComputerClient, url: str, session_id: str, first: Screenshot) -> None:
-        super().__init__(client, url, session_id)
+    def __init__(self, client: ComputerClient, url: str, session_id: str, first: Screenshot, key: str = "") -> None:
+        super().__init__(client, url, session_id, key)
         self.first = first
 
     async def act(self, action: Action) -> Screenshot:
@@ -88,6 +88,7 @@ class ComputerClient(SessionClientBase):
         """A session showing `task_payload`'s page (`envs.computer_use` `task_to_payload`) on the least loaded
         executor; SessionUnavailable when none can make one."""
         url, data = await self.open_on_executor({"task": task_payload})
-        session = ComputerSession(self, url, str(data["session_id"]), Screenshot.from_json(data))
+        session = ComputerSession(self, url, str(data["session_id"]), Screenshot.from_json(data),
+                                  str(data.get("session_key", "")))
         self.track(session)
         return session

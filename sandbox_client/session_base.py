@@ -43,8 +43,10 @@ class SessionToolError(SandboxError):
 class PinnedSession:
     """One open session, pinned to the executor at `url`; a kind adds its verbs (each a `client.call`)."""
 
-    def __init__(self, client: SessionClientBase, url: str, session_id: str) -> None:
+    def __init__(self, client: SessionClientBase, url: str, session_id: str, key: str = "") -> None:
         self.client, self.url, self.id = client, url, session_id
+        self.key = key
+        """The capability the executor's open answered (`session_key`): sent with every request on the session."""
         self.closed = False
 
     def ended(self) -> None:
@@ -134,9 +136,10 @@ class SessionClientBase:
                    retries: int | None = None) -> dict[str, Any]:
         url = f"{session.url}/{self.PATH}/{session.id}" + (f"/{verb}" if verb else "")
         tries = self.max_retries if retries is None else retries
+        headers = {"X-Session-Key": session.key} if session.key else None
         for attempt in range(tries + 1):
             try:
-                return await self._request(method, url, json=json, params=params, total_s=total_s)
+                return await self._request(method, url, json=json, params=params, total_s=total_s, headers=headers)
             except _Gone as exc:
                 self.forget(session)
                 raise SessionUnavailable(f"session {session.id} on {session.url} is gone: {exc}") from None
@@ -147,10 +150,11 @@ class SessionClientBase:
         raise AssertionError("unreachable")
 
     async def _request(self, method: str, url: str, *, json: Any = None, params: dict[str, str] | None = None,
-                       total_s: float | None = None) -> dict[str, Any]:
+                       total_s: float | None = None, headers: dict[str, str] | None = None) -> dict[str, Any]:
         timeout = aiohttp.ClientTimeout(total=total_s or self.request_timeout_s)
         try:
-            async with self._session().request(method, url, json=json, params=params, timeout=timeout) as resp:
+            async with self._session().request(method, url, json=json, params=params, timeout=timeout,
+                                               headers=headers) as resp:
                 try:
                     data = await resp.json(content_type=None)
                 except ValueError:
@@ -169,8 +173,10 @@ class SessionClientBase:
             raise SessionToolError(message)
         if status == 404:
             raise _Gone(message)
-        if status == 400 and data.get("field") in ("path", "content"):
-            raise SessionToolError(message)
+        if status == 400 and (data.get("agent_input") or data.get("field") in ("path", "content")):
+            raise SessionToolError(message)  # the agent's input: an observation, never retried
+        if status == 403:
+            raise SandboxRequestError(f"sandbox executor refused the session request: {message}", data.get("field"))
         if status == 400:
             raise SandboxRequestError(f"sandbox executor rejected the request: {message}", data.get("field"))
         raise _Retry(f"HTTP {status}: {message}")

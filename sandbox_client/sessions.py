@@ -67,6 +67,6 @@ class SessionClient(SessionClientBase):
         """A session for `spec`'s task on the least loaded executor; SessionUnavailable when none can make one."""
         body = {k: v for k, v in spec.to_json().items() if k not in ("patch", "reference_patch")}
         url, data = await self.open_on_executor(body)
-        session = SandboxSession(self, url, str(data["session_id"]))
+        session = SandboxSession(self, url, str(data["session_id"]), str(data.get("session_key", "")))
         self.track(session)
         return session

@@ -147,7 +147,11 @@ class ToolBox:
         try:
             await self.backend.read_file(path)
         except SessionToolError as exc:
-            return "does not exist" not in str(exc)
+            if "not a regular file" in str(exc):  # a folder or a special file is there
+                return True
+            if "does not exist" in str(exc):
+                return False
+            raise  # a path the sandbox refuses: the agent sees why, not "already exists"
         return True
 
     async def _read_whole(self, path: str) -> str:

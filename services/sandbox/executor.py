@@ -35,7 +35,7 @@ from services.sandbox.runner.protocol import KEY_BYTES
 from services.sandbox.runner.testpaths import is_protected
 from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.trusted import TrustedRunner, pytest_command
-from services.sandbox.workspace import InfraError, PatchError, TreeFull, TreeLimits, Workspace
+from services.sandbox.workspace import InfraError, PatchError, TreeFull, TreeLimits, Workspace, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class Executor:
             await self.images.close()
             self.images = None
         if self._own_work_root and self._work_root is not None:
-            await asyncio.to_thread(shutil.rmtree, self._work_root, True)
+            await asyncio.to_thread(remove_tree, self._work_root)
         if self._uids is not None:
             self._uids.release()
             self._uids = None

@@ -9,14 +9,18 @@ import errno
 import fcntl
 import logging
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from services.sandbox.workspace import remove_tree
+
 log = logging.getLogger(__name__)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+NAME_MAX, PATH_MAX = 255, 4095
+"""Linux's limits on one path component and a whole path, in bytes: longer ones are the agent's error, not an OSError
+deep in a request."""
 
 
 class PathRefused(ValueError):
@@ -24,15 +28,25 @@ class PathRefused(ValueError):
 
 
 def tree_parts(rel: str) -> tuple[str, ...]:
-    """The components of `rel`, or PathRefused: relative, no `..`, no empty path, no NUL."""
+    """The components of `rel`, or PathRefused: relative, no `..`, no empty path, no NUL, valid UTF-8 (no lone
+    surrogate), within the kernel's name and path lengths."""
     if not rel or "\0" in rel:
-        raise PathRefused("path: must be a non-empty path relative to the repository root")
+        raise PathRefused("path: must be a non-empty path relative to the repository root, without NUL bytes")
+    try:
+        raw = rel.encode()
+    except UnicodeEncodeError:
+        raise PathRefused(f"path: {rel!r} is not valid UTF-8 (a lone surrogate)") from None
+    if len(raw) > PATH_MAX:
+        raise PathRefused(f"path: {len(raw)} bytes is longer than the {PATH_MAX} a path can be")
     path = PurePosixPath(rel)
     if path.is_absolute():
         raise PathRefused(f"path: {rel!r} must be relative to the repository root, not absolute")
     parts = tuple(p for p in path.parts if p != ".")
     if not parts or ".." in parts:
         raise PathRefused(f"path: {rel!r} must stay inside the repository (no '..')")
+    if long := next((p for p in parts if len(p.encode()) > NAME_MAX), None):
+        raise PathRefused(f"path: the name {long[:40]!r}... is {len(long.encode())} bytes, longer than the "
+                          f"{NAME_MAX} a file name can be")
     return parts
 
 
@@ -118,7 +132,7 @@ def remove_dead_session_dirs(root: Path) -> None:
         try:
             fd = os.open(folder / ".lock", os.O_RDWR | os.O_CLOEXEC)
         except OSError:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_tree(folder)
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,4 +141,4 @@ def remove_dead_session_dirs(root: Path) -> None:
         finally:
             os.close(fd)
         log.info("removing the sessions of a dead executor: %s", folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_tree(folder)

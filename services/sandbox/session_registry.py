@@ -6,6 +6,9 @@
   or old (`max_lifetime_s`): one reaper per kind applies `overdue`.
 - **Ownership**: an owner's lease is renewed by its heartbeat and by any request on one of its sessions; the kinds
   of one executor share one lease table, so one heartbeat keeps all of an owner's sessions alive.
+- **Scoping**: a session is reachable only with the key its `open` answered (`X-Session-Key`, `authorize`); the
+  owner only labels the lease, and another client with the executor's token can neither act in, read, finish nor
+  delete it, nor list it.
 - **Removal**: `delete` tombstones the id with why (a later request answers 404 saying so; a finished session's
   result is kept, so a retried `finish` gets the same answer), releases the kind's resources, frees the slot and
   counts what the reaper removed. `close` removes every session (`executor_stopped`).
@@ -14,7 +17,9 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -39,6 +44,21 @@ class SessionError(Exception):
 
 class SessionNotFound(SessionError):
     status = 404
+
+
+class SessionForbidden(SessionError):
+    """A request on a session without the key its `open` answered: another client's session."""
+
+    status = 403
+
+
+class AgentInputError(SessionError):
+    """Input the policy produced that cannot be run or stored as given (a NUL byte, a command longer than the kernel
+    takes, a file name longer than the filesystem's): the agent's doing, answered 400 with `agent_input: true` so the
+    client shows it to the agent as an `error:` observation (never retried, never an infrastructure failure)."""
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message, agent_input=True, **extra)
 
 
 class SessionsFull(SessionError):
@@ -69,6 +89,8 @@ class SessionRecord:
     """What runs in the session now (a long command is not idleness)."""
     ready: bool = True
     """Only a ready session is reaped: one still opening is its owner's request in flight."""
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """The capability its `open` answered (`session_key`): every request on the session must carry it."""
 
 
 def overdue(sessions: Iterable[SessionRecord], leases: dict[str, float], cfg: SandboxSessionConfig,
@@ -99,6 +121,7 @@ class SessionRegistry(Generic[S]):
         self.sessions: dict[str, S] = {}
         self.leases: dict[str, float] = {} if leases is None else leases  # owner -> last renewal (monotonic)
         self.ended: OrderedDict[str, tuple[str, dict[str, Any] | None]] = OrderedDict()  # id -> (why, result)
+        self._ended_keys: dict[str, str] = {}  # a retried finish of an ended session needs its key too
         self.reaped: dict[str, int] = {}
         self._free: list[int] = list(range(bounds.max_sessions - 1, -1, -1))
         self._reaper: asyncio.Task[None] | None = None
@@ -130,6 +153,14 @@ class SessionRegistry(Generic[S]):
 
     def ids(self, owner: str | None = None) -> list[str]:
         return [s.id for s in self.sessions.values() if owner is None or s.owner == owner]
+
+    def authorize(self, sid: str, key: str) -> None:
+        """SessionForbidden unless `key` is the one `sid`'s open answered (unknown ids pass: `get` answers 404)."""
+        live = self.sessions.get(sid)
+        want = live.key if live is not None else self._ended_keys.get(sid)
+        if want is not None and not hmac.compare_digest(want.encode(), key.encode()):
+            raise SessionForbidden(f"{self.kind} {sid}: X-Session-Key missing or wrong (a session is reachable only "
+                                   "with the key its open answered)", field="X-Session-Key")
 
     def get(self, sid: str) -> S:
         session = self.sessions.get(sid)
@@ -194,8 +225,9 @@ class SessionRegistry(Generic[S]):
         if session is None:
             return False
         self.ended[sid] = (why, result)
+        self._ended_keys[sid] = session.key
         while len(self.ended) > _TOMBSTONES_KEPT:
-            self.ended.popitem(last=False)
+            self._ended_keys.pop(self.ended.popitem(last=False)[0], None)
         await self._release(session)
         self.free_slot(session.slot)  # not after a failed release: its uid may still run something
         if why not in ("deleted", "finished"):

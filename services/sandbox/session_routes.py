@@ -1,9 +1,10 @@
 """The HTTP face of `SessionManager` (JSON everywhere, errors `{"error": ...}`, 400s name the field):
 
   POST   /session                 {owner, request_id?, repo_url, base_commit, test_patch?, fail_to_pass?, ...}
-                                  -> {session_id, owner, commit, lease_s}; 503 full/draining, 502 repository/git
+                                  -> {session_id, session_key, owner, commit, lease_s}; 503 full/draining,
+                                  502 repository/git
   POST   /session/renew           {owner} -> {owner, sessions: [ids]}   (the owner's heartbeat)
-  GET    /session?owner=O         -> {sessions: [...]}
+  GET    /session?owner=O         -> {sessions: [...]}   (the owner's; `?all=1`: every session, for operators)
   POST   /session/{id}/exec       {command, timeout?, request_id?} -> {exit_code, stdout, stderr, *_bytes,
                                   *_truncated, timed_out, wall_s}   (request_id: never run twice)
   GET    /session/{id}/file?path= -> {path, content, size, truncated}
@@ -12,6 +13,12 @@
                                   idempotent; grade_unchanged=false: an unchanged tree is `format_error`, not run)
   DELETE /session/{id}            -> {session_id, deleted}
 
+Every request on a session carries the key its open answered (`X-Session-Key`; 403 without it): the token admits a
+client to the executor, the key to one session. Bodies with keys a route does not know are refused (400), as are
+inputs the policy produced that cannot be run as given (a NUL byte, a lone surrogate, a command longer than the
+kernel takes, a name longer than the filesystem's): 400 with `agent_input: true`, which the client turns into an
+`error:` observation for the agent -- never a 500 that is retried and ends as an unscored group.
+
 A removed session answers 404 saying why (`reason`: owner_lost, idle, lifetime, finished, deleted,
 executor_stopped, unknown). `KindRoutes` holds what every session kind's routes share (the owner's heartbeat,
 delete, the draining refusal, the error mapping); `computer/routes.py` is the other kind.
@@ -19,6 +26,7 @@ delete, the draining refusal, the error mapping); `computer/routes.py` is the ot
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -26,19 +34,27 @@ from aiohttp import web
 
 from fleet.contracts.sandbox import SpecError, spec_from_json
 from services.sandbox.session_files import PathRefused
-from services.sandbox.session_registry import SessionError, SessionRegistry, SessionsFull
+from services.sandbox.session_registry import AgentInputError, SessionError, SessionRegistry, SessionsFull
 from services.sandbox.sessions import SessionManager
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 R = TypeVar("R", bound=SessionRegistry[Any])
 _OPEN_KEYS = {"owner", "request_id"}
+KEY_HEADER = "X-Session-Key"
+MAX_COMMAND_BYTES = 128 * 1024 - 1
+"""Linux's MAX_ARG_STRLEN less the NUL: one argv string longer than this fails `execve` with E2BIG."""
+# errnos a request's input causes (a name too long, a path through a file): the agent's doing, not the executor's.
+_INPUT_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.E2BIG, errno.EILSEQ,
+                 errno.EINVAL}
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def _body(request: web.Request, allowed: set[str] | None = None) -> dict[str, Any]:
+    """The JSON object of the request; `allowed`: the keys the route knows (a misspelt or unsupported one -- `cwd`,
+    `env`, `user` -- is refused rather than silently ignored)."""
     try:
         data = await request.json()
     except ValueError:
@@ -47,7 +63,41 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise SessionError("body: JSON nested too deeply", field="body") from None
     if not isinstance(data, dict):
         raise SessionError(f"body: must be a JSON object, got {type(data).__name__}", field="body")
+    if allowed is not None and (unknown := sorted(set(data) - allowed)):
+        raise SessionError(f"body: unknown key(s) {', '.join(map(repr, unknown))} (this route takes "
+                           f"{', '.join(sorted(allowed))})", field=unknown[0])
     return data
+
+
+def _command(data: dict[str, Any]) -> str:
+    """The command to run, or an AgentInputError the agent sees: empty, NUL bytes, not UTF-8, or too long."""
+    command = data.get("command")
+    if not isinstance(command, str):
+        raise SessionError("command: must be a string", field="command")
+    if not command.strip():
+        raise AgentInputError("command: is empty", field="command")
+    if "\0" in command:
+        raise AgentInputError("command: contains a NUL byte, which no shell command can", field="command")
+    try:
+        size = len(command.encode())
+    except UnicodeEncodeError:
+        raise AgentInputError("command: is not valid UTF-8 (a lone surrogate)", field="command") from None
+    if size > MAX_COMMAND_BYTES:
+        raise AgentInputError(f"command: {size} bytes is longer than a command can be ({MAX_COMMAND_BYTES}); write "
+                              "the script to a file and run the file", field="command")
+    return command
+
+
+def _owner_query(request: web.Request) -> str | None:
+    """The owner whose sessions to list; None only for the operator's view (`?all=1`: ids and ages, which are of no
+    use without the sessions' keys). A client lists its own sessions, never another's by accident."""
+    owner = request.query.get("owner", "")
+    if owner:
+        return owner
+    if request.query.get("all") in ("1", "true"):
+        return None
+    raise SessionError("owner: the query must name the owner whose sessions to list (?owner=...; ?all=1 is the "
+                       "operator's view of every session)", field="owner")
 
 
 def _text(data: dict[str, Any], key: str, *, required: bool = True) -> str:
@@ -73,7 +123,7 @@ class KindRoutes(Generic[R]):
             raise SessionsFull("executor is shutting down; open the session elsewhere", draining=True)
 
     async def renew(self, request: web.Request) -> web.Response:
-        owner = _text(await _body(request), "owner")
+        owner = _text(await _body(request, {"owner"}), "owner")
         return web.json_response({"owner": owner, "sessions": self.m.renew(owner)})
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -83,20 +133,28 @@ class KindRoutes(Generic[R]):
             return _error(404, f"unknown {self.m.kind} {sid}", reason="unknown")
         return web.json_response({"session_id": sid, "deleted": deleted})
 
-    @staticmethod
-    def _guard(handler: Handler) -> Handler:
+    def _guard(self, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.Response:
             try:
+                if (sid := request.match_info.get("sid")) is not None:
+                    self.m.authorize(sid, request.headers.get(KEY_HEADER, ""))
                 return await handler(request)
             except SessionError as exc:
                 return _error(exc.status, str(exc), **exc.extra)
             except SpecError as exc:
                 return _error(400, str(exc), field=exc.field)
             except PathRefused as exc:
-                return _error(400, str(exc), field="path")
+                return _error(400, str(exc), field="path", agent_input=True)
             except FileNotFoundError:
                 return _error(404, f"path: {request.query.get('path', '')!r} does not exist in the session",
                               field="path", reason="no_such_file")
+            except UnicodeError as exc:  # a lone surrogate somewhere in what the agent sent
+                return _error(400, f"request: not valid UTF-8 ({str(exc)[:120]})", field="body", agent_input=True)
+            except OSError as exc:
+                if exc.errno not in _INPUT_ERRNOS:
+                    raise
+                return _error(400, f"{exc.strerror or exc} (the request's path or input)", field="path",
+                              agent_input=True)
         return guarded
 
 
@@ -119,18 +177,19 @@ class SessionRoutes(KindRoutes[SessionManager]):
         spec = spec_from_json({"patch": "", **{k: v for k, v in data.items() if k not in _OPEN_KEYS}},
                               max_timeout=self.m.executor.cfg.max_timeout_s)
         session = await self.m.open(owner, spec, request_id)
-        return web.json_response({**session.info(), "lease_s": self.m.cfg.lease_s})
+        return web.json_response({**session.info(), "session_key": session.key, "lease_s": self.m.cfg.lease_s})
 
     async def list(self, request: web.Request) -> web.Response:
-        owner = request.query.get("owner")
+        owner = _owner_query(request)
         return web.json_response({"sessions": [self.m.sessions[s].info() for s in self.m.ids(owner)]})
 
     async def exec(self, request: web.Request) -> web.Response:
-        data = await _body(request)
+        data = await _body(request, {"command", "timeout", "request_id"})
+        command = _command(data)
         limit = data.get("timeout")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)):
             raise SessionError("timeout: must be a number of seconds", field="timeout")
-        result = await self.m.exec(request.match_info["sid"], _text(data, "command"),
+        result = await self.m.exec(request.match_info["sid"], command,
                                    limit_s=None if limit is None else float(limit),
                                    key=_text(data, "request_id", required=False))
         return web.json_response(result.to_json())
@@ -142,14 +201,14 @@ class SessionRoutes(KindRoutes[SessionManager]):
                                   "truncated": size > len(data)})
 
     async def write(self, request: web.Request) -> web.Response:
-        data = await _body(request)
+        data = await _body(request, {"path", "content"})
         path, content = _text(data, "path"), _text(data, "content", required=False)
         raw = content.encode()
         await self.m.write_file(request.match_info["sid"], path, raw)
         return web.json_response({"path": path, "size": len(raw)})
 
     async def finish(self, request: web.Request) -> web.Response:
-        data = await _body(request) if request.can_read_body else {}
+        data = await _body(request, {"grade_unchanged"}) if request.can_read_body else {}
         grade = data.get("grade_unchanged", True)
         if not isinstance(grade, bool):
             raise SessionError("grade_unchanged: must be true or false", field="grade_unchanged")

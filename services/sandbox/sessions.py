@@ -24,7 +24,6 @@ import asyncio
 import fcntl
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections import OrderedDict
@@ -47,7 +46,7 @@ from services.sandbox.session_registry import (
     SessionRegistry,
 )
 from services.sandbox.sessions_image import ImageSession, ImageSessionError, start_image_session
-from services.sandbox.workspace import InfraError, Workspace, git
+from services.sandbox.workspace import InfraError, Workspace, git, remove_tree
 
 log = logging.getLogger(__name__)
 _KEYS_KEPT = 64
@@ -77,6 +76,7 @@ class Session(SessionRecord):
     commit: str = ""
     execs: OrderedDict[str, asyncio.Future[ExecResult]] = field(default_factory=OrderedDict)
     image: ImageSession | None = None  # the task's instance image (sessions_image.py); None: a tree here
+    finishing: asyncio.Future[dict[str, Any]] | None = None  # the one grading of its finish, once asked
 
     @property
     def tree(self) -> Path:
@@ -121,7 +121,7 @@ class SessionManager(SessionRegistry[Session]):
     async def close(self) -> None:
         await self.close_all()
         if self._dir is not None:
-            await asyncio.to_thread(shutil.rmtree, self._dir, True)
+            await asyncio.to_thread(remove_tree, self._dir)
             self._dir = None
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
@@ -154,7 +154,7 @@ class SessionManager(SessionRegistry[Session]):
             await self._materialise(session)
         except BaseException:
             self.free_slot(index)
-            await asyncio.to_thread(shutil.rmtree, session.root, True)
+            await asyncio.to_thread(remove_tree, session.root)
             raise
         finally:
             self._starting -= 1
@@ -184,7 +184,7 @@ class SessionManager(SessionRegistry[Session]):
         await asyncio.gather(*session.work, return_exceptions=True)
         if session.image is not None:
             await session.image.close()  # the layer (or container) goes with the session
-        await asyncio.to_thread(shutil.rmtree, session.root, True)
+        await asyncio.to_thread(remove_tree, session.root)
 
     def _track(self, session: Session, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -252,6 +252,14 @@ class SessionManager(SessionRegistry[Session]):
         if (done := self.finished(sid)) is not None:
             return done
         session = self.get(sid)
+        if session.finishing is None:
+            # One grading per session: a second finish while the first grades waits for its answer (the first's
+            # clean-up would otherwise cancel the second's run and close its connection unanswered).
+            session.finishing = asyncio.ensure_future(self._finish(session, grade_unchanged))
+        return await asyncio.shield(session.finishing)
+
+    async def _finish(self, session: Session, grade_unchanged: bool) -> dict[str, Any]:
+        sid = session.id
         async with session.lock:
             try:
                 d = await self._diff(session)

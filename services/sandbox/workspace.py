@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import logging
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 GIT_TIMEOUT_S = 120.0
 # No user/system config: hooks, aliases or fsmonitor settings of the host must not run or change behaviour here.
@@ -239,16 +243,15 @@ class Workspace:
         if uid is None:
             return
         os.lchown(self.tree, uid, uid)
-        for dirpath, dirnames, filenames in os.walk(self.tree):
-            for name in (*dirnames, *filenames):
-                os.lchown(os.path.join(dirpath, name), uid, uid)
+        for path in walk_tree(self.tree):
+            os.lchown(path, uid, uid)
 
     def remove(self) -> None:
         if self._mounted:
             # Lazy: a file still open elsewhere (never the sandbox's: its processes are gone) cannot keep it busy.
             _libc().umount2(str(self.root).encode(), _MNT_DETACH)
             self._mounted = False
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
 
 
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
@@ -308,6 +311,33 @@ def _clear_parents(tree: Path, rel: str) -> bool:
     return True
 
 
+def walk_tree(root: Path) -> Iterator[str]:
+    """Every path under `root` (not `root`), never following symlinks, with an explicit stack: `os.walk` recurses
+    once per level on Python 3.11, and a patch or session can nest folders past the recursion limit."""
+    stack = [str(root)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                yield entry.path
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder the sandboxed code may have shaped: `shutil.rmtree` recurses once per level (1,100 nested
+    folders raise RecursionError on Python 3.11) and gives up on names it cannot handle; `rm -rf` walks any depth.
+    Never follows symlinks, never crosses into another filesystem."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except (OSError, RecursionError) as exc:
+        done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0 and os.path.lexists(path):
+            log.error("could not remove %s (%s): %s", path, type(exc).__name__, done.stderr.strip()[-300:])
+
+
 def remove_path(path: Path) -> None:
     """Remove a file, symlink or folder without following symlinks."""
     try:
@@ -315,7 +345,7 @@ def remove_path(path: Path) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(mode):
-        shutil.rmtree(path)
+        remove_tree(path)
     else:
         path.unlink()
 

@@ -41,7 +41,7 @@ def _get(url: str) -> Any:
 
 
 def _owned_by(url: str, worker: str) -> list[str]:
-    return [s["session_id"] for s in _get(f"{url}/session")["sessions"] if s["owner"].startswith(f"{worker}/")]
+    return [s["session_id"] for s in _get(f"{url}/session?all=1")["sessions"] if s["owner"].startswith(f"{worker}/")]
 
 
 def test_agent_fleet_runs_multi_turn_episodes_and_leaves_no_session_behind(task_slice: Path, tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_agent_fleet_runs_multi_turn_episodes_and_leaves_no_session_behind(task_
                 seen.update(pid=pid, orphans=held, url=url, killed_at=time.monotonic())
             if "pid" in seen:
                 try:
-                    live = {s["session_id"] for s in _get(f"{seen['url']}/session")["sessions"]}
+                    live = {s["session_id"] for s in _get(f"{seen['url']}/session?all=1")["sessions"]}
                 except OSError:
                     return
                 if not live & set(seen["orphans"]):

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from services.sandbox.computer.sessions import ComputerSession, ComputerSessions
 from services.sandbox.computer.task import task_from_json
-from services.sandbox.session_routes import KindRoutes, _body, _text
+from services.sandbox.session_routes import KindRoutes, _body, _owner_query, _text
 from services.sandbox.sessions import SessionManager
 
 
@@ -61,16 +61,17 @@ class ComputerRoutes(KindRoutes[ComputerSessions]):
         data = await _body(request)
         owner, request_id = _text(data, "owner"), _text(data, "request_id", required=False)
         session, shot = await self.m.open(owner, task_from_json(data.get("task")), request_id)
-        return web.json_response({"session_id": session.id, "lease_s": self.m.bounds.lease_s, **shot.to_json()})
+        return web.json_response({"session_id": session.id, "session_key": session.key,
+                                  "lease_s": self.m.bounds.lease_s, **shot.to_json()})
 
     async def list(self, request: web.Request) -> web.Response:
-        owner = request.query.get("owner")
+        owner = _owner_query(request)
         sessions = [_info(s) for s in self.m.sessions.values() if owner is None or s.owner == owner]
         return web.json_response({"sessions": sessions, **self.m.health()})
 
     async def act(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
-        action = self.m.parse(sid, (await _body(request)).get("action"))
+        action = self.m.parse(sid, (await _body(request, {"action"})).get("action"))
         shot = await self.m.act(sid, action)
         session = self.m.sessions.get(sid)
         left = session.task.max_actions - session.actions if session else 0

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from services.sandbox.workspace import remove_tree
+
 log = logging.getLogger(__name__)
 LayerMode = Literal["auto", "overlay", "copy"]
 
@@ -97,7 +99,7 @@ class RunLayers:
             try:
                 for mount_point in _mounts_under(entry):
                     _umount(mount_point)
-                shutil.rmtree(entry, ignore_errors=True)
+                remove_tree(entry)  # an agent's upper dir: any depth
                 with contextlib.suppress(FileNotFoundError):
                     lock.unlink()
                 removed += 1
@@ -152,14 +154,14 @@ class RunLayers:
     def _remove(layer: Layer) -> None:
         for mount_point in _mounts_under(layer.path):
             _umount(mount_point)
-        shutil.rmtree(layer.path, ignore_errors=True)
+        remove_tree(layer.path)
 
     def close(self) -> None:
         if self._lock_fd is None:
             return
         for mount_point in _mounts_under(self.own):
             _umount(mount_point)
-        shutil.rmtree(self.own, ignore_errors=True)
+        remove_tree(self.own)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{self.own}.lock")
         os.close(self._lock_fd)

@@ -61,7 +61,8 @@ async def test_invalid_actions_are_400s_naming_the_error_and_leave_the_page(
     with pytest.raises(ActionRejected, match=r"click: \(400, 10\) is outside the 224x224 screen"):
         await session.act(Click(400, 10))
     async with client._session().post(f"{session.url}/computer/sessions/{session.id}/act",
-                                       json={"action": {"name": "drag", "arguments": {}}}) as resp:
+                                       json={"action": {"name": "drag", "arguments": {}}},
+                                       headers={"X-Session-Key": session.key}) as resp:
         body = await resp.json()
     assert resp.status == 400 and body["field"] == "action" and "unknown action 'drag'" in body["error"]
     await session.act(Key("Tab"))
@@ -103,17 +104,19 @@ async def test_owner_gone_removes_the_session_and_its_browser(server: SandboxSer
     url = f"http://127.0.0.1:{server.port}"
     async with aiohttp.ClientSession() as http:  # an owner that opens a session and then never renews
         async with http.post(f"{url}/computer/sessions", json={"owner": "ghost", "task": payload(button_task(5))}) as r:
-            sid = (await r.json())["session_id"]
+            opened = await r.json()
+        sid, key = opened["session_id"], {"X-Session-Key": opened["session_key"]}
         assert sandbox_pids(sid)
         for _ in range(200):
             if not sandbox_pids(sid):
                 break
             await asyncio.sleep(0.05)
-        async with http.post(f"{url}/computer/sessions/{sid}/act", json={"action": Done().to_json()}) as r:
+        async with http.post(f"{url}/computer/sessions/{sid}/act", json={"action": Done().to_json()},
+                             headers=key) as r:
             assert r.status == 404 and (await r.json())["reason"] == "owner_lost"
     assert sandbox_pids(sid) == []
 
 
 async def reaped(client: ComputerClient) -> dict[str, int]:
-    async with client._session().get(f"{client.urls[0]}/computer/sessions") as resp:
+    async with client._session().get(f"{client.urls[0]}/computer/sessions?all=1") as resp:
         return dict((await resp.json())["computer_sessions_reaped"])

@@ -80,17 +80,18 @@ async def test_image_session_hides_later_commits_and_goes_with_its_owner(srv: Sa
                                       if k not in ("patch", "reference_patch")}}
     async with aiohttp.ClientSession() as http:  # an owner that never renews: a killed rollout worker
         async with http.post(f"{url}/session", json=body) as resp:
-            sid = (await resp.json())["session_id"]
+            opened = await resp.json()
+        sid, key = opened["session_id"], {"X-Session-Key": opened["session_key"]}
         command = (f"git -c safe.directory='*' cat-file -e {images.future_commit} && echo LEAK; "
                    "git -c safe.directory='*' log --all --format=%s | grep -c 'THE FIX'")
-        async with http.post(f"{url}/session/{sid}/exec", json={"command": command}) as resp:
+        async with http.post(f"{url}/session/{sid}/exec", json={"command": command}, headers=key) as resp:
             probe = await resp.json()
         assert "LEAK" not in probe["stdout"] and probe["stdout"].strip() == "0", probe
         for _ in range(300):
             if sid not in srv.sessions.sessions:
                 break
             await asyncio.sleep(0.1)
-        async with http.post(f"{url}/session/{sid}/exec", json={"command": "true"}) as resp:
+        async with http.post(f"{url}/session/{sid}/exec", json={"command": "true"}, headers=key) as resp:
             assert resp.status == 404 and (await resp.json())["reason"] == "owner_lost"
     for _ in range(100):  # the session is unlisted first, then its environment removed
         if _live_envs(srv) == 0:

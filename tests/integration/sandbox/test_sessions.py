@@ -114,7 +114,8 @@ async def test_a_retried_command_is_never_run_twice(srv: SandboxServer, client: 
     url = f"{_url(srv)}/session/{session.id}/exec"
     body = {"command": "echo run >> runs.log; wc -l < runs.log", "request_id": "k1"}
     async with aiohttp.ClientSession() as http:
-        answers = await asyncio.gather(*(http.post(url, json=body) for _ in range(3)))
+        key = {"X-Session-Key": session.key}
+        answers = await asyncio.gather(*(http.post(url, json=body, headers=key) for _ in range(3)))
         outs = [(await r.json())["stdout"] for r in answers]
     assert outs == ["1\n"] * 3
     assert (await session.read_file("runs.log"))[0] == "run\n"
@@ -142,11 +143,12 @@ async def test_sessions_of_an_owner_that_stops_renewing_are_removed(srv: Sandbox
         body = {"owner": "dead-worker", **{k: v for k, v in calc_repo.spec("").to_json().items()
                                           if k not in ("patch", "reference_patch")}}
         async with http.post(f"{_url(srv)}/session", json=body) as resp:
-            orphan = (await resp.json())["session_id"]
-        await http.post(f"{_url(srv)}/session/{orphan}/exec", json={"command": "sleep 120 &"})
+            opened = await resp.json()
+        orphan, key = opened["session_id"], {"X-Session-Key": opened["session_key"]}
+        await http.post(f"{_url(srv)}/session/{orphan}/exec", json={"command": "sleep 120 &"}, headers=key)
         tree = srv.sessions.sessions[orphan].root
         await eventually(lambda: orphan not in srv.sessions.sessions, within_s=60, what="the orphan to be reaped")
-        async with http.post(f"{_url(srv)}/session/{orphan}/exec", json={"command": "true"}) as resp:
+        async with http.post(f"{_url(srv)}/session/{orphan}/exec", json={"command": "true"}, headers=key) as resp:
             assert resp.status == 404 and (await resp.json())["reason"] == "owner_lost"
     await eventually(lambda: not exists(tree), what="the orphan's tree to be removed")
     assert kept.id in srv.sessions.sessions, "a session whose owner renews stays"
