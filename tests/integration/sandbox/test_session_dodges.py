@@ -128,7 +128,8 @@ async def test_an_executor_left_a_deep_tree_by_a_killed_one_starts_and_clears_it
     work_root = Path(str(sandbox_cfg.work_root))
     stale = work_root / "sessions-deadbeef"
     (stale / "x" / "tree").mkdir(parents=True)
-    subprocess.run(["mkdir", "-p", DEEP], cwd=stale / "x" / "tree", check=True)  # relative: past PATH_MAX in all
+    # relative: the whole path is past PATH_MAX
+    await asyncio.to_thread(subprocess.run, ["mkdir", "-p", DEEP], cwd=stale / "x" / "tree", check=True)
     (stale / ".lock").touch()
     server = SandboxServer(sandbox_cfg)
     await server.start()
@@ -169,3 +170,15 @@ async def test_two_concurrent_finishes_get_the_same_one_verdict(srv: SandboxServ
     assert [status for status, _ in both] == [200, 200]
     assert [body["resolution"] for _, body in both] == ["FULL", "FULL"]
     assert both[0][1] == both[1][1]
+
+
+async def test_a_single_shot_patch_nesting_1100_folders_is_graded_not_an_infra_error(
+        sandbox_cfg: SandboxConfig, calc_repo: CalcRepo) -> None:
+    from services.sandbox.executor import Executor
+
+    deep = f"{DEEP}/f.py"
+    patch = f"diff --git a/{deep} b/{deep}\nnew file mode 100644\n--- /dev/null\n+++ b/{deep}\n@@ -0,0 +1 @@\n+x = 1\n"
+    async with Executor(sandbox_cfg) as ex:
+        verdict = await ex.run(calc_repo.spec(patch))
+        assert verdict.status in ("completed", "not_applied") and verdict.resolution == "NO", verdict.error
+        assert (await ex.run(calc_repo.spec(calc_repo.gold))).resolution == "FULL"
