@@ -92,12 +92,13 @@ async def test_bad_policy_input_through_the_tool_box_is_an_error_observation_and
 async def test_bad_input_over_http_is_a_4xx_naming_the_field_never_a_500(srv: SandboxServer, client: SessionClient,
                                                                           calc_repo: CalcRepo) -> None:
     session = await client.open(calc_repo.spec(""))
-    cases = [("POST", "exec", {"json": {"command": "true", "cwd": "/"}}, "cwd"),
-             ("POST", "exec", {"json": {"command": "true", "env": {"A": "1"}}}, "env"),
-             ("PUT", "file", {"json": {"path": "a.txt", "content": "x", "mode": 0o777}}, "mode"),
-             ("POST", "finish", {"json": {"patch": "diff --git a/x b/x"}}, "patch"),
-             ("POST", "exec", {"json": {"command": "x" * (300 << 10)}}, "command"),
-             ("GET", "file", {"params": {"path": "p" * 300}}, "path")]
+    cases: list[tuple[str, str, dict[str, Any], str]] = [
+        ("POST", "exec", {"json": {"command": "true", "cwd": "/"}}, "cwd"),
+        ("POST", "exec", {"json": {"command": "true", "env": {"A": "1"}}}, "env"),
+        ("PUT", "file", {"json": {"path": "a.txt", "content": "x", "mode": 0o777}}, "mode"),
+        ("POST", "finish", {"json": {"patch": "diff --git a/x b/x"}}, "patch"),
+        ("POST", "exec", {"json": {"command": "x" * (300 << 10)}}, "command"),
+        ("GET", "file", {"params": {"path": "p" * 300}}, "path")]
     for method, verb, kw, field in cases:
         status, body = await _raw(srv, session, method, verb, **kw)
         assert status == 400 and body["field"] == field, (verb, field, status, body)
