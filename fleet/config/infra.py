@@ -153,13 +153,17 @@ class SandboxConfig(Section):
     """Top-level modules copied from `python`'s site-packages into the trusted runner folder (isolated mode): the
     only third-party code the tests can import. Add a task suite's test-only dependencies here."""
     task_memory_mb: int = Field(4096, ge=64)
-    """Memory of one task, all its processes together (a cgroup; `memory_mb` still bounds each process)."""
-    cgroups: Literal["auto", "required", "off"] = "auto"
-    """Per-task cgroup (v1 memory + pids controllers) for `task_memory_mb` and `max_processes`: `auto` uses it when
-    the executor is root and the controllers are mounted, `required` refuses to start without it."""
+    """Memory of one task, all its processes together (a cgroup, or the watchdog; `memory_mb` still bounds each
+    process)."""
+    cgroups: Literal["auto", "required", "watchdog", "off"] = "auto"
+    """How `task_memory_mb` and `max_processes` bound a run's processes together: `auto` a per-task cgroup (v1 memory
+    + pids controllers, else a delegated v2 subtree) where the executor is root and can make one, otherwise the
+    watchdog (/proc sampled every 100 ms, the run killed past either limit); `required` refuses to start without a
+    cgroup; `watchdog` the sampler even where cgroups work; `off` per-process rlimits only."""
     tree_mb: int = Field(2048, ge=16)
-    """Size of one task's tree, checkout and patch and test writes together (a tmpfs of this size when the executor
-    is root; a patch that does not fit is `not_applied`)."""
+    """Size of one task's tree, checkout and patch and test writes together, and of a session's tree with its git
+    metadata (a tmpfs of this size when the executor is root; a patch that does not fit is `not_applied`, a session
+    command past it gets ENOSPC). The sandbox's private /tmp is another `tmpfs_mb`."""
     tree_files: int = Field(200_000, ge=1000)
     """Files and folders one task's tree may hold (the tmpfs's inode count)."""
     max_test_cases: int = Field(20_000, ge=100)

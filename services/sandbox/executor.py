@@ -35,6 +35,7 @@ from services.sandbox.runner.protocol import KEY_BYTES
 from services.sandbox.runner.testpaths import is_protected
 from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.trusted import TrustedRunner, pytest_command
+from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
 from services.sandbox.workspace import InfraError, PatchError, TreeFull, TreeLimits, Workspace, remove_tree
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class Executor:
         self._own_work_root = False
         self._uids: UidRange | None = None
         self._runner: TrustedRunner | None = None
-        self._cgroups: CgroupRoot | None = None
+        self._cgroups: CgroupRoot | Watchdog | None = None
         self._tree_limits: TreeLimits | None = None
         self.start_error: str | None = None
         self.images: ImageTasks | None = None
@@ -113,11 +114,8 @@ class Executor:
         if self._runner is None:
             self._runner = await TrustedRunner.build(python, prefixes, isolated=cfg.isolated_site,
                                                      packages=cfg.runner_packages)
-        if cfg.cgroups != "off" and cfg.use_bwrap and self._cgroups is None:
-            self._cgroups = CgroupRoot.detect()
-            if self._cgroups is None and cfg.cgroups == "required":
-                raise RuntimeError("sandbox.cgroups=required but the cgroup v1 memory/pids controllers are not "
-                                   "usable (root and /sys/fs/cgroup/{memory,pids} needed)")
+        if cfg.use_bwrap and self._cgroups is None:
+            self._cgroups = task_limits(cfg.cgroups)
         if os.geteuid() == 0 and cfg.use_bwrap:
             # git apply under the test limits: a small binary patch must not inflate past the tree or the memory.
             apply = (prlimit, f"--as={cfg.memory_mb << 20}", f"--fsize={cfg.max_file_mb << 20}",
@@ -191,6 +189,7 @@ class Executor:
             "completed": self.completed,
             "infra_errors": self.infra_errors,
             "sandbox": "bwrap" if self.cfg.use_bwrap else "none",
+            "task_limits": self._cgroups.kind if self._cgroups is not None else None,
             "slot_uids": [policy.uid_for_slot(0), policy.uid_for_slot(self.pool_size - 1)]
             if policy and policy.uid_for_slot(0) is not None else None,
             "runtime": self.cfg.runtime, "image_error": self.image_error,
@@ -324,7 +323,7 @@ class Executor:
 
     async def _sandboxed(self, policy: SandboxPolicy, tree: Path, command: list[str], *, slot: int,
                          hide: list[Path], env: dict[str, str], limit_s: float, report: ReportPipe | None = None,
-                         cgroup: TaskCgroup | None = None) -> RunResult:
+                         cgroup: TaskCgroup | WatchedRun | None = None) -> RunResult:
         status_pipe = os.pipe() if self.cfg.use_bwrap else None
         fd = status_pipe[1] if status_pipe else -1
         cpu_s = max(1, min(self.cfg.cpu_s, math.ceil(limit_s)))
@@ -332,7 +331,13 @@ class Executor:
         if cgroup is not None:
             argv = cgroup.wrap(argv)
         return await run_limited(argv, env=policy.env(env), cwd=str(tree), limit_s=limit_s,
-                                 output_cap=self.cfg.max_output_kb << 10, status_pipe=status_pipe, report=report)
+                                 output_cap=self.cfg.max_output_kb << 10, status_pipe=status_pipe, report=report,
+                                 guard=cgroup)
+
+    @property
+    def tree_limits(self) -> TreeLimits | None:
+        """The size-limited filesystem a task's tree gets (None: trees on the work root's disk); sessions use it too."""
+        return self._tree_limits
 
     @property
     def work_root(self) -> Path | None:
@@ -356,7 +361,7 @@ class Executor:
         cgroup = self._cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self._cgroups else None
         try:
             return await run_limited(cgroup.wrap(argv) if cgroup else argv, env=policy.env({}), cwd=str(tree),
-                                     limit_s=limit_s, output_cap=output_cap, status_pipe=status_pipe)
+                                     limit_s=limit_s, output_cap=output_cap, status_pipe=status_pipe, guard=cgroup)
         finally:
             if cgroup is not None:
                 await cgroup.remove()

@@ -6,9 +6,12 @@ the executor restores every test file and runner input to its pristine content b
 
 Refused: any file the task's test patch touches; test files (`tests/` or `test/` folders, `test_*.py`, `*_test.py`,
 `conftest.py`); files that would replace the runner (`pytest.py`, `_pytest/`, `pytest/` at the top level or under
-`src/`, `sitecustomize.py`, `usercustomize.py`); `pytest.ini`; and any change to the pytest section of `setup.cfg`,
-`tox.ini` or `pyproject.toml` (the rest of those files stays editable). Paths come from git's own reading of the patch
-(`git apply --numstat`), so quoting, renames and mode changes cannot hide a file.
+`src/`, `sitecustomize.py`, `usercustomize.py`); `pytest.ini`; any change to the pytest section of `setup.cfg`,
+`tox.ini` or `pyproject.toml` (the rest of those files stays editable); the project's testing helpers
+(`testpaths.is_testing_helper`: `pkg/testing/`, `pkg/_testing.py` ...: a no-op `assert_allclose` passes every test
+that calls it); and compiled code (`is_compiled`: `*.pyc`, `__pycache__/`, extension modules), which the import system
+runs instead of the source beside it, or without any, while only source is what a patch is graded as. Paths come
+from git's own reading of the patch (`git apply --numstat`), so quoting, renames and mode changes cannot hide a file.
 
 Code under test running inside the pytest process is the trusted runner's concern (`runner/plugin.py`).
 """
@@ -21,13 +24,22 @@ from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
 from typing import Any
 
-from services.sandbox.runner.testpaths import TEST_DIRS, is_test_path
+from services.sandbox.runner.testpaths import TEST_DIRS, is_test_file, is_test_path, is_testing_helper
 
-__all__ = ["CONFIG_FILES", "TEST_DIRS", "check_patch", "is_test_path", "unsafe_path"]
+__all__ = ["CONFIG_FILES", "TEST_DIRS", "check_patch", "is_compiled", "is_test_path", "unsafe_path"]
 RUNNER_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
                           "sitecustomize.py", "usercustomize.py"})
 RUNNER_MODULES = frozenset({"pytest.py", "_pytest", "pytest", "py.py"})
 CONFIG_FILES = frozenset({"setup.cfg", "tox.ini", "pyproject.toml"})
+# Bytecode and extension modules: FileFinder tries extensions, then source, then sourceless bytecode, and a
+# `__pycache__` entry with an unchecked hash (PEP 552) is used without looking at the source at all.
+COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
+
+
+def is_compiled(path: str) -> bool:
+    """Compiled code Python would import: `*.pyc`, `*.pyo`, anything in a `__pycache__/`, `*.so`, `*.pyd`."""
+    p = PurePosixPath(path)
+    return p.name.endswith(COMPILED_SUFFIXES) or "__pycache__" in p.parts
 
 
 def _runner_reason(path: str) -> str | None:
@@ -73,11 +85,15 @@ def check_patch(
             return f"patch touches {path}, outside the working tree"
         if path in protected:
             return f"patch modifies {path}, a file of the task's test patch"
-        if is_test_path(path):
+        if is_test_file(path):
             return f"patch modifies test file {path}"
         reason = _runner_reason(path)
         if reason:
             return f"patch modifies {reason}"
+        if is_testing_helper(path):
+            return f"patch modifies {path}, a testing helper of the suite (its assertions decide what passes)"
+        if is_compiled(path):
+            return f"patch carries compiled code {path}: only source is graded, and Python would run this instead"
         name = PurePosixPath(path).name
         if name in CONFIG_FILES and _pytest_section(name, read_before(path)) != _pytest_section(name, read_after(path)):
             return f"patch changes the pytest configuration in {path}"

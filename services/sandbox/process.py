@@ -23,7 +23,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 _CHUNK = 256 << 10
 # After the command exits or is killed, how long its pipes may stay open (only possible without bwrap).
@@ -188,6 +190,14 @@ def _read_status(fd: int) -> list[dict[str, object]]:
     return docs
 
 
+class Guard(Protocol):
+    """Something that watches a started run and may end it (`watchdog.WatchedRun`; a cgroup needs nothing here)."""
+
+    def attach(self, pid: int, kill: Callable[[], None]) -> None: ...
+
+    def detach(self) -> None: ...
+
+
 @dataclass
 class ReportPipe:
     """A pipe the test process writes its report on, read while it runs, plus fds the child only reads (a key
@@ -200,14 +210,16 @@ class ReportPipe:
 
 
 async def run_limited(argv: list[str], *, env: dict[str, str], cwd: str, limit_s: float, output_cap: int,
-                      status_pipe: tuple[int, int] | None = None, report: ReportPipe | None = None) -> RunResult:
+                      status_pipe: tuple[int, int] | None = None, report: ReportPipe | None = None,
+                      guard: Guard | None = None) -> RunResult:
     """Run `argv` to completion or for `limit_s` seconds of wall-clock time.
 
     `status_pipe` is the (read, write) pipe of bwrap's --json-status-fd; this function closes both ends, and every fd
-    of `report`.
+    of `report`. `guard` is attached to the started process and may kill its group.
     """
     try:
-        result = await _run(argv, env, cwd, limit_s, output_cap, status_pipe[1] if status_pipe else None, report)
+        result = await _run(argv, env, cwd, limit_s, output_cap, status_pipe[1] if status_pipe else None, report,
+                            guard)
         if status_pipe:
             result.status = _read_status(status_pipe[0])
             result.started = any("child-pid" in doc for doc in result.status)
@@ -218,7 +230,7 @@ async def run_limited(argv: list[str], *, env: dict[str, str], cwd: str, limit_s
 
 
 async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, output_cap: int,
-               status_fd: int | None, report: ReportPipe | None) -> RunResult:
+               status_fd: int | None, report: ReportPipe | None, guard: Guard | None) -> RunResult:
     out, err = TailBuffer(output_cap), TailBuffer(output_cap)
     sink = HeadBuffer(report.cap) if report else None
     (out_read, out_write), (err_read, err_write) = open_pipe(), open_pipe()
@@ -238,6 +250,8 @@ async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, o
             os.close(fd)  # ours only: the write ends must close when bwrap exits, or the reads never end
     drain = _Drain([(out_read, out), (err_read, err), *([(report.read_fd, sink)] if report and sink else [])])
     timed_out = False
+    if guard is not None:
+        guard.attach(proc.pid, lambda: _kill_group(proc))
     try:
         try:
             await asyncio.wait_for(proc.wait(), limit_s)
@@ -253,4 +267,6 @@ async def _run(argv: list[str], env: dict[str, str], cwd: str, limit_s: float, o
             with contextlib.suppress(TimeoutError, ProcessLookupError):
                 await asyncio.shield(asyncio.wait_for(proc.wait(), _DRAIN_GRACE_S))
         drain.close()
+        if guard is not None:
+            guard.detach()
     return RunResult(proc.returncode, timed_out, True, out, err, time.monotonic() - t0, report=sink)

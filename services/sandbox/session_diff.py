@@ -1,4 +1,5 @@
-"""What of a session's changes is graded: everything but its changes to test files, which are dropped and recorded.
+"""What of a session's changes is graded: everything but its changes to test code (test files and the project's
+testing helpers) and compiled code, which are dropped and recorded.
 
 A single-shot patch that touches a test file is refused (`integrity.check_patch`): there it can only be an attempt
 on the grading. An agent working in a session, though, is expected to write a reproduction test, or to run and
@@ -18,6 +19,12 @@ Why this cannot be gamed:
 - code that depends on a dropped file (a module importing the agent's test helper) fails in the graded tree.
 Renames are read as a deletion and an addition (`--no-renames`), so a move out of a test folder cannot carry a test
 file's content along unseen.
+
+The same holds for the project's testing helpers (`testpaths.is_testing_helper`: `pkg/testing/`, `pkg/_testing.py`;
+a no-op `assert_allclose` would pass every test calling it) and for compiled code (`integrity.is_compiled`: `.pyc`,
+`__pycache__/`, extension modules; an unchecked-hash pyc of a fix runs instead of the buggy source beside it). A
+session's commands may leave caches or build outputs behind, so these are dropped, not refused (a single-shot
+patch carrying them is refused): the graded tree runs the session's *source* with the suite's own helpers.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.sandbox.integrity import is_test_path
+from services.sandbox.integrity import is_compiled, is_test_path
+from services.sandbox.runner.testpaths import is_test_file, is_testing_helper
 
 _HEADER = re.compile(r"^(?:---|\+\+\+) (?:[ab]/)?(.+?)\t?$", re.M)
 
@@ -37,12 +45,18 @@ class SessionDiff:
     problem: str | None = None
     """Why the changes cannot be graded (the agent's doing: a huge tree or diff); None when `patch` is the diff."""
     dropped: list[str] = field(default_factory=list)
-    """Test files the session changed, left out of `patch`."""
+    """Files the session changed that are left out of `patch`: test files, testing helpers, compiled code."""
 
     def note(self, error: str) -> str:
-        """A verdict's `error` with the dropped files named."""
-        dropped = f"not graded (test files): {', '.join(self.dropped)}" if self.dropped else ""
-        return "; ".join(filter(None, [error, dropped]))
+        """A verdict's `error` with the dropped files named, by kind."""
+        kinds: dict[str, list[str]] = {"test files": [], "testing helpers": [],
+                                       "compiled code, only source is graded": []}
+        for path in self.dropped:
+            kind = ("compiled code, only source is graded" if is_compiled(path) else
+                    "testing helpers" if is_testing_helper(path) and not is_test_file(path) else "test files")
+            kinds[kind].append(path)
+        notes = [f"not graded ({kind}): {', '.join(paths)}" for kind, paths in kinds.items() if paths]
+        return "; ".join(filter(None, [error, *notes]))
 
 
 def test_patch_files(test_patch: str) -> set[str]:
@@ -56,7 +70,7 @@ def graded_paths(changed: Iterable[str], test_patch: str) -> tuple[list[str], li
     kept: list[str] = []
     dropped: list[str] = []
     for path in sorted({p for p in changed if p}):
-        (dropped if path in protected or is_test_path(path) else kept).append(path)
+        (dropped if path in protected or is_test_path(path) or is_compiled(path) else kept).append(path)
     return kept, dropped
 
 

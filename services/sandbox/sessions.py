@@ -46,7 +46,7 @@ from services.sandbox.session_registry import (
     SessionRegistry,
 )
 from services.sandbox.sessions_image import ImageSession, ImageSessionError, start_image_session
-from services.sandbox.workspace import InfraError, Workspace, git, remove_tree
+from services.sandbox.workspace import InfraError, Workspace, git, git_capped, remove_tree
 
 log = logging.getLogger(__name__)
 _KEYS_KEPT = 64
@@ -170,7 +170,9 @@ class SessionManager(SessionRegistry[Session]):
             return
         try:
             repo = resolve_repo(session.spec.repo_url, self.executor.cfg)
-            ws = Workspace(session.root)
+            # On a tmpfs of tree_mb, as a task's tree (with the git metadata beside it): many files cannot fill the
+            # host's disk, and `remove_tree` detaches it when the session goes.
+            ws = Workspace(session.root, self.executor.tree_limits)
             session.commit = await ws.checkout(repo, session.spec.base_commit)
             # The git metadata moves out of the tree: the sandboxed commands see base_commit's files only.
             os.rename(ws.tree / ".git", session.git_dir)
@@ -285,15 +287,18 @@ class SessionManager(SessionRegistry[Session]):
         added = await git("--git-dir", gd, "--work-tree", tree, "add", "--all", "--force", ".", cwd=cwd)
         names = await git("--git-dir", gd, "diff", "--cached", "--name-only", "-z", "--no-renames", session.commit,
                           cwd=cwd) if added.code == 0 else added
+        if names.code != 0 and "No space left" in names.err:  # git's objects did not fit beside what it wrote
+            return SessionDiff(problem=f"the session's tree is full (sandbox.tree_mb={self.executor.cfg.tree_mb})")
         if names.code != 0:
             return SessionDiff(problem=f"the session's changes could not be read: {names.err.strip()[-300:]}")
         kept, dropped = graded_paths(names.out.split("\0"), session.spec.test_patch)
         if not kept:
             return SessionDiff(dropped=dropped)
-        diff = await git("--git-dir", gd, "diff", "--cached", "--binary", "--no-renames", session.commit, "--",
-                         *pathspecs(kept), cwd=cwd)
+        kb = self.cfg.max_diff_kb
+        diff = await git_capped("--git-dir", gd, "diff", "--cached", "--binary", "--no-renames", session.commit,
+                                "--", *pathspecs(kept), cwd=cwd, cap=kb << 10)
+        if diff is None:
+            return SessionDiff(problem=f"the session's diff is larger than sandbox.sessions.max_diff_kb={kb}")
         if diff.code != 0:
             return SessionDiff(problem=f"the session's diff failed: {diff.err.strip()[-300:]}")
-        if len(diff.out.encode()) > (kb := self.cfg.max_diff_kb) << 10:
-            return SessionDiff(problem=f"the session's diff is larger than sandbox.sessions.max_diff_kb={kb}")
         return SessionDiff(diff.out, dropped=dropped)

@@ -37,7 +37,8 @@ _PROBE = """
 import importlib.util, json, os, site, sys
 out = {"base": os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
        "base_prefix": os.path.realpath(sys.base_prefix),
-       "site": site.getsitepackages() + [site.getusersitepackages()], "packages": {}, "config": None}
+       "site": site.getsitepackages() + site.getsitepackages([sys.base_prefix, sys.base_exec_prefix])
+               + [site.getusersitepackages()], "packages": {}, "config": None}
 for name in sys.argv[1:]:
     spec = importlib.util.find_spec(name)
     if spec is not None:
@@ -186,7 +187,9 @@ def _populate(root: Path, packages: dict[str, list[str]]) -> None:
 
 
 def _site_folders(probe: dict[str, Any]) -> list[str]:
-    """Every site-packages / dist-packages folder of this host's Pythons that exists: hidden in the isolated mode."""
+    """Every site-packages / dist-packages folder of this host's Pythons that exists: hidden in the isolated mode.
+    The base interpreter's own (a pyenv or uv Python under a venv) counts too: the runner starts it with `-S`, but a
+    session's or a shell `test_command`'s plain `python` is that interpreter, and its `site` would add them."""
     found = {os.path.realpath(p) for p in probe["site"]}
     for base in ("/usr/lib", "/usr/local/lib", "/usr/lib64"):
         for entry in Path(base).glob("python3*/*-packages") if Path(base).is_dir() else []:

@@ -78,6 +78,38 @@ async def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
     return GitResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
+async def git_capped(*args: str, cwd: Path, cap: int) -> GitResult | None:
+    """`git` whose output is read only up to `cap` bytes: None, and git killed, if it had more (a diff of a tree
+    the agent filled is never held whole in the executor's memory)."""
+    proc = await asyncio.create_subprocess_exec(
+        "git", *_GIT_OPTS, *args, cwd=cwd, env=_GIT_ENV, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    err_task = asyncio.ensure_future(proc.stderr.read(64 << 10))
+    out = bytearray()
+
+    async def read() -> bool:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(1 << 20):
+            out.extend(chunk)
+            if len(out) > cap:
+                return False
+        return True
+
+    try:
+        whole = await asyncio.wait_for(read(), GIT_TIMEOUT_S)
+        if not whole:
+            return None
+        await asyncio.wait_for(proc.wait(), GIT_TIMEOUT_S)
+        err = await err_task
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        err_task.cancel()
+    return GitResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
 def _raise_if_disk(err: str) -> None:
     if "No space left" in err or "Disk quota exceeded" in err:
         raise InfraError(f"disk full: {err.strip()[-300:]}")
@@ -327,6 +359,7 @@ def remove_tree(path: Path) -> None:
     """Remove a folder the sandboxed code may have shaped: `shutil.rmtree` recurses once per level (1,100 nested
     folders raise RecursionError on Python 3.11) and gives up on names it cannot handle; `rm -rf` walks any depth.
     Never follows symlinks, never crosses into another filesystem."""
+    unmount_under(path)
     try:
         shutil.rmtree(path)
     except FileNotFoundError:
@@ -336,6 +369,23 @@ def remove_tree(path: Path) -> None:
                               check=False)
         if done.returncode != 0 and os.path.lexists(path):
             log.error("could not remove %s (%s): %s", path, type(exc).__name__, done.stderr.strip()[-300:])
+
+
+def unmount_under(path: Path, mountinfo: str = "/proc/self/mountinfo") -> None:
+    """Detach the mounts at or below `path`, deepest first: the size-limited tmpfs of a tree (a session's, or one an
+    executor that was killed left mounted), which a removal could otherwise only empty."""
+    if os.geteuid() != 0:
+        return  # only root mounts trees
+    prefix = os.path.realpath(path)
+    try:
+        with open(mountinfo) as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return
+    # mountinfo escapes a space in a path as \040: trees are named by the executor, never with one.
+    under = [p for p in points if p == prefix or p.startswith(prefix.rstrip("/") + "/")]
+    for point in sorted(set(under), key=len, reverse=True):
+        _libc().umount2(point.encode(), _MNT_DETACH)
 
 
 def remove_path(path: Path) -> None:

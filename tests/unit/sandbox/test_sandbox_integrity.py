@@ -18,7 +18,7 @@ def test_test_files_are_recognised(path: str) -> None:
     assert _check([path]) is not None
 
 
-@pytest.mark.parametrize("path", ["pkg/core.py", "pkg/testing_utils.py", "contest.py", "docs/tests.md", "attest.py"])
+@pytest.mark.parametrize("path", ["pkg/core.py", "pkg/contesting.py", "contest.py", "docs/tests.md", "attest.py"])
 def test_source_files_are_not_test_files(path: str) -> None:
     assert not is_test_path(path)
     assert _check([path]) is None
