@@ -33,7 +33,7 @@ class RunReport:
 
 def _phase_status(when: str, outcome: str, xfail: bool) -> str:
     if outcome == "failed":
-        return "FAILED" if when == "call" else "ERROR"
+        return "FAILED" if when in ("call", "subtest") else "ERROR"
     if outcome == "skipped":
         return "XFAIL" if xfail else "SKIPPED"
     return "XPASS" if xfail else "PASSED"
@@ -98,7 +98,7 @@ def _fold(report: RunReport, record: dict[str, object], seen: set[tuple[str, str
             report.violations.append("report stream: more than one pytest session")
     elif kind in ("t", "collect"):
         nodeid, when = str(record.get("id", "")), str(record.get("w", "collect"))
-        if (nodeid, when) in seen:
+        if (nodeid, when) in seen and when != "subtest":  # a test has any number of subtests, one call phase
             report.violations.append(f"report stream: {nodeid} ({when}) reported twice")
             return
         seen.add((nodeid, when))

@@ -109,6 +109,9 @@ class ReportPlugin:
         self._plugins_at_start: set[int] = set()
         self._hooks_at_start: dict[int, object] = {}
         self._functions: dict[str, tuple[object, object]] = {}
+        self._calling: set[str] = set()
+        """Tests whose call phase runs now: a report made meanwhile is one of their subtests (pytest >= 9's `subtests`
+        fixture, unittest's `subTest`), not a second call phase."""
         self._pm: pluggy.PluginManager | None = None
         own = tuple(n for n, v in vars(type(self)).items() if callable(v) and not n.startswith("__"))
         self._baseline = Baseline([(type(self), own),
@@ -164,7 +167,11 @@ class ReportPlugin:
         obj = getattr(item, "obj", None)
         if recorded is not None and (obj is not recorded[0] or _code(obj) is not recorded[1]):
             self._violation(f"the test function of {item.nodeid} was replaced before it ran")
-        return (yield)
+        self._calling.add(item.nodeid)
+        try:
+            return (yield)
+        finally:
+            self._calling.discard(item.nodeid)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item,
@@ -174,7 +181,8 @@ class ReportPlugin:
             origin = self._origin(call.excinfo.tb)
             if origin is not None and not is_test_path(origin):
                 self._violation(f"{item.nodeid}: {call.excinfo.typename} raised from {origin}, not from a test")
-        self._emit(protocol.test_payload(report.nodeid, report.when, report.outcome, hasattr(report, "wasxfail")))
+        when = "subtest" if report.when == "call" and item.nodeid in self._calling else report.when
+        self._emit(protocol.test_payload(report.nodeid, when, report.outcome, hasattr(report, "wasxfail")))
         return report
 
     def _origin(self, tb: Any) -> str | None:

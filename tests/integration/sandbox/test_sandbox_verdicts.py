@@ -151,3 +151,36 @@ async def test_no_tree_is_left_behind(executor: Executor, calc_repo: CalcRepo, s
     # The source repository is untouched.
     assert git(calc_repo.path, "status", "--porcelain") == ""
     assert git(calc_repo.path, "show", "HEAD:calc/core.py") == CORE
+
+
+SUBTESTS = '''import unittest
+
+from calc.core import add, mul
+
+
+class TestSub(unittest.TestCase):
+    def test_table(self):
+        for a, b in [(1, 2), (3, 4)]:
+            with self.subTest(a=a, b=b):
+                self.assertEqual(add(a, b), a + b)
+
+
+def test_fixture(subtests):
+    for a in (2, 3):
+        with subtests.test(a=a):
+            assert mul(a, a) == a * a
+'''
+
+
+async def test_tests_with_subtests_are_graded_not_called_a_forged_report(executor: Executor,
+                                                                         calc_repo: CalcRepo) -> None:
+    # unittest's subTest and pytest's `subtests` fixture report once per subtest inside the call phase: graded as the
+    # test's outcome (a failing subtest fails the test), never "reported twice" (an integrity violation).
+    f2p = ["tests/test_sub.py::TestSub::test_table", "tests/test_sub.py::test_fixture"]
+    spec = calc_repo.spec(calc_repo.gold, test_patch=calc_repo.diff({"tests/test_sub.py": SUBTESTS}),
+                          fail_to_pass=f2p, pass_to_pass=[])
+    gold, empty = await executor.run(spec), await executor.run(TaskSpec(**{**spec.to_json(), "patch": ""}))
+    assert (gold.status, gold.resolution, gold.error) == ("completed", "FULL", "")
+    assert gold.test_status == dict.fromkeys(f2p, "PASSED")
+    assert (empty.status, empty.resolution) == ("completed", "NO")
+    assert empty.test_status == dict.fromkeys(f2p, "FAILED")
