@@ -5,6 +5,7 @@ The payload holds what scoring needs and nothing the policy should not see: no g
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from envs.registry import Task
@@ -14,6 +15,15 @@ PAYLOAD_KEYS = ("instance_id", "repo_url", "base_commit", "test_patch", "fail_to
                 "test_command")
 IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status")
 """Optional: a task that names its environment image (SWE-bench 5 rows, or the name its loader derived)."""
+
+
+_DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+
+
+def fix_paths(patch: str) -> list[str]:
+    """The files a (gold) patch changes: what the sandbox grades as code under test whatever their names (a pytest
+    task's `src/_pytest/`, a django task's `django/test/`). In the payload only, never in a prompt."""
+    return sorted({p for pair in _DIFF_PATHS.findall(patch) for p in pair})
 
 
 def task_to_payload(task: Task) -> dict[str, Any]:
@@ -26,6 +36,7 @@ def task_to_payload(task: Task) -> dict[str, Any]:
         "pass_to_pass": list(task.pass_to_pass),
         "test_command": task.test_command,
         **{k: task.metadata[k] for k in IMAGE_KEYS if task.metadata.get(k)},
+        **({"task_paths": paths} if (paths := fix_paths(task.patch)) else {}),
     }
 
 
@@ -49,4 +60,5 @@ def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 180
         eval_type=payload.get("eval_type") or None,
         setup_patch=payload.get("setup_patch") or None,
         expected_status=dict(payload["expected_status"]) if payload.get("expected_status") else None,
+        task_paths=list(payload.get("task_paths") or []),
     )

@@ -49,6 +49,10 @@ class TaskSpec:
     timeout: float = DEFAULT_TASK_TIMEOUT_S
     integrity_check: bool = True
     """Refuse a patch touching tests or the test runner (`env.code.integrity_check`; the client sends it)."""
+    task_paths: list[str] = field(default_factory=list)
+    """Files the task's own fix changes (its gold patch's, never shown to the policy): code under test for the
+    integrity check even where their names say test helper or runner (pytest's `src/_pytest/`, `django/test/`,
+    `sympy/testing/`); without them such a task's gold patch is `refused`, a silent zero."""
     image: str | None = None
     """Environment image of the task (SWE-bench 5 `image`): the task runs inside it, `/testbed` its tree."""
     eval_script: str | None = None
@@ -67,7 +71,8 @@ class TaskSpec:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         # Image fields only when set: an executor that predates them (the seed's) rejects unknown keys.
-        return {k: v for k, v in data.items() if not (k in IMAGE_KEYS and v is None)}
+        return {k: v for k, v in data.items() if not (k in IMAGE_KEYS and v is None)
+                and not (k == "task_paths" and not v)}
 
 
 IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status")
@@ -121,7 +126,7 @@ class SpecError(ValueError):
 
 _SPEC_KEYS = {"repo_url", "base_commit", "patch", "test_patch", "test_command", "fail_to_pass", "pass_to_pass",
               "reference_patch", "timeout", "integrity_check", "image", "eval_script", "log_parser", "eval_type",
-              "setup_patch", "expected_status"}
+              "setup_patch", "expected_status", "task_paths"}
 # Labels seed clients send along; accepted and ignored so that a misspelt key is still an error.
 _IGNORED_KEYS = {"instance_id", "metadata"}
 
@@ -182,6 +187,14 @@ def _expected_status(data: dict[str, Any]) -> dict[str, str] | None:
     return dict(value)
 
 
+def _task_paths(data: dict[str, Any]) -> list[str]:
+    value = data.get("task_paths") or []
+    if not isinstance(value, list) or not all(isinstance(p, str) and p and not p.startswith("/")
+                                              and ".." not in p.split("/") for p in value):
+        raise SpecError("task_paths", "must be a list of paths relative to the repository root")
+    return list(value)
+
+
 def _image_fields(data: dict[str, Any]) -> dict[str, Any]:
     image = _string(data, "image", default=None) or None
     if image is not None and (any(c.isspace() for c in image) or image.startswith("-")):
@@ -226,6 +239,7 @@ def spec_from_json(data: Any, *, max_timeout: float = 3600.0) -> TaskSpec:
         reference_patch=_string(data, "reference_patch", default=None),
         timeout=_timeout(data, max_timeout),
         integrity_check=_flag(data, "integrity_check", True),
+        task_paths=_task_paths(data),
         **_image_fields(data),
     )
     check_spec(spec)

@@ -280,7 +280,7 @@ class Executor:
                 except PatchError as exc:
                     return Verdict(status="not_applied", error=f"patch does not apply: {exc}")
                 if spec.integrity_check:
-                    reason = await self._integrity(ws, paths, test_paths)
+                    reason = await self._integrity(ws, paths, test_paths, spec.task_paths)
                     if reason is not None:
                         return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
             if test_paths:
@@ -289,18 +289,20 @@ class Executor:
             return Verdict(status="not_applied", patch_applied=False, error=str(exc))
         return None
 
-    async def _integrity(self, ws: Workspace, paths: list[str], test_paths: list[str]) -> str | None:
+    async def _integrity(self, ws: Workspace, paths: list[str], test_paths: list[str],
+                         task_paths: list[str]) -> str | None:
         """Why the patch is refused (None: accepted); either way every test file and runner input it touched goes
         back to its pristine content, so the run never depends on what this check's parsers make of them."""
         # What git read from the patch, plus what actually changed on disk (renames, modes, symlinks included).
         touched = sorted({*paths, *await ws.changed_paths()})
         configs = [p for p in touched if PurePosixPath(p).name in CONFIG_FILES]
         before = {p: await ws.base_text(p) for p in configs}
-        reason = check_patch(touched, test_paths, before.get, ws.read_text)
+        reason = check_patch(touched, test_paths, before.get, ws.read_text, task_paths)
         if reason is None:
             names = self._runner.config_names if self._runner else frozenset()
-            await ws.restore_pristine([p for p in touched if is_protected(p, names) or (names and
-                                       PurePosixPath(p).name in names)])
+            owned = set(task_paths) - set(test_paths)  # the task's own fix is code, whatever its name
+            await ws.restore_pristine([p for p in touched if p not in owned and (is_protected(p, names) or (names and
+                                       PurePosixPath(p).name in names))])
         return reason
 
     def _command(self, spec: TaskSpec, tree: Path, key_fd: int, report_fd: int) -> tuple[list[str], dict[str, str],

@@ -77,14 +77,19 @@ def check_patch(
     test_patch_paths: Iterable[str],
     read_before: Callable[[str], str | None],
     read_after: Callable[[str], str | None],
+    task_paths: Iterable[str] = (),
 ) -> str | None:
-    """Why the patch is refused, or None. `read_before/after(path)` give a config file's text around the patch."""
-    protected = set(test_patch_paths)
+    """Why the patch is refused, or None. `read_before/after(path)` give a config file's text around the patch.
+    `task_paths`: the files the task's own fix changes, code under test whatever their names (`TaskSpec.task_paths`:
+    a pytest task fixes `src/_pytest/`, a django one `django/test/`); the test patch's files stay refused."""
+    protected, owned = set(test_patch_paths), set(task_paths)
     for path in sorted(set(paths)):
         if unsafe_path(path):
             return f"patch touches {path}, outside the working tree"
         if path in protected:
             return f"patch modifies {path}, a file of the task's test patch"
+        if path in owned and not is_compiled(path):
+            continue
         if is_test_file(path):
             return f"patch modifies test file {path}"
         reason = _runner_reason(path)

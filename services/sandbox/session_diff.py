@@ -64,13 +64,16 @@ def test_patch_files(test_patch: str) -> set[str]:
     return {m.group(1) for m in _HEADER.finditer(test_patch) if m.group(1) != "/dev/null"}
 
 
-def graded_paths(changed: Iterable[str], test_patch: str) -> tuple[list[str], list[str]]:
-    """(paths graded, test paths dropped) of a session's changed paths."""
-    protected = test_patch_files(test_patch)
+def graded_paths(changed: Iterable[str], test_patch: str,
+                 task_paths: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """(paths graded, test paths dropped) of a session's changed paths; `task_paths` (the files the task's own fix
+    changes) are code under test whatever their names."""
+    protected, owned = test_patch_files(test_patch), set(task_paths)
     kept: list[str] = []
     dropped: list[str] = []
     for path in sorted({p for p in changed if p}):
-        (dropped if path in protected or is_test_path(path) or is_compiled(path) else kept).append(path)
+        test_like = is_test_path(path) and path not in owned
+        (dropped if path in protected or test_like or is_compiled(path) else kept).append(path)
     return kept, dropped
 
 

@@ -291,7 +291,7 @@ class SessionManager(SessionRegistry[Session]):
             return SessionDiff(problem=f"the session's tree is full (sandbox.tree_mb={self.executor.cfg.tree_mb})")
         if names.code != 0:
             return SessionDiff(problem=f"the session's changes could not be read: {names.err.strip()[-300:]}")
-        kept, dropped = graded_paths(names.out.split("\0"), session.spec.test_patch)
+        kept, dropped = graded_paths(names.out.split("\0"), session.spec.test_patch, session.spec.task_paths)
         if not kept:
             return SessionDiff(dropped=dropped)
         kb = self.cfg.max_diff_kb

@@ -146,7 +146,8 @@ class ImageSession:
         if names.timed_out or names.exit_code != 0:
             why = "took too long" if names.timed_out else f"failed: {names.stderr.text().strip()[-300:]}"
             return SessionDiff(problem=f"reading the session's changes {why}")
-        kept, dropped = graded_paths(names.stdout.text().split("\0"), self.spec.test_patch)
+        kept, dropped = graded_paths(names.stdout.text().split("\0"), self.spec.test_patch,
+                                     self.spec.task_paths)
         if not kept:
             return SessionDiff(dropped=dropped)
         paths = " ".join(shlex.quote(p) for p in pathspecs(kept))

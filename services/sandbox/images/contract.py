@@ -147,11 +147,11 @@ async def _read(env: ImageEnv, argv: list[str]) -> str | None:
     return result.stdout.text() if result.exit_code == 0 else None
 
 
-async def _integrity(env: ImageEnv, paths: list[str], test_paths: list[str]) -> str | None:
+async def _integrity(env: ImageEnv, paths: list[str], test_paths: list[str], task_paths: list[str]) -> str | None:
     configs = [p for p in paths if PurePosixPath(p).name in CONFIG_FILES]
     before = {p: await _read(env, ["/bin/sh", "-c", f"{_GIT} show HEAD:{shlex.quote(p)}"]) for p in configs}
     after = {p: await _read(env, ["cat", "--", p]) for p in configs}
-    return check_patch(paths, test_paths, before.get, after.get)
+    return check_patch(paths, test_paths, before.get, after.get, task_paths)
 
 
 async def prepare_history(env: ImageEnv, base_commit: str) -> int:
@@ -204,7 +204,7 @@ async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> 
         if applied.exit_code != 0 or "GRPO_APPLIED" not in applied.stdout.text():
             return Verdict(status="not_applied", error=f"patch does not apply: {applied.stdout.text()[-1500:]}")
         if spec.integrity_check:
-            reason = await _integrity(env, paths or [], test_paths)
+            reason = await _integrity(env, paths or [], test_paths, spec.task_paths)
             if reason is not None:
                 return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
     timings["apply_s"] = time.monotonic() - t

@@ -228,6 +228,34 @@ async def test_a_testing_helper_changed_in_a_session_is_dropped_and_its_fix_stil
     await _healthy_and_gold_full(srv, _stats_spec(stats_repo, stats_repo.gold))
 
 
+async def test_a_task_whose_fix_is_in_a_testing_helper_grades_its_gold_full_and_nothing_else_passes(
+        srv: SandboxServer, client: SessionClient, stats_repo: CalcRepo) -> None:
+    # The shape of SWE-bench tasks that fix xarray/testing.py or sympy/testing/: the helper is the code under test.
+    # Its tests call the helper with a tolerance it ignores; the gold fix honours it.
+    helper = "stats/testing/_private/utils.py"
+    buggy = STATS_FILES[helper].replace("rtol * abs(desired)", "1e-7 * abs(desired)")
+    repo = CalcRepo(stats_repo.path, stats_repo.base, "")
+    git(repo.path, "checkout", "-q", "-b", "helper-bug", repo.base)
+    (repo.path / helper).write_text(buggy)
+    git(repo.path, "commit", "-qam", "the helper ignores rtol")
+    repo.base = git(repo.path, "rev-parse", "HEAD").strip()
+    repo.test_patch = repo.diff({"stats/tests/test_rtol.py": (
+        "from stats.testing import assert_close\n\n\ndef test_rtol():\n    assert_close(1.05, 1.0, rtol=0.1)\n")})
+    gold = repo.diff({helper: STATS_FILES[helper]})
+    spec = TaskSpec(repo_url=str(repo.path), base_commit=repo.base, patch=gold, test_patch=repo.test_patch,
+                    fail_to_pass=["stats/tests/test_rtol.py::test_rtol"], pass_to_pass=STATS_P2P, timeout=60.0,
+                    task_paths=[helper])
+    v = await srv.executor.run(spec)
+    assert (v.status, v.resolution) == ("completed", "FULL"), _detail(v)
+    other = await srv.executor.run(TaskSpec(**{**spec.to_json(), "patch": repo.diff({"stats/utils/_testing.py": (
+        "def assert_allclose(*a, **k):\n    pass\n")})}))
+    assert (other.status, other.resolution) == ("refused", "NO"), _detail(other)  # other helpers stay protected
+    session = await client.open(TaskSpec(**{**spec.to_json(), "patch": ""}))
+    await session.write_file(helper, STATS_FILES[helper])
+    verdict, patch = await session.finish()
+    assert verdict.resolution == "FULL" and helper in patch, _detail(verdict)
+
+
 # ---- class 3: what a session's Python can import ----------------------------------------------------------------
 SITE_LISTING = ("python -c \"import json, os, site, sys; "
                 "print(json.dumps({p: sorted(os.listdir(p)) for p in site.getsitepackages([sys.base_prefix]) "

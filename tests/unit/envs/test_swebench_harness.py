@@ -209,9 +209,10 @@ def test_the_harnesss_gold_run_log_grades_full_and_a_failing_one_does_not(
     assert contract.grade(spec, ts, _log(command, broken, 1)).resolution != "FULL"
 
 
-def test_the_gold_patch_files_and_eval_script_stay_out_of_the_payload_the_policy_sees(tmp_path: Path) -> None:
+def test_the_payload_carries_the_eval_script_and_the_fixs_files_but_never_the_gold_patch(tmp_path: Path) -> None:
     [task] = _load(tmp_path, "swebench", [row("django/django", "3.0", "py")])
     payload = task_to_payload(task)
-    assert "patch" not in payload and "src/core.py" not in json.dumps(payload)
+    assert "patch" not in payload and task.patch not in json.dumps(payload)
+    assert payload["task_paths"] == ["src/core.py"]  # code under test for the integrity check, whatever its name
     assert payload["log_parser"] == "parse_log_django"
     assert "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 auth_tests" in payload["eval_script"]

@@ -86,3 +86,19 @@ def test_the_isolated_runner_hides_the_base_interpreters_site_packages() -> None
         assert {os.path.realpath(p) for p in base_sites} <= set(runner.hidden_site), runner.hidden_site
     finally:
         runner.remove()
+
+
+# Real SWE-bench tasks whose fix lives where the rules above look for test code: the task's own gold files.
+TASK_OWNED = ["src/_pytest/assertion/rewrite.py", "django/test/testcases.py", "sympy/testing/pytest.py",
+              "xarray/testing.py", "lib/matplotlib/testing/decorators.py"]
+
+
+@pytest.mark.parametrize("path", TASK_OWNED)
+def test_the_files_of_the_tasks_own_fix_are_code_under_test_whatever_their_names(path: str) -> None:
+    assert _check([path]) is not None  # another task's patch touching it is refused...
+    assert check_patch([path], [], lambda _: None, lambda _: None, [path]) is None  # ...this task's fix is not
+    assert graded_paths([path], "", [path]) == ([path], [])
+    # The test patch's files and compiled code stay refused even when the fix touches them.
+    assert check_patch([path], [path], lambda _: None, lambda _: None, [path]) is not None
+    pyc = path.replace(".py", ".cpython-311.pyc")
+    assert check_patch([pyc], [], lambda _: None, lambda _: None, [pyc]) is not None
