@@ -95,6 +95,10 @@ def grade_run(spec: TaskSpec, result: RunResult, key: bytes | None, limits: Limi
         notes.insert(0, "integrity violation: " + "; ".join(violations[:10]))
     elif status_name == "timeout":
         resolution = "NO"
+    elif cgroup is not None and cgroup.memory_limit_hit:
+        # Past the task's memory, cgroup v2 and the watchdog kill the whole run, cgroup v1 only its largest process
+        # (the rest may still pass): NO on every host, so the same answer never scores differently by kernel.
+        resolution = "NO"
     passed, failed = grading.count(status)
     return Verdict(
         status=status_name, patch_applied=True, test_patch_applied=True, tests_passed=passed,

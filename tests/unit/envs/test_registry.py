@@ -43,7 +43,7 @@ def test_payload_is_json_and_becomes_a_task_spec_without_the_gold_patch():
     spec = payload_to_spec(payload, "PATCH", timeout=12)
     assert spec == TaskSpec(repo_url="embedded://demo", base_commit="c" * 40, patch="PATCH", test_patch="",
                             test_command="pytest t.py", fail_to_pass=["t.py::test_a"],
-                            pass_to_pass=["t.py::test_b"], timeout=12)
+                            pass_to_pass=["t.py::test_b"], timeout=12, task_paths=["m.py"])
     with pytest.raises(ValueError, match="lacks base_commit"):
         payload_to_spec({k: v for k, v in payload.items() if k != "base_commit"}, "x")
 
