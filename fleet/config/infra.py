@@ -63,7 +63,9 @@ class RedisConfig(Section):
 
 class ReplayBufferConfig(Section):
     lease_timeout_s: float = Field(600.0, gt=0)
-    """A lease not submitted within this time is reclaimed and granted again."""
+    """A lease is reclaimed and granted again once its worker has not heartbeated for this long: each heartbeat renews
+    the worker's leases, so a group that takes long to grade (SWE-bench tasks run up to `env.code.task_timeout`) stays
+    with its live worker, and a dead worker's groups go back within this time."""
     max_deliveries: int = Field(5, ge=1)
     """A group leased this many times without a submit is dead-lettered."""
     heartbeat_interval_s: float = Field(2.0, gt=0)

@@ -162,6 +162,25 @@ incr('reclaimed', reclaimed)
 return {reclaimed, dead}
 """
 
+# ARGV: group, consumer (worker id), page size. Returns how many leases were renewed.
+# XCLAIM to the same consumer with min-idle 0 resets an entry's idle time; JUSTID leaves its delivery count alone. So a
+# lease lasts while its worker heartbeats, and `lease_timeout_ms` counts from the worker's last heartbeat: a group
+# that takes long to grade (SWE-bench's 1800 s per task) is not leased again behind its live worker's back.
+RENEW = """
+local group, consumer, size = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local renewed, start = 0, '-'
+while true do
+  local page = redis.call('XPENDING', K_PROMPTS, group, start, '+', size, consumer)
+  for _, p in ipairs(page) do
+    redis.call('XCLAIM', K_PROMPTS, group, consumer, 0, p[1], 'JUSTID')
+    renewed = renewed + 1
+  end
+  if #page < size then break end
+  start = '(' .. page[#page][1]
+end
+return renewed
+"""
+
 # ARGV: group, pool consumer, entry_id, dead_letter 0|1, detail, now_ms, max_deliveries.
 RELEASE = """
 local p = redis.call('XPENDING', K_PROMPTS, ARGV[1], ARGV[3], ARGV[3], 1)[1]
@@ -358,5 +377,5 @@ return out
 # The run's lifecycle (BeginRun, CommitStep, PublishVersion) and the accounting check: scripts_run.py.
 from services.replay_buffer.scripts_run import ACCOUNTING, BEGIN_RUN, COMMIT, PUBLISH  # noqa: E402
 
-__all__ = ["PRELUDE", "ENQUEUE", "LEASE", "RECLAIM", "RELEASE", "SUBMIT", "SAMPLE", "BEGIN_RUN", "COMMIT", "PUBLISH",
-           "ACCOUNTING"]
+__all__ = ["PRELUDE", "ENQUEUE", "LEASE", "RECLAIM", "RENEW", "RELEASE", "SUBMIT", "SAMPLE", "BEGIN_RUN", "COMMIT",
+           "PUBLISH", "ACCOUNTING"]

@@ -224,6 +224,7 @@ class ReplayBufferServicer:
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         await self.store.workers.put(_worker_record(request.worker), must_exist=True)
+        await self.store.renew_leases(request.worker.worker_id)  # leases last while their worker heartbeats
         run = await self.store.run_state()
         return pb.HeartbeatResponse(epoch=run["epoch"], current_version=run["version"])
 

@@ -49,7 +49,7 @@ _SAMPLE_POLL_S = 0.5
 _PAYLOAD_TTL_MS = 600_000
 
 _SCRIPTS = (
-    *("enqueue", "lease", "reclaim", "release", "submit"),
+    *("enqueue", "lease", "reclaim", "renew", "release", "submit"),
     *("sample", "begin_run", "commit", "publish", "accounting"),
 )
 
@@ -142,6 +142,11 @@ class ReplayStore:
         if reclaimed or dead:
             log.info("reclaimed %d expired leases, dead-lettered %d groups (max_deliveries)", reclaimed, dead)
         return int(reclaimed), int(dead)
+
+    async def renew_leases(self, worker_id: str) -> int:
+        """Renew every lease `worker_id` holds (its heartbeat does): a live worker's leases never expire, a dead one's
+        expire `lease_timeout_ms` after its last heartbeat. Returns how many it holds."""
+        return int(await self._run("renew", WORKERS_GROUP, worker_id, _RECLAIM_PAGE))
 
     async def release(self, lease_id: str, *, dead_letter: bool, detail: str = "") -> str:
         """Give a lease back: "released" (leased again next), or "dead" (dead-lettered, also when the group has

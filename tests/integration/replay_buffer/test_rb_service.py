@@ -75,6 +75,30 @@ async def test_groups_past_the_bound_are_dead_lettered_with_reason(buffer) -> No
     assert invariant_holds(stats)
 
 
+async def test_a_live_workers_heartbeat_keeps_its_lease_past_the_timeout_and_its_death_frees_it(buffer) -> None:
+    # A group that grades for longer than the lease timeout (SWE-bench tasks run up to 30 minutes) stays with the
+    # worker that heartbeats; once the heartbeats stop, it goes back within the timeout.
+    rb = await buffer("replay_buffer.lease_timeout_s=0.3")
+    c = rb.client()
+    await c.call("EnqueuePrompts", groups=[prompt("g")])
+    epoch = await begin(c, "slow", "w2")
+    (held,) = (await lease(c, "slow", 0, epoch)).leases
+    for _ in range(12):  # 1.2 s: four lease timeouts
+        await c.call("Heartbeat", worker=worker("slow", 0, epoch))
+        await asyncio.sleep(0.1)
+        assert (await lease(c, "w2", 0, epoch)).reason == "queue_empty"
+    assert not (await submit(c, "slow", held.lease_id, scored(held.group, 0))).duplicate
+    await c.call("EnqueuePrompts", groups=[prompt("h")])
+    (orphan,) = (await lease(c, "slow", 0, epoch)).leases  # and then "slow" dies: no more heartbeats
+    for _ in range(50):
+        again = (await lease(c, "w2", 0, epoch)).leases
+        if again:
+            break
+        await asyncio.sleep(0.05)
+    assert [(x.group.group_id, x.delivery_count) for x in again] == [("h", 2)], orphan
+    assert (await c.call("Stats")).reclaimed == 1
+
+
 async def test_lease_of_a_worker_that_never_submits_is_reclaimed_and_trained_once(buffer) -> None:
     rb = await buffer("replay_buffer.lease_timeout_s=0.3")
     c = rb.client()
