@@ -11,12 +11,19 @@ Training machines have no internet, so each URL is resolved to a file in an asse
 `python scripts/fetch_image_assets.py` (`fetch_assets` here). A data set whose statement images are not all there is
 refused at load time (`MissingImageAssets`, with counts) unless `data.*.allow_missing_assets` is set.
 
+The `test_patch` entries (`{"url", "path"}`: binary files of the hidden tests, such as reference screenshots) are
+what grading needs: swebench 4.1's eval script fetches them with `curl` before applying the test patch, which fails
+in a sandbox without network. The loader stages them too: their bytes ride in the task's payload (`eval_files`,
+path -> base64, never in a prompt) and the sandbox writes them into `/testbed` before the eval script runs, so
+`curl` finds nothing to fetch and leaves them in place; missing ones refuse the data set like statement images.
+
 The prompt path is text only today: each statement image becomes a placeholder line naming its URL and whether it was
 staged (`statement_with_image_notes`); feeding the staged files to a multimodal policy is not wired yet.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import mimetypes
@@ -33,6 +40,9 @@ if TYPE_CHECKING:
     from fleet.config.env import DatasetConfig
 
 STATEMENT_KEY = "problem_statement"
+EVAL_FILES_KEY = "eval_files"
+"""Task.metadata key the loader sets: {path in /testbed: base64 bytes} of the test patch's binary assets."""
+MAX_EVAL_FILES_BYTES = 16 << 20
 STAGED_KEY = "statement_images"
 """Task.metadata key the loader sets: [{"url": URL, "file": local path or None}] of the statement images."""
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg", ".bmp"}
@@ -40,14 +50,16 @@ _LISTED = 5
 
 
 class MissingImageAssets(FileNotFoundError):
-    """Statement images of a data set that are not in its assets folder; `missing` lists (instance_id, url)."""
+    """Images of a data set (statement or test-patch ones) that are not in its assets folder; `missing` lists
+    (instance_id, url)."""
 
     def __init__(self, assets_dir: Path, missing: list[tuple[str, str]], rows: int) -> None:
         self.assets_dir, self.missing, self.rows = assets_dir, missing, rows
         shown = "\n  ".join(f"{iid}: {url}" for iid, url in missing[:_LISTED])
         more = f"\n  ... and {len(missing) - _LISTED} more" if len(missing) > _LISTED else ""
         super().__init__(
-            f"{len(missing)} problem-statement image(s) of {rows} row(s) are not staged in {assets_dir}:\n"
+            f"{len(missing)} image asset(s) (problem statement or test patch) of {rows} row(s) are not staged in "
+            f"{assets_dir}:\n"
             f"  {shown}{more}\n"
             f"Fetch them where there is internet (`python scripts/fetch_image_assets.py DATA --out {assets_dir}`) and "
             "copy the folder here, or set data.*.allow_missing_assets=true to load the rows with a text placeholder "
@@ -65,6 +77,22 @@ def parse_image_assets(raw: Any) -> dict[str, list[str]]:
     for key, entries in data.items():
         urls = [e.get("url") if isinstance(e, dict) else e for e in (entries or [])]
         out[str(key)] = [u for u in urls if isinstance(u, str) and u]
+    return out
+
+
+def test_patch_assets(raw: Any) -> list[tuple[str, str]]:
+    """(path in the repository, url) of a row's test-patch assets (swebench's `{"url", "path"}` entries)."""
+    if not raw:
+        return []
+    data = json.loads(raw) if isinstance(raw, str) else raw
+    entries = data.get("test_patch") or [] if isinstance(data, dict) else []
+    out = []
+    for e in entries:
+        if isinstance(e, dict) and isinstance(e.get("url"), str) and isinstance(e.get("path"), str):
+            path = PurePosixPath(e["path"])
+            if path.is_absolute() or ".." in path.parts:
+                raise ValueError(f"test_patch asset path {e['path']!r} must stay inside the repository")
+            out.append((e["path"], e["url"]))
     return out
 
 
@@ -101,8 +129,22 @@ def stage_assets(tasks: Iterable[Task], assets_dir: Path, *, allow_missing: bool
     for task in tasks:
         try:
             urls = statement_urls(task)
+            eval_assets = test_patch_assets(task.metadata.get("image_assets"))
         except ValueError as exc:  # JSONDecodeError included
             raise ValueError(f"{task.instance_id}: field image_assets: {exc}") from exc
+        files: dict[str, str] = {}
+        for path, url in eval_assets:
+            file = find_asset(assets_dir, url)
+            if file is None:
+                missing.append((task.instance_id, url))
+                rows.add(task.instance_id)
+            else:
+                files[path] = base64.b64encode(file.read_bytes()).decode()
+        if sum(len(v) for v in files.values()) > MAX_EVAL_FILES_BYTES:
+            raise ValueError(f"{task.instance_id}: field image_assets: the test patch's assets are larger than "
+                             f"{MAX_EVAL_FILES_BYTES >> 20} MiB")
+        if files:
+            task.metadata[EVAL_FILES_KEY] = files
         if not urls:
             continue
         staged = []
@@ -164,11 +206,13 @@ def _suffix(url: str, content_type: str) -> str:
 
 
 def fetch_assets(rows: Iterable[Any], out: Path, *, opener: Opener = _urlopen) -> tuple[int, int, list[str]]:
-    """Download the statement images of raw rows into `out` (skipping staged ones): (fetched, present, failed)."""
+    """Download the statement images and test-patch assets of raw rows into `out` (skipping staged ones):
+    (fetched, present, failed)."""
     out.mkdir(parents=True, exist_ok=True)
     fetched, present, failed = 0, 0, []
     urls = {u: None for row in rows if isinstance(row, dict)
-            for u in parse_image_assets(row.get("image_assets")).get(STATEMENT_KEY, [])}
+            for u in [*parse_image_assets(row.get("image_assets")).get(STATEMENT_KEY, []),
+                      *(url for _, url in test_patch_assets(row.get("image_assets")))]}
     for url in urls:
         if find_asset(out, url) is not None:
             present += 1

@@ -13,7 +13,7 @@ from fleet.contracts.sandbox import TaskSpec
 
 PAYLOAD_KEYS = ("instance_id", "repo_url", "base_commit", "test_patch", "fail_to_pass", "pass_to_pass",
                 "test_command")
-IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status")
+IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status", "eval_files")
 """Optional: a task that names its environment image (SWE-bench 5 rows, or the name its loader derived)."""
 
 
@@ -61,4 +61,5 @@ def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 180
         setup_patch=payload.get("setup_patch") or None,
         expected_status=dict(payload["expected_status"]) if payload.get("expected_status") else None,
         task_paths=list(payload.get("task_paths") or []),
+        eval_files=dict(payload["eval_files"]) if payload.get("eval_files") else None,
     )

@@ -7,6 +7,7 @@ lives on the ground floor, below all of them (it was `services/sandbox/model.py`
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -67,6 +68,9 @@ class TaskSpec:
     expected_status: dict[str, str] | None = None
     """Image tasks graded by exact match (R2E-Gym's rule): the whole parsed status map, test -> status, the tests must
     give; FULL iff it matches, else NO (fail_to_pass/pass_to_pass then play no part in the resolution)."""
+    eval_files: dict[str, str] | None = None
+    """Image tasks: files written into /testbed before the eval script runs, path -> base64 bytes (SWE-bench
+    Multimodal's test-patch assets, which the harness's script would fetch with curl from a sandbox without network)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -75,7 +79,7 @@ class TaskSpec:
                 and not (k == "task_paths" and not v)}
 
 
-IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status")
+IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status", "eval_files")
 
 
 @dataclass
@@ -126,7 +130,7 @@ class SpecError(ValueError):
 
 _SPEC_KEYS = {"repo_url", "base_commit", "patch", "test_patch", "test_command", "fail_to_pass", "pass_to_pass",
               "reference_patch", "timeout", "integrity_check", "image", "eval_script", "log_parser", "eval_type",
-              "setup_patch", "expected_status", "task_paths"}
+              "setup_patch", "expected_status", "task_paths", "eval_files"}
 # Labels seed clients send along; accepted and ignored so that a misspelt key is still an error.
 _IGNORED_KEYS = {"instance_id", "metadata"}
 
@@ -187,6 +191,22 @@ def _expected_status(data: dict[str, Any]) -> dict[str, str] | None:
     return dict(value)
 
 
+def _eval_files(data: dict[str, Any]) -> dict[str, str] | None:
+    value = data.get("eval_files")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+            isinstance(p, str) and p and not p.startswith("/") and ".." not in p.split("/") and isinstance(v, str)
+            for p, v in value.items()):
+        raise SpecError("eval_files", "must be an object of relative path -> base64 content")
+    try:
+        for v in value.values():
+            base64.b64decode(v, validate=True)
+    except ValueError:
+        raise SpecError("eval_files", "values must be base64") from None
+    return dict(value)
+
+
 def _task_paths(data: dict[str, Any]) -> list[str]:
     value = data.get("task_paths") or []
     if not isinstance(value, list) or not all(isinstance(p, str) and p and not p.startswith("/")
@@ -203,7 +223,7 @@ def _image_fields(data: dict[str, Any]) -> dict[str, Any]:
                "log_parser": _string(data, "log_parser", default=None) or None,
                "eval_type": _string(data, "eval_type", default=None) or None,
                "setup_patch": _string(data, "setup_patch", default=None) or None,
-               "expected_status": _expected_status(data)}
+               "expected_status": _expected_status(data), "eval_files": _eval_files(data)}
     if image is None:
         given = [k for k in IMAGE_KEYS[1:] if fields_[k] is not None]
         if given:

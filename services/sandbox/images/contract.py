@@ -154,6 +154,20 @@ async def _integrity(env: ImageEnv, paths: list[str], test_paths: list[str], tas
     return check_patch(paths, test_paths, before.get, after.get, task_paths)
 
 
+async def stage_eval_files(env: ImageEnv, files: dict[str, str]) -> None:
+    """Write the task's eval files (base64) into /testbed: what the eval script would download, staged offline."""
+    lines = [f"cd {WORKDIR}"]
+    for i, (path, content) in enumerate(sorted(files.items())):
+        env.put(f"eval-file-{i}.b64", content)
+        target = shlex.quote(path)
+        parent = shlex.quote(str(PurePosixPath(path).parent))
+        lines.append(f"mkdir -p {parent} && base64 -d {IO_DIR}/eval-file-{i}.b64 > {target} || exit 1")
+    result = await env.exec(["/bin/sh", "-c", "\n".join(lines)], limit_s=_STEP_LIMIT_S)
+    if result.exit_code != 0:
+        raise InfraError(f"image {env.ref}: staging the task's eval files failed (exit {result.exit_code}): "
+                         f"{result.stderr.text()[-300:]}")
+
+
 async def prepare_history(env: ImageEnv, base_commit: str) -> int:
     """Step 1; returns how many later commits the image showed (0 for a well-built image)."""
     result = await env.exec(["/bin/sh", "-c", scrub_script(base_commit)], limit_s=_STEP_LIMIT_S)
@@ -207,6 +221,8 @@ async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> 
             reason = await _integrity(env, paths or [], test_paths, spec.task_paths)
             if reason is not None:
                 return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
+    if spec.eval_files:
+        await stage_eval_files(env, spec.eval_files)
     timings["apply_s"] = time.monotonic() - t
     ts = test_spec(spec, test_paths)
     env.put("eval.sh", ts.eval_script)

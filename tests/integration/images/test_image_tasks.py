@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from pathlib import Path
 
@@ -99,3 +100,29 @@ async def test_image_runs_have_no_network_and_a_process_limit(images: ImageSet, 
         verdict = await ex.run(images.spec("", eval_script=probe, fail_to_pass=["limits::network", "limits::pids"],
                                            pass_to_pass=[]))
     assert verdict.test_status == {"limits::network": "PASSED", "limits::pids": "PASSED"}, verdict.stdout_tail[-1500:]
+
+
+STAGED_CHECK = """#!/bin/bash
+set -uxo pipefail
+cd /testbed
+mkdir -p tests/fixtures
+curl -o tests/fixtures/expected.png https://example.invalid/expected.png
+: '>>>>> Start Test Output'
+if [ "$(cat tests/fixtures/expected.png)" = "reference screenshot" ]; then r=PASSED; else r=FAILED; fi
+echo "$r tests/test_core.py::test_add"
+: '>>>>> End Test Output'
+"""
+
+
+async def test_eval_files_are_in_the_tree_when_the_eval_script_runs_offline(images: ImageSet,
+                                                                            image_cfg: SandboxConfig) -> None:
+    # SWE-bench Multimodal's test-patch assets: the harness's script curls them, which no sandbox here can; the
+    # staged bytes are in /testbed before it runs, and a failed curl leaves them alone.
+    staged = {"tests/fixtures/expected.png": base64.b64encode(b"reference screenshot").decode()}
+    kw: dict[str, object] = {"eval_script": STAGED_CHECK, "fail_to_pass": ["tests/test_core.py::test_add"],
+                             "pass_to_pass": []}
+    async with Executor(image_cfg) as ex:
+        with_files = await ex.run(images.spec("", eval_files=staged, **kw))
+        without = await ex.run(images.spec("", **kw))
+    assert (with_files.status, with_files.resolution) == ("completed", "FULL"), with_files.error
+    assert (without.status, without.resolution) == ("completed", "NO"), without.error

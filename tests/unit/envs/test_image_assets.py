@@ -3,6 +3,7 @@ only the issue's images (never the patch-side ones) named in a prompt."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from envs.registry import Task, load_dataset
 from envs.swe.assets import MissingImageAssets, asset_stem, fetch_assets, stage_assets
 from envs.swe.loaders import read_rows
+from envs.swe.payload import task_to_payload
 from envs.swe.prompt import build_prompt
 from envs.swe_agent import SweAgentEnvironment
 from fleet.config.env import DatasetConfig
@@ -62,8 +64,9 @@ def cfg(folder: Path, **over: object) -> DatasetConfig:
 def test_rows_with_unstaged_statement_images_are_refused_with_counts(tmp_path):
     folder = mm_folder(tmp_path / "mm", [mm_row("chartjs__Chart.js-8650", [SHOT, SHOT2]),
                                          mm_row("chartjs__Chart.js-8710", [SHOT2])])
-    stage(folder, SHOT)
-    with pytest.raises(MissingImageAssets, match=r"2 problem-statement image\(s\) of 2 row\(s\) are not staged") as e:
+    stage(folder, SHOT, GOLD_ASSET)
+    with pytest.raises(MissingImageAssets, match=r"2 image asset\(s\) \(problem statement or test patch\) of 2 "
+                                                 r"row\(s\) are not staged") as e:
         load_dataset(cfg(folder))
     assert e.value.missing == [("chartjs__Chart.js-8650", SHOT2), ("chartjs__Chart.js-8710", SHOT2)]
     assert "allow_missing_assets" in str(e.value) and "fetch_image_assets.py" in str(e.value)
@@ -71,8 +74,12 @@ def test_rows_with_unstaged_statement_images_are_refused_with_counts(tmp_path):
 
 def test_staged_images_become_placeholders_and_gold_assets_never_reach_a_prompt(tmp_path, chat_tokenizer):
     folder = mm_folder(tmp_path / "mm", [mm_row("chartjs__Chart.js-8650", [SHOT])])
-    stage(folder, SHOT)
+    stage(folder, SHOT, GOLD_ASSET)
     task = load_dataset(cfg(folder))[0]
+    # The test patch's asset rides to the sandbox in the payload (written into /testbed before the eval script).
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+    assert task.metadata["eval_files"] == {"test/fixtures/expected.png": png}
+    assert task_to_payload(task)["eval_files"] == task.metadata["eval_files"]
     assert task.metadata["statement_images"] == [{"url": SHOT, "file": str(folder / "assets" /
                                                                            f"{asset_stem(SHOT)}.png")}]
     single = build_prompt(task, chat_tokenizer, 100_000, "bm25").text
@@ -100,10 +107,10 @@ def test_fetched_assets_are_what_the_loader_finds(tmp_path):
         return b"\x89PNG\r\n\x1a\n", "image/png"
 
     rows = [row for _, row in read_rows(folder / "data" / "dev-00000-of-00001.parquet")]
-    assert fetch_assets(rows, folder / "assets", opener=opener) == (2, 0, [])
-    assert calls == [SHOT, SHOT2]  # each URL once; never the test_patch asset
+    assert fetch_assets(rows, folder / "assets", opener=opener) == (3, 0, [])
+    assert calls == [SHOT, SHOT2, GOLD_ASSET]  # each URL once, the test patch's asset too (grading needs it)
     assert (folder / "assets" / f"{asset_stem(SHOT2)}.png").is_file()  # extension from the content type
-    assert fetch_assets(rows, folder / "assets", opener=opener) == (0, 2, [])
+    assert fetch_assets(rows, folder / "assets", opener=opener) == (0, 3, [])
     assert len(load_dataset(cfg(folder))) == 2
 
 
@@ -112,7 +119,7 @@ def test_a_failed_download_is_reported_and_not_staged(tmp_path):
         raise OSError("Network is unreachable")
 
     assert fetch_assets([mm_row("chartjs__Chart.js-8650", [SHOT])], tmp_path / "a", opener=offline) == \
-        (0, 0, [f"{SHOT}: Network is unreachable"])
+        (0, 0, [f"{SHOT}: Network is unreachable", f"{GOLD_ASSET}: Network is unreachable"])
     assert list((tmp_path / "a").iterdir()) == []
 
 
@@ -120,7 +127,8 @@ def test_assets_dir_points_elsewhere(tmp_path):
     folder = mm_folder(tmp_path / "mm", [mm_row("chartjs__Chart.js-8650", [SHOT])])
     elsewhere = tmp_path / "shared-assets"
     elsewhere.mkdir()
-    (elsewhere / f"{asset_stem(SHOT)}.png").write_bytes(b"png")
+    for url in (SHOT, GOLD_ASSET):
+        (elsewhere / f"{asset_stem(url)}.png").write_bytes(b"png")
     assert len(load_dataset(cfg(folder, assets_dir=str(elsewhere)))) == 1
 
 
