@@ -46,6 +46,42 @@ class FleetFailed(RuntimeError):
     pass
 
 
+async def exited(proc: asyncio.subprocess.Process) -> int:
+    """The exit status of `proc`, as soon as the process itself exits. Not `proc.wait()`: asyncio finishes that only
+    once the child's pipes close too, and processes it started (vLLM's `EngineCore`, a test's background job) hold
+    them long after it died -- the supervisor then never saw a SIGKILLed rollout worker go. A pidfd is readable from
+    the moment the process exits; without one (old kernels), the status asyncio's child watcher reaped is polled."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        gone: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not gone.done():
+                gone.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await gone
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    while True:  # asyncio's child watcher reaps it a moment after the pidfd says so (or, without one, at all)
+        if proc.returncode is not None:
+            return proc.returncode
+        await asyncio.sleep(0.02)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a process's session: each child leads its own (`start_new_session`), so whatever it
+    started and left behind (engine cores, shells, test jobs) is in its group, and must not outlive it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 class Supervisor:
     def __init__(self, specs: list[ProcessSpec], log_dir: Path, *, cwd: Path, max_restarts: int = 3,
                  ready_timeout_s: float = 180.0, echo: bool = True) -> None:
@@ -119,7 +155,7 @@ class Supervisor:
         """Until the trainer ends or `stop` is set. Returns the run's exit code."""
         by_name = {s.name: s for s in self.specs}
         while not stop.is_set():
-            waits = {asyncio.create_task(p.wait()): n for n, p in self.procs.items()}
+            waits = {asyncio.create_task(exited(p)): n for n, p in self.procs.items()}
             stopper = asyncio.create_task(stop.wait())
             done, pending = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
@@ -130,7 +166,9 @@ class Supervisor:
                 name = waits[task]
                 rc = self.procs[name].returncode
                 spec = by_name[name]
-                # Its last lines are still in the pipe: let them reach the log before it is read or reopened.
+                # What it started dies with it (and so lets go of its pipe); its last lines still reach the log
+                # before the log is read or reopened, but a pump that lags does not hold the restart back.
+                kill_group(self.procs[name].pid)
                 await asyncio.wait([self._pump_of[name]], timeout=5)
                 if not spec.restartable:
                     if rc == 0:
@@ -174,12 +212,12 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), timeout=grace_s if name == "trainer" else 20.0)
+                await asyncio.wait_for(exited(proc), timeout=grace_s if name == "trainer" else 20.0)
             except TimeoutError:
                 log.warning("%s did not stop in time; killing it", name)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+                kill_group(proc.pid)
+                await exited(proc)
+            kill_group(proc.pid)  # anything it started and left behind
         await asyncio.gather(*self._pumps, return_exceptions=True)
 
 

@@ -1,0 +1,61 @@
+"""The supervisor sees a child's exit from the process itself, not from its pipes: a SIGKILLed service whose own
+children hold its stdout (vLLM's EngineCore under a rollout worker) is restarted within seconds, and what it left
+behind dies with it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from launch.supervisor import Supervisor
+from launch.topology import ProcessSpec
+
+# A service that starts a helper holding its stdout, as vLLM's engine processes do, then serves forever.
+SERVICE = ("import subprocess, sys, time\n"
+           "helper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+           "print('HELPER', helper.pid, flush=True)\n"
+           "time.sleep(600)\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def _helper_pid(log: Path, nth: int) -> int:
+    for _ in range(200):
+        pids = [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("HELPER")] \
+            if log.exists() else []
+        if len(pids) >= nth:
+            return pids[nth - 1]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no HELPER line {nth} in {log}")
+
+
+async def test_a_killed_service_is_restarted_within_seconds_and_its_orphans_are_killed(tmp_path: Path) -> None:
+    sup = Supervisor([ProcessSpec("worker", "rollout", [sys.executable, "-c", SERVICE])], tmp_path / "logs",
+                     cwd=tmp_path, echo=False)
+    await sup.start_all()
+    stop = asyncio.Event()
+    watch = asyncio.create_task(sup.watch(stop))
+    try:
+        first_pid, helper = sup.procs["worker"].pid, await _helper_pid(sup.log_path("worker"), 1)
+        os.kill(first_pid, signal.SIGKILL)  # the main pid only: the helper still holds the pipe
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await _helper_pid(sup.log_path("worker"), 2)
+        assert loop.time() - t0 < 5.0, "the restart waited for the pipe, not the process"
+        assert sup.procs["worker"].pid != first_pid and sup.restarts["worker"] == 1
+        assert not _alive(helper), "the killed service's helper outlived it"
+    finally:
+        stop.set()
+        await watch
+        await sup.stop_all(grace_s=5)
+    assert all(not _alive(p.pid) for p in sup.procs.values())
