@@ -29,10 +29,14 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _helper_pids(log: Path) -> list[int]:
+    text = log.read_text() if log.exists() else ""
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("HELPER")]
+
+
 async def _helper_pid(log: Path, nth: int) -> int:
     for _ in range(200):
-        pids = [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("HELPER")] \
-            if log.exists() else []
+        pids = _helper_pids(log)
         if len(pids) >= nth:
             return pids[nth - 1]
         await asyncio.sleep(0.05)
