@@ -72,6 +72,25 @@ class ColocatedConfig(Section):
     `false` is accepted (kept so that seed YAMLs load)."""
 
 
+class HfEngineConfig(Section):
+    """The `hf` backend (transformers, where vLLM is unavailable): how requests share forward passes."""
+
+    batching: Literal["batched", "sequential"] = "batched"
+    """`batched`: every active request advances in one forward per decode step over a static slot KV cache (CUDA
+    graphs on GPUs); `sequential`: one forward per request per step, each with its own cache (the reference the
+    batched engine is tested against)."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Batched: most requests generating at once (slots of the KV cache); more wait for a free slot."""
+    max_prefill_tokens: int = Field(16384, ge=1)
+    """Batched: most (padded) prompt tokens prefilled in one forward; longer prompts go alone."""
+    kv_cache_gb: float | None = Field(None, gt=0)
+    """Batched: memory of the slot KV cache (slots x max_model_len tokens); fewer slots than `max_num_seqs` if it
+    is too small. None: 40% of the GPU memory free after loading the model (CUDA), 2 GB (CPU)."""
+    cuda_graphs: bool = True
+    """Batched, on CUDA: replay the decode step (forward and sampling) as captured CUDA graphs, one per
+    (batch bucket, attended-length bucket), captured on first use."""
+
+
 class GenerationConfig(Section):
     backend: Literal["vllm", "hf"] = "vllm"
     """Generation engine of rollout workers: vLLM AsyncLLM, or transformers where vLLM is unavailable."""
@@ -87,6 +106,8 @@ class GenerationConfig(Section):
     """Generation stops at any of these strings (kept in the output)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device of the `hf` backend."""
+    hf_cfg: HfEngineConfig = Field(default_factory=HfEngineConfig)
+    """`hf` engine settings."""
     vllm_cfg: VllmConfig = Field(default_factory=VllmConfig)
     """vLLM engine settings."""
     colocated: ColocatedConfig = Field(default_factory=ColocatedConfig)

@@ -22,23 +22,25 @@ def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_
     `grpo.seed`; `max_images_per_prompt`: `max_images(...)` (vLLM only)."""
     g = policy.generation
     v = g.vllm_cfg
-    common = dict(
-        dtype=policy.precision,
-        tokenizer=policy.tokenizer.name,
-        max_model_len=v.max_model_len or policy.max_total_sequence_length,
-        seed=seed,
-        initial_version=initial_version,
-    )
+    max_model_len = v.max_model_len or policy.max_total_sequence_length
     if g.backend == "vllm":
         from rollout.engine.vllm_engine import VllmEngine
 
         return VllmEngine(model_path, v, dtype=policy.precision, tokenizer=policy.tokenizer.name,
-                          max_model_len=v.max_model_len or policy.max_total_sequence_length, seed=seed,
-                          initial_version=initial_version, max_images_per_prompt=max_images_per_prompt)
+                          max_model_len=max_model_len, seed=seed, initial_version=initial_version,
+                          max_images_per_prompt=max_images_per_prompt)
     if g.backend == "hf":
+        from rollout.engine.hf_batched import BatchedHfEngine
         from rollout.engine.hf_engine import HfEngine
 
-        return HfEngine(model_path, device=g.device, **common)  # type: ignore[arg-type]
+        h = g.hf_cfg
+        if h.batching == "batched":
+            return BatchedHfEngine(model_path, dtype=policy.precision, device=g.device, tokenizer=policy.tokenizer.name,
+                                   max_model_len=max_model_len, seed=seed, initial_version=initial_version,
+                                   max_num_seqs=h.max_num_seqs, max_prefill_tokens=h.max_prefill_tokens,
+                                   kv_cache_gb=h.kv_cache_gb, cuda_graphs=h.cuda_graphs)
+        return HfEngine(model_path, dtype=policy.precision, device=g.device, tokenizer=policy.tokenizer.name,
+                        max_model_len=max_model_len, seed=seed, initial_version=initial_version)
     raise ValueError(f"policy.generation.backend={g.backend!r} is not an engine (expected 'vllm' or 'hf')")
 
 

@@ -79,7 +79,12 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     cache: Any = None
-    """transformers DynamicCache of prompt + tokens[:-1]; None = (re)compute it from prompt + tokens."""
+    """The sequential engine: transformers DynamicCache of prompt + tokens[:-1]; the batched engine: True once its
+    slot holds them. None = (re)compute it from prompt + tokens."""
+    slot: int | None = None
+    """The batched engine: the KV-cache row this request owns (None: waiting for one)."""
+    seed: int = 0
+    """The request's sampling stream (the batched engine draws token i's uniform from (seed, i))."""
     finish: FinishReason | None = None
     error: BaseException | None = None
 
@@ -196,10 +201,11 @@ class HfEngine(GenerationEngine):
             raise EngineUnavailableError(f"HF engine is not serving (failed: {self._failed!r})")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        seed = sampling.seed if sampling.seed is not None else self._seed * 1_000_003 + next(self._ids)
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(sampling.seed if sampling.seed is not None else self._seed * 1_000_003 + next(self._ids))
+        gen.manual_seed(seed)
         req = _Request(
-            rid=request_id, prompt=prompt, spec=sampling, generator=gen,
+            rid=request_id, prompt=prompt, spec=sampling, generator=gen, seed=seed,
             max_tokens=min(sampling.max_new_tokens, self.max_model_len - len(prompt)),
             done=asyncio.get_running_loop().create_future(),
         )  # fmt: skip

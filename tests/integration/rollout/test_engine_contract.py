@@ -45,7 +45,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(
-    scope="module", loop_scope="module", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)]
+    scope="module", loop_scope="module", params=["hf", "hf-batched", pytest.param("vllm", marks=pytest.mark.vllm)]
 )
 async def engine(request: pytest.FixtureRequest, tiny_model: Path) -> AsyncIterator[GenerationEngine]:
     if request.param == "vllm":
@@ -57,6 +57,11 @@ async def engine(request: pytest.FixtureRequest, tiny_model: Path) -> AsyncItera
         eng: GenerationEngine = VllmEngine(
             tiny_model, VllmConfig(max_num_seqs=16, cpu_kvcache_space_gb=0.25), max_model_len=512, stage_min_bytes=0
         )
+    elif request.param == "hf-batched":
+        from rollout.engine.hf_batched import BatchedHfEngine
+
+        # 8 slots: the group tests' requests outnumber them, so some wait for a slot and join mid-run.
+        eng = BatchedHfEngine(tiny_model, max_model_len=512, device="cpu", max_num_seqs=8)
     else:
         from rollout.engine.hf_engine import HfEngine
 

@@ -20,6 +20,7 @@ from rollout.engine import (
     validate_weights,
 )
 from rollout.engine.base import spans_to_versions
+from rollout.engine.hf_batched import BatchedHfEngine
 from rollout.engine.hf_engine import HfEngine, sample_next
 from rollout.engine.vllm_engine import VllmEngine
 
@@ -101,7 +102,17 @@ def test_sampling_spec_rejects_bad_values() -> None:
 def test_make_engine_follows_backend_and_config(tiny_model: Path) -> None:
     cfg = parse_config({}, ["policy.generation.backend=hf", "policy.max_total_sequence_length=777", "grpo.seed=5"])
     eng = make_engine(cfg.policy, tiny_model, seed=cfg.grpo.seed)
-    assert isinstance(eng, HfEngine) and eng.max_model_len == 777 and eng.dtype == "float32"
+    assert isinstance(eng, BatchedHfEngine) and eng.max_model_len == 777 and eng.dtype == "float32"
+    assert eng.max_num_seqs == 256 and eng.max_prefill_tokens == 16384
+    cfg = parse_config({}, ["policy.generation.backend=hf", "policy.generation.hf_cfg.batching=sequential",
+                            "policy.generation.hf_cfg.max_num_seqs=3"])
+    eng = make_engine(cfg.policy, tiny_model, seed=cfg.grpo.seed)
+    assert type(eng) is HfEngine
+    cfg = parse_config({}, ["policy.generation.backend=hf", "policy.generation.hf_cfg.max_num_seqs=3",
+                            "policy.generation.hf_cfg.kv_cache_gb=0.5", "policy.generation.hf_cfg.cuda_graphs=false"])
+    eng = make_engine(cfg.policy, tiny_model, seed=cfg.grpo.seed)
+    assert isinstance(eng, BatchedHfEngine) and eng.max_num_seqs == 3 and eng._kv_cache_gb == 0.5
+    assert not eng._want_graphs
     cfg = parse_config({}, ["policy.generation.vllm_cfg.max_model_len=256", "policy.precision=bfloat16",
                             "policy.generation.vllm_cfg.cpu_weight_layout=plain",
                             "policy.generation.vllm_cfg.staging_dir=null"])
