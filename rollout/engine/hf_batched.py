@@ -209,37 +209,47 @@ class BatchedHfEngine(HfEngine):
 
     # -- prefill ------------------------------------------------------------------------------------------------
     def _prefill(self, reqs: list[_Request], version: int) -> None:
-        reqs = sorted(reqs, key=lambda r: len(r.prompt) + len(r.tokens), reverse=True)  # less padding per chunk
-        chunk: list[_Request] = []
+        # Identical sequences (a group's G samples of one prompt) are computed once; the others copy its KV.
+        same: dict[tuple[int, ...], list[_Request]] = {}
         for r in reqs:
-            width = len(chunk[0].prompt) + len(chunk[0].tokens) if chunk else 0  # the chunk's longest, its first
+            same.setdefault(tuple(r.prompt + r.tokens), []).append(r)
+        unique = sorted(same.values(), key=lambda g: len(g[0].prompt) + len(g[0].tokens), reverse=True)
+        chunk: list[list[_Request]] = []
+        for group in unique:  # longest first: less padding per chunk, and the chunk's width is its first's
+            width = len(chunk[0][0].prompt) + len(chunk[0][0].tokens) if chunk else 0
             if chunk and width * (len(chunk) + 1) > self.max_prefill_tokens:
                 self._prefill_chunk(chunk, version)
                 chunk = []
-            chunk.append(r)
+            chunk.append(group)
         if chunk:
             self._prefill_chunk(chunk, version)
 
-    def _prefill_chunk(self, reqs: list[_Request], version: int) -> None:
+    def _prefill_chunk(self, groups: list[list[_Request]], version: int) -> None:
         import torch
 
         assert self._cache is not None
-        seqs = [r.prompt + r.tokens for r in reqs]
+        seqs = [g[0].prompt + g[0].tokens for g in groups]
         n, width = len(seqs), max(len(s) for s in seqs)
         ids = torch.zeros(n, width, dtype=torch.long)
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
         dev = self.device
         lens = torch.tensor([len(s) for s in seqs], device=dev)
-        self._cache.prefill(torch.tensor([r.slot for r in reqs], device=dev))
+        self._cache.prefill(torch.tensor([g[0].slot for g in groups], device=dev))
         hidden = self._base(
             input_ids=ids.to(dev), position_ids=torch.arange(width, device=dev).expand(n, width),
             attention_mask={"full_attention": None}, past_key_values=self._cache, use_cache=True,
         ).last_hidden_state
         logits = self._head(hidden[torch.arange(n, device=dev), lens - 1])
+        src = [g[0].slot for g in groups for _ in g[1:]]
+        if src:
+            dst = [r.slot for g in groups for r in g[1:]]
+            self._cache.copy_rows(torch.tensor(src, device=dev), torch.tensor(dst, device=dev), width)
+        reqs = [r for g in groups for r in g]
+        logits = logits[torch.tensor([i for i, g in enumerate(groups) for _ in g], device=dev)]
         for i, r in enumerate(reqs):
             self._sampling_row(r, i)
-        params = self._host_inputs[:, :n].to(dev)
+        params = self._host_inputs[:, : len(reqs)].to(dev)
         tokens, lps = sample_rows(logits, params[_TEMP], params[_TOPK].long(), params[_TOPP], params[_UNIF],
                                   truncate=self._truncates(reqs))
         out = torch.stack([tokens.float(), lps]).cpu().numpy()
@@ -254,8 +264,9 @@ class BatchedHfEngine(HfEngine):
         b = _bucket(max(r.slot for r in reqs if r.slot is not None) + 1, self.rows, 1)
         # Each row attends up to its own position; the window covers the longest (the position of the fed token).
         longest = max(len(r.prompt) + len(r.tokens) for r in reqs)
-        attend = _bucket(longest, self.max_model_len, 128) if self._graphs_on else min(
-            self.max_model_len, -(-longest // 32) * 32)
+        # Graphs are captured per multiple of 256 (eager: of 32): few shapes, little attention over padding.
+        step = 256 if self._graphs_on else 32
+        attend = min(self.max_model_len, -(-longest // step) * step)
         h = self._h
         h[:, :b] = 0
         # Rows without a decoding request write their (discarded) key/value at the last position, which no request

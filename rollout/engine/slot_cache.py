@@ -71,5 +71,11 @@ class SlotKVCache:
         v[rows, :, pos] = value_states[:, :, 0]
         return k[:b, :, :n], v[:b, :, :n]
 
+    def copy_rows(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Rows `dst` take the first `length` positions of rows `src` (a group's samples share their prompt's KV)."""
+        for k, v in zip(self.keys, self.values, strict=True):
+            k[dst, :, :length] = k[src, :, :length]
+            v[dst, :, :length] = v[src, :, :length]
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # callers pass position_ids; older transformers still ask before building cache positions

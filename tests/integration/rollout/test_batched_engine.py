@@ -136,3 +136,25 @@ async def test_a_kv_budget_that_holds_no_sequence_is_refused_naming_the_key(tiny
     eng = BatchedHfEngine(tiny_model, max_model_len=256, device="cpu", kv_cache_gb=1e-6)
     with pytest.raises(ValueError, match=r"policy\.generation\.hf_cfg\.kv_cache_gb"):
         await eng.start()
+
+
+async def test_a_groups_samples_share_one_prefill_and_match_the_one_request_path(tiny_model: Path) -> None:
+    # The greedy request comes last: it is not the one prefilled, so its tokens check the copied KV.
+    specs = [SamplingSpec(max_new_tokens=12, temperature=1.0, seed=s, ignore_eos=True) for s in range(5)]
+    specs.append(greedy(12))
+    ref_eng = HfEngine(tiny_model, max_model_len=256, device="cpu")
+    await ref_eng.start()
+    try:
+        ref = await ref_eng.generate("ref", PROMPTS[5], specs[-1])
+    finally:
+        await ref_eng.stop()
+    eng = BatchedHfEngine(tiny_model, max_model_len=256, device="cpu", max_num_seqs=8)
+    await eng.start()
+    try:
+        gens = await asyncio.gather(*(eng.generate(f"g{i}", PROMPTS[5], s) for i, s in enumerate(specs)))
+    finally:
+        await eng.stop()
+    assert eng.forwards["prefill"] == 1  # one forward for the prompt; the other five rows copied its KV
+    assert gens[-1].token_ids == ref.token_ids
+    assert max(abs(a - b) for a, b in zip(gens[-1].logprobs, ref.logprobs, strict=True)) < TOL
+    assert len({tuple(g.token_ids) for g in gens[:-1]}) > 1  # the copies sample their own streams
