@@ -120,6 +120,7 @@ class HfEngine(GenerationEngine):
         self._idle = asyncio.Event()
         self._idle.set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._stepping: asyncio.Future[None] | None = None
         self._failed: BaseException | None = None
         # (name, shape, dtype) -> a tensor to receive the next push into. On CPU a push is swapped in: the
         # parameters take the received storage and their old storage becomes the spare (two copies of the weights
@@ -177,6 +178,8 @@ class HfEngine(GenerationEngine):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if self._stepping is not None:
+            await asyncio.gather(self._stepping, return_exceptions=True)
         for req in self._requests.values():
             if not req.done.done():
                 req.done.set_exception(EngineUnavailableError("HF engine stopped"))
@@ -239,7 +242,10 @@ class HfEngine(GenerationEngine):
                 continue
             async with self._step_lock:
                 batch = list(self._requests.values())
-                await asyncio.to_thread(self._step_all, batch, self._served_version)
+                # Shielded: a cancelled loop (stop()) leaves the thread's step running; stop() waits for it before
+                # it drops the model, so no step ever runs against a half-torn-down engine.
+                self._stepping = asyncio.ensure_future(asyncio.to_thread(self._step_all, batch, self._served_version))
+                await asyncio.shield(self._stepping)
             for req in batch:
                 if req.done.done():
                     continue
