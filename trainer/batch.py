@@ -18,8 +18,9 @@ DP x micro-batching computes exactly the loss of one big batch.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -30,6 +31,9 @@ from trainer.logprobs import PackedInputs, pack
 log = logging.getLogger(__name__)
 
 Grading = Literal["graded", "not_gradable", "infra_error"]
+Outcome = Literal["full", "partial", "no", "format_error", "not_applied", "integrity", "timeout", "not_gradable",
+                  "infra_error"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 """Whether a trajectory's reward measured its answer: `graded`; `not_gradable` (the tests ran but their log could
 not be graded: a silent zero); `infra_error` (no verdict the answer earned)."""
 
@@ -49,6 +53,13 @@ class Trajectory:
     images: list[tuple[bytes, int, int]] = field(default_factory=list)
     """Computer use: (PNG, start, length) of each screenshot and its placeholder run (inside an observation span)."""
     grading: Grading = "graded"
+    outcome: Outcome = "no"
+    """The verdict in one word: full / partial / no (tests ran), format_error, not_applied, integrity, timeout,
+    not_gradable, infra_error."""
+    generation_s: float = 0.0
+    """Seconds the worker spent generating this answer (agent mode: the whole episode)."""
+    scoring_s: float = 0.0
+    """Seconds the sandbox spent scoring it."""
 
     def loss_mask(self) -> list[float] | None:
         """1.0 on generated tokens, 0.0 on observation tokens (version -1 or inside an observation span); None when
@@ -151,9 +162,23 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
         / max(1, len(samples)),
         **agent_stats([t for g in groups for t in g.trajectories]),
         **_image_stats(groups),
+        **_rollout_stats(groups),
     }
     ages = [step - g.min_version for g in groups]
     return StepBatch(step, samples, [g.group_id for g in groups], stats, ages)
+
+
+def _rollout_stats(groups: list[Group]) -> dict[str, float]:
+    """`outcome/*`: the share of the step's answers per verdict kind (they sum to 1); `rollout/*`: how long the
+    answers took to generate and to score (per answer, mean and max over the step)."""
+    trajs = [t for g in groups for t in g.trajectories]
+    if not trajs:
+        return {}
+    counts = Counter(t.outcome for t in trajs)
+    gen, score = [t.generation_s for t in trajs], [t.scoring_s for t in trajs]
+    return {**{f"outcome/{k}": counts[k] / len(trajs) for k in OUTCOMES},
+            "rollout/generation_s_mean": sum(gen) / len(gen), "rollout/generation_s_max": max(gen),
+            "rollout/scoring_s_mean": sum(score) / len(score), "rollout/scoring_s_max": max(score)}
 
 
 def _image_stats(groups: list[Group]) -> dict[str, float]:

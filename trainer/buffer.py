@@ -7,7 +7,7 @@ from __future__ import annotations
 from buffer_client import BufferClient
 from fleet.contracts.buffer import Starvation
 from grpofleet.v1 import common_pb2
-from trainer.batch import Grading, Group, Trajectory
+from trainer.batch import Grading, Group, Outcome, Trajectory
 from trainer.data import PromptSpec
 
 
@@ -17,6 +17,27 @@ def grading(v: common_pb2.Verdict) -> Grading:
     if v.status == common_pb2.VERDICT_STATUS_UNSPECIFIED:
         return "infra_error"
     return "not_gradable" if v.not_gradable else "graded"
+
+
+_STATUS_OUTCOME = {
+    common_pb2.VERDICT_STATUS_FORMAT_ERROR: "format_error",
+    common_pb2.VERDICT_STATUS_PATCH_NOT_APPLIED: "not_applied",
+    common_pb2.VERDICT_STATUS_INTEGRITY_REFUSED: "integrity",
+    common_pb2.VERDICT_STATUS_INTEGRITY_VIOLATION: "integrity",
+    common_pb2.VERDICT_STATUS_TIMEOUT: "timeout",
+}
+_RESOLUTION_OUTCOME = {common_pb2.RESOLUTION_FULL: "full", common_pb2.RESOLUTION_PARTIAL: "partial"}
+
+
+def outcome(v: common_pb2.Verdict) -> Outcome:
+    """What the sandbox said of one answer, in one word (the `outcome/*` breakdown of a step)."""
+    if v.status == common_pb2.VERDICT_STATUS_UNSPECIFIED:
+        return "infra_error"
+    if v.not_gradable:
+        return "not_gradable"
+    if v.status == common_pb2.VERDICT_STATUS_COMPLETED:
+        return _RESOLUTION_OUTCOME.get(v.resolution, "no")  # type: ignore[return-value]
+    return _STATUS_OUTCOME.get(v.status, "infra_error")  # type: ignore[return-value]
 
 
 def to_group(g: common_pb2.ScoredGroup) -> Group:
@@ -33,6 +54,9 @@ def to_group(g: common_pb2.ScoredGroup) -> Group:
             tool_errors=t.episode.tool_errors,
             images=[(im.png, im.span.start, im.span.length) for im in t.images],
             grading=grading(t.verdict),
+            outcome=outcome(t.verdict),
+            generation_s=t.timings.generation_s,
+            scoring_s=t.timings.scoring_s,
         )
         for t in g.trajectories
     ]

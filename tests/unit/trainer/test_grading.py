@@ -7,6 +7,7 @@ the rollout worker's wire edge, the bytes the replay buffer stores, and the trai
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 
@@ -39,9 +40,9 @@ VERDICTS = {
 }
 
 
-def _group(task_id: str, kinds: list[str]) -> Group:
+def _group(task_id: str, kinds: list[str], verdicts: dict[str, Callable[[], Verdict]] = VERDICTS) -> Group:
     """A scored group as the trainer receives it from the replay buffer."""
-    trajs = [Trajectory([1, 2], [-0.1, -0.2], [3, 3], 0.0, VERDICTS[k](), "stop") for k in kinds]
+    trajs = [Trajectory([1, 2], [-0.1, -0.2], [3, 3], 0.0, verdicts[k](), "stop") for k in kinds]
     scored = ScoredGroup(PromptGroup(group_id=f"0:{task_id}", task_id=task_id, env_name="swe"), trajs, "w", 3, 3, 0)
     return to_group(common_pb2.ScoredGroup.FromString(to_proto_group(scored).SerializeToString()))
 
@@ -93,3 +94,25 @@ def test_one_graded_verdict_means_no_warning_but_the_step_still_counts_the_other
 def test_a_task_the_source_does_not_know_is_named_by_its_task_id() -> None:
     warning = ungraded_warning(1, [_group("astropy__astropy-9", ["infra_error"] * 2)], _source().repo_of)
     assert warning is not None and "(repos: astropy__astropy-9 x2)" in warning
+
+
+def test_each_verdict_kind_reaches_the_step_as_its_outcome_share_with_rollout_timings() -> None:
+    """The FULL / PARTIAL / NO / not applied / infra breakdown of a step (`outcome/*`), through the wire."""
+    from trainer.batch import OUTCOMES, build_step_batch
+
+    verdicts = {**VERDICTS,
+        "full": lambda: Verdict(status="completed", resolution="FULL", patch_applied=True, tests_passed=2),
+        "partial": lambda: Verdict(status="completed", resolution="PARTIAL", patch_applied=True, tests_passed=1),
+        "not_applied": lambda: Verdict(status="not_applied"),
+        "format": lambda: Verdict(status="format_error"),
+        "timeout": lambda: Verdict(status="timeout", patch_applied=True),
+    }
+    kinds = ["full", "partial", "graded", "not_applied", "format", "timeout", "not_gradable", "infra_error"]
+    group = _group("django__django-1", kinds, verdicts)
+    assert [t.outcome for t in group.trajectories] == [
+        "full", "partial", "no", "not_applied", "format_error", "timeout", "not_gradable", "infra_error"]
+    stats = build_step_batch([group], 3, leave_one_out=True, normalize=True, max_len=64).stats
+    assert sum(stats[f"outcome/{k}"] for k in OUTCOMES) == pytest.approx(1.0)
+    assert stats["outcome/full"] == stats["outcome/not_applied"] == pytest.approx(1 / 8)
+    assert stats["outcome/integrity"] == 0.0
+    assert "rollout/generation_s_mean" in stats and "rollout/scoring_s_max" in stats
