@@ -84,14 +84,55 @@ async def load(engine: GenerationEngine, n: int, args: argparse.Namespace, vocab
     stop_at[0] = time.perf_counter() + args.warmup + args.window
     clients = [asyncio.create_task(group_client(c)) for c in range(n // g)]
     await asyncio.sleep(args.warmup)
+    timings0, forwards0 = dict(getattr(engine, "timings", {})), dict(getattr(engine, "forwards", {}))
     t0, tok0, req0 = time.perf_counter(), engine.tokens_generated, done_requests[0]
     await asyncio.sleep(args.window)
     t1, tok1, req1 = time.perf_counter(), engine.tokens_generated, done_requests[0]
+    timings = {k: v - timings0[k] for k, v in getattr(engine, "timings", {}).items()}
+    forwards = {k: v - forwards0[k] for k, v in getattr(engine, "forwards", {}).items()}
     for c in clients:
         c.cancel()
     await asyncio.gather(*clients, return_exceptions=True)
     return {"requests": n, "group": g, "tok_s": (tok1 - tok0) / (t1 - t0), "window_s": t1 - t0,
-            "tokens": tok1 - tok0, "requests_finished": req1 - req0}
+            "tokens": tok1 - tok0, "requests_finished": req1 - req0, "engine_timings_s": timings,
+            "engine_forwards": forwards}
+
+
+def decode_microbench(engine: Any, b: int, attend: int, out_dir: Path, name: str) -> dict[str, float]:
+    """One decode step of `b` rows attending over `attend` positions, alone: ms per graph replay, ms per eager
+    forward, and a profile of the eager one (top kernels by device time) written beside the results."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = engine.device.type == "cuda"
+    engine._inputs.zero_()
+    engine._inputs[1, :b] = torch.arange(b) % (attend - 1)  # positions inside the window
+
+    def timed(fn: Any, reps: int) -> float:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps * 1e3
+
+    with torch.inference_mode():
+        out = {"rows": float(b), "attend": float(attend),
+               "eager_ms": timed(lambda: engine._decode_forward(b, attend, False), 10)}
+        if cuda and engine._graphs_on:
+            out["graph_ms"] = timed(lambda: engine._replay(b, attend, False), 30)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            for _ in range(3):
+                engine._decode_forward(b, attend, False)
+            if cuda:
+                torch.cuda.synchronize()
+    key = "cuda_time_total" if cuda else "cpu_time_total"
+    (out_dir / f"profile_{name}.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=30))
+    return out
 
 
 async def greedy_agreement(path: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
@@ -119,14 +160,24 @@ async def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     eng = make("batched", path, args)
     await eng.start()
     try:
-        for n in [int(x) for x in args.requests.split(",")]:
+        loads = [int(x) for x in args.requests.split(",")]
+        for n in loads:
             r = await load(eng, n, args, vocab)
-            print(f"{shape} batched n={n}: {r['tok_s']:.0f} tok/s", flush=True)
+            print(f"{shape} batched n={n}: {r['tok_s']:.0f} tok/s {r['engine_timings_s']} {r['engine_forwards']}",
+                  flush=True)
             row["batched"].append(r)
+        if args.profile:
+            b, attend = min(max(loads), eng.rows), eng.max_model_len  # type: ignore[attr-defined]
+            async with eng._step_lock:  # type: ignore[attr-defined]
+                row["decode_step"] = await asyncio.to_thread(decode_microbench, eng, b, attend,
+                                                             Path(args.out).parent, shape)
+            print(f"{shape} decode step alone: {row['decode_step']}", flush=True)
         row["graph_captures"] = getattr(eng, "forwards", {}).get("graph_captures")
         row["slots"] = getattr(eng, "rows", None)
     finally:
         await eng.stop()
+    if args.skip_sequential:
+        return row
     eng = make("sequential", path, args)
     await eng.start()
     try:
@@ -140,11 +191,15 @@ async def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
-async def main(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [await bench_shape(s, args) for s in args.shapes.split(",")]
+
+
+def main(args: argparse.Namespace) -> None:
     import torch
     import transformers
 
-    rows = [await bench_shape(s, args) for s in args.shapes.split(",")]
+    rows = asyncio.run(bench(args))
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
            "torch": torch.__version__, "transformers": transformers.__version__, "args": vars(args), "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=1))
@@ -163,5 +218,7 @@ if __name__ == "__main__":
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--warmup", type=float, default=15.0)
     p.add_argument("--window", type=float, default=20.0)
+    p.add_argument("--profile", action="store_true", help="time and profile one decode step at the largest load")
+    p.add_argument("--skip-sequential", action="store_true", help="the batched engine only")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "batched_engine.json"))
-    asyncio.run(main(p.parse_args()))
+    main(p.parse_args())

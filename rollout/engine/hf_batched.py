@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,17 +87,19 @@ class BatchedHfEngine(HfEngine):
         self._graph_pool: Any = None
         self.rows = 0
         self.forwards = {"prefill": 0, "decode": 0, "graph_captures": 0}
+        # Where a round's time goes (seconds, summed): prefill forwards; decode's host-side input writing, its
+        # forward (graph replay or eager, until the tokens are on the host), and its bookkeeping of the tokens.
+        self.timings = {"prefill_s": 0.0, "decode_prep_s": 0.0, "decode_forward_s": 0.0, "decode_record_s": 0.0}
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def _load(self) -> None:
         import torch
 
-        from rollout.engine.slot_cache import SlotKVCache
+        from rollout.engine.slot_cache import SlotKVCache, use_slot_attention
 
         super()._load()
         model, cfg = self._model, self._model.config
-        if hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation("sdpa")  # the decode mask is a per-row boolean mask: SDPA takes it
+        use_slot_attention(model)  # SDPA over the slots' per-row mask, with grouped-query heads read, not copied
         if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
             raise ValueError(f"{self.model_path}: sliding-window layers are not supported by the batched hf engine "
                              "(policy.generation.hf_cfg.batching=sequential serves them)")
@@ -160,7 +163,9 @@ class BatchedHfEngine(HfEngine):
             decoding = [r for r in live if r.slot is not None and r.cache is not None]
             prefilling = [r for r in live if r.slot is not None and r.cache is None]
             if prefilling:
+                t0 = time.perf_counter()
                 self._guarded(self._prefill, prefilling, version)
+                self.timings["prefill_s"] += time.perf_counter() - t0
             if decoding:
                 self._guarded(self._decode, decoding, version)
         self._release_slots(live)
@@ -261,6 +266,7 @@ class BatchedHfEngine(HfEngine):
     # -- decode -------------------------------------------------------------------------------------------------
     def _decode(self, reqs: list[_Request], version: int) -> None:
         assert self._cache is not None
+        t0 = time.perf_counter()
         b = _bucket(max(r.slot for r in reqs if r.slot is not None) + 1, self.rows, 1)
         # Each row attends up to its own position; the window covers the longest (the position of the fed token).
         longest = max(len(r.prompt) + len(r.tokens) for r in reqs)
@@ -280,6 +286,7 @@ class BatchedHfEngine(HfEngine):
             h[_POS, r.slot] = len(r.prompt) + len(r.tokens) - 1
             self._sampling_row(r, r.slot)
         truncate = self._truncates(reqs)
+        t1 = time.perf_counter()
         self._inputs[:, :b].copy_(self._host_inputs[:, :b], non_blocking=True)
         if self._graphs_on:
             out = self._replay(b, attend, truncate)
@@ -291,7 +298,12 @@ class BatchedHfEngine(HfEngine):
 
             torch.cuda.current_stream(self.device).synchronize()
         self.forwards["decode"] += 1
+        t2 = time.perf_counter()
         self._record(reqs, self._o[:, [r.slot for r in reqs if r.slot is not None]], version)
+        t = self.timings
+        t["decode_prep_s"] += t1 - t0
+        t["decode_forward_s"] += t2 - t1
+        t["decode_record_s"] += time.perf_counter() - t2
 
     def _decode_forward(self, b: int, attend: int, truncate: bool) -> torch.Tensor:
         """One decode step over rows 0..b-1 from `_inputs`: [2, b] (token as float, raw log-prob). Static shapes:

