@@ -66,6 +66,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--run-dir", default=None)
     p.add_argument("--timeout", type=float, default=400.0, help="seconds the fleet may run")
     p.add_argument("--out", default="fleet_swe.json")
+    p.add_argument("--logs", action="store_true", help="copy the processes' logs beside --out")
     p.add_argument("overrides", nargs="*", help="extra config overrides")
     return p.parse_args()
 
@@ -187,10 +188,11 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    for name in ("trainer", "rollout-0", "sandbox"):
-        log = run_dir / "logs" / "processes" / f"{name}.log"
-        if log.exists():
-            shutil.copy(log, out.parent / f"fleet_swe_{args.mode}_{name}.log")
+    if args.logs:
+        for name in ("trainer", "rollout-0", "sandbox"):
+            log = run_dir / "logs" / "processes" / f"{name}.log"
+            if log.exists():
+                shutil.copy(log, out.parent / f"fleet_swe_{args.mode}_{name}.log")
     print(json.dumps({k: report[k] for k in ("fleet", "accounting", "trained_groups")}, indent=1))
     for s in steps:
         print(json.dumps(s))

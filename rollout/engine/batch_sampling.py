@@ -12,19 +12,27 @@ truncation); rows with temperature 0 take the argmax.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
 
 
+def seeded_uniforms(seeds: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Uniforms in [0, 1) for token `index[i]` of stream `seeds[i]` (splitmix64 of the pair, uint64 arithmetic
+    wrapping), with 24 bits so that each is exact in float32 and never rounds up to 1."""
+    s, i = seeds.astype(np.uint64), index.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = s * np.uint64(0x9E3779B97F4A7C15) + (i + np.uint64(1)) * np.uint64(0xD1B54A32D192ED03)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24)
+
+
 def seeded_uniform(seed: int, index: int) -> float:
-    """A uniform in [0, 1) for token `index` of the stream `seed` (splitmix64 of the pair), with 24 bits so that it
-    is exact in float32 and never rounds up to 1."""
-    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xD1B54A32D192ED03) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    z ^= z >> 31
-    return (z >> 40) / float(1 << 24)
+    """`seeded_uniforms` for one (seed, index); any Python int seed (taken modulo 2**64)."""
+    return float(seeded_uniforms(np.array([seed & _MASK64], dtype=np.uint64), np.array([index]))[0])
 
 
 def sample_rows(

@@ -38,7 +38,8 @@ def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_
             return BatchedHfEngine(model_path, dtype=policy.precision, device=g.device, tokenizer=policy.tokenizer.name,
                                    max_model_len=max_model_len, seed=seed, initial_version=initial_version,
                                    max_num_seqs=h.max_num_seqs, max_prefill_tokens=h.max_prefill_tokens,
-                                   kv_cache_gb=h.kv_cache_gb, cuda_graphs=h.cuda_graphs)
+                                   kv_cache_gb=h.kv_cache_gb, cuda_graphs=h.cuda_graphs,
+                                   prefill_wait_rounds=h.prefill_wait_rounds)
         return HfEngine(model_path, dtype=policy.precision, device=g.device, tokenizer=policy.tokenizer.name,
                         max_model_len=max_model_len, seed=seed, initial_version=initial_version)
     raise ValueError(f"policy.generation.backend={g.backend!r} is not an engine (expected 'vllm' or 'hf')")
