@@ -169,8 +169,9 @@ class BufferClient:
         r = await self._call("CommitStep", lambda: self.stub.CommitStep(req, timeout=self.timeout))
         return int(r.committed_groups)
 
-    async def list_workers(self) -> list[WorkerRef]:
-        req = replay_buffer_pb2.ListWorkersRequest(include_dead=False)
+    async def list_workers(self, include_dead: bool = False) -> list[WorkerRef]:
+        """The registered workers with a recent heartbeat (`include_dead`: every registered one)."""
+        req = replay_buffer_pb2.ListWorkersRequest(include_dead=include_dead)
         r = await self._call("ListWorkers", lambda: self.stub.ListWorkers(req, timeout=self.timeout))
         return [
             WorkerRef(
