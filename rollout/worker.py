@@ -320,12 +320,16 @@ class RolloutWorker:
 
     # ---- drain ----------------------------------------------------------------------------------------------
     async def drain(self, timeout_s: float) -> tuple[int, int]:
-        """Stop leasing, let the groups in flight finish (up to timeout_s), give back the rest."""
+        """Stop leasing, let the groups in flight finish (up to timeout_s), give back the rest. The wait is always
+        bounded: 0 (a Drain call that names no timeout) means `services.grace_s`, and no more than the longest a
+        group in flight can still take (its scoring, `env.code.task_timeout`, plus the grace) is ever waited."""
         self._draining = True
         self.state = "draining"
         self._slot_free.set()
+        grace = self.cfg.services.grace_s
+        bound = min(timeout_s if timeout_s > 0 else grace, self.cfg.env.code.task_timeout + grace)
         tasks = list(self.in_flight.values())
-        done, pending = await asyncio.wait(tasks, timeout=timeout_s or None) if tasks else (set(), set())
+        done, pending = await asyncio.wait(tasks, timeout=bound) if tasks else (set(), set())
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

@@ -85,7 +85,8 @@ class Coordinator:
     async def _start(self) -> None:
         self.buffer = BufferClient(self.cfg.services, self.cfg.redis, self.cfg.run.dir)
         main, late = make_senders(self.cfg.policy.weight_sync, self.cfg.services, self.device)
-        self.pusher = WeightPusher(self.cfg.policy.weight_sync.join_poll_s, self.buffer.list_workers, main, late)
+        sync = self.cfg.policy.weight_sync
+        self.pusher = WeightPusher(sync.join_poll_s, self.buffer.list_workers, main, late, sync.max_retry_backoff_s)
         self._status = await start_status_service(self.cfg.services, self.state)
 
     def close(self) -> None:
