@@ -28,10 +28,10 @@ from buffer_client.payloads import PayloadStore
 from buffer_client.submitter import Encoded, SubmitBatcher
 from fleet.config.infra import RedisConfig, ServicesConfig
 from fleet.contracts.buffer import Lease, LeaseReply, Registration, Starvation, SubmitOutcome, WorkerInfo
+from fleet.contracts.weights import WorkerRef
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
 from services.runtime.client import call_through_outage, make_channel
 from services.runtime.outage import Outage
-from weightsync.base import WorkerRef
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from grpc import aio
 
 from fleet.config.infra import ServicesConfig
 from fleet.config.policy import WeightSyncConfig
-from fleet.contracts.weights import WeightsId
+from fleet.contracts.weights import WeightsId, WorkerRef
 from grpofleet.v1 import common_pb2, rollout_worker_pb2_grpc
 from services.runtime.client import make_channel
 from weightsync.header import TensorMeta, WeightSet, WeightSnapshot, byte_view
@@ -27,21 +27,6 @@ from weightsync.header import TensorMeta, WeightSet, WeightSnapshot, byte_view
 Stager = Callable[[Sequence[tuple[str, tuple[int, ...], str]]], dict[str, torch.Tensor]]
 """(name, shape, dtype name) in push order -> memory to receive into; the engine's `stage`."""
 OnStaged = Callable[[Any], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class WorkerRef:
-    worker_id: str
-    address: str
-    weight_version: int = -1
-    weight_epoch: int = -1
-    last_heartbeat_ms: int = 0
-    state: str = ""
-
-    @property
-    def weights(self) -> WeightsId:
-        """What the registry says this worker serves."""
-        return WeightsId(self.weight_epoch, self.weight_version)
 
 
 @dataclass
@@ -66,6 +51,9 @@ class PushResult:
 async def header_only(header: common_pb2.WeightSetHeader) -> AsyncIterator[common_pb2.WeightChunk]:
     """A PushWeights stream of the header alone: the bytes travel beside the call (TCP, NCCL)."""
     yield common_pb2.WeightChunk(header=header)
+
+
+__all__ = ["PushResult", "WeightReceiver", "WeightSender", "WorkerRef"]  # WorkerRef: where it used to live
 
 
 class WeightSender(ABC):
