@@ -191,6 +191,8 @@ def add_outages(run_dir: Path, rows: list[dict[str, float | str]], kills: list[d
     for name in ("trainer", "rollout-0"):
         seen = outages_seen(run_dir / "logs" / "processes" / f"{name}.log")
         for row, kill in zip(rows, kills, strict=False):
+            if row["process"] not in ("replay-buffer", "redis"):  # nobody waits on the others: an outage near
+                continue  # their kill is the next kill's
             t = time.localtime(float(kill["at"]))
             at = t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec
             near = [d for start, d in seen if -2 <= start - at <= 15]
