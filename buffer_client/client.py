@@ -28,10 +28,10 @@ from buffer_client.payloads import PayloadStore
 from buffer_client.submitter import Encoded, SubmitBatcher
 from fleet.config.infra import RedisConfig, ServicesConfig
 from fleet.contracts.buffer import Lease, LeaseReply, Registration, Starvation, SubmitOutcome, WorkerInfo
+from fleet.contracts.weights import WorkerRef
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
 from services.runtime.client import call_through_outage, make_channel
 from services.runtime.outage import Outage
-from weightsync.base import WorkerRef
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -169,8 +169,9 @@ class BufferClient:
         r = await self._call("CommitStep", lambda: self.stub.CommitStep(req, timeout=self.timeout))
         return int(r.committed_groups)
 
-    async def list_workers(self) -> list[WorkerRef]:
-        req = replay_buffer_pb2.ListWorkersRequest(include_dead=False)
+    async def list_workers(self, include_dead: bool = False) -> list[WorkerRef]:
+        """The registered workers with a recent heartbeat (`include_dead`: every registered one)."""
+        req = replay_buffer_pb2.ListWorkersRequest(include_dead=include_dead)
         r = await self._call("ListWorkers", lambda: self.stub.ListWorkers(req, timeout=self.timeout))
         return [
             WorkerRef(

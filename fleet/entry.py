@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from fleet.config import ConfigError, MasterConfig, load_config
+from fleet.lifeline import hold_descendants
 from fleet.logs import setup_logging
 
 
@@ -37,6 +38,9 @@ def service_main(prog: str, argv: list[str] | None, serve: Callable[[MasterConfi
     try:
         cfg = load_config(args.config, args.overrides)
         setup_logging(cfg.logger.level)
+        # Before anything starts a process (vLLM's engine, sandbox runners): what the service starts dies with it,
+        # even when it is SIGKILLed.
+        hold_descendants()
         return serve(cfg)
     except ConfigError as exc:
         print(f"grpo-fleet: config error: {exc}", file=sys.stderr)

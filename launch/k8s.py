@@ -15,6 +15,7 @@ wait on the task set's build lock) on a shared ReadWriteMany cache volume.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,16 @@ def _grpc_probe(port: int) -> dict[str, Any]:
     return {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 60}
 
 
+def _liveness(check: dict[str, Any]) -> dict[str, Any]:
+    """Probes that restart a wedged pod: `check` (a gRPC health call or GET /healthz) is answered by the service's
+    own event loop, so a process that still exists but no longer serves (a blocked loop, a hung call holding it)
+    fails it; one that dies exits on its own (a rollout worker whose vLLM engine died exits too:
+    `RolloutWorker.engine_watch`). The startup probe holds liveness off while an engine loads (up to 15 min: a
+    model download, a cold GPU), so a slow start is not mistaken for a wedge."""
+    return {"startupProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 90},
+            "livenessProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}}
+
+
 def _service(name: str, component: str, port: int, extra_selector: dict[str, str] | None = None,
              headless: bool = False) -> Manifest:
     spec: dict[str, Any] = {"selector": {**_labels(component), **(extra_selector or {})},
@@ -111,9 +122,10 @@ def _redis() -> list[Manifest]:
 
 def _fleet_service(role: str, image: str, replicas: int, probe: dict[str, Any], **extra: Any) -> Manifest:
     vols, mounts = _volumes("cache", "runs")
+    check = {k: copy.deepcopy(v) for k, v in probe.items() if k in ("grpc", "httpGet")}
     container = {"name": role, "image": image, "command": container_command(role, CONFIG),
-                 "ports": [{"containerPort": SERVICE_PORTS[role]}], "readinessProbe": probe, "volumeMounts": mounts,
-                 **extra}
+                 "ports": [{"containerPort": SERVICE_PORTS[role]}], "readinessProbe": probe, **_liveness(check),
+                 "volumeMounts": mounts, **extra}
     init = [_prepare_init(image)] if role != "replay-buffer" else None
     return _deployment(role, image, replicas, container, init, vols)
 

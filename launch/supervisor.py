@@ -93,6 +93,8 @@ class Supervisor:
         self.echo = echo
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
+        self.started_at: dict[str, float] = {}
+        self.exits: dict[str, list[tuple[float, int | None]]] = {s.name: [] for s in specs}
         self._pumps: list[asyncio.Task[None]] = []
         self._pump_of: dict[str, asyncio.Task[None]] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +109,7 @@ class Supervisor:
             stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup(spec.cpus),
         )
         self.procs[spec.name] = proc
+        self.started_at[spec.name] = time.time()
         self._write_pids()
         self._pumps.append(asyncio.create_task(self._pump(spec.name, proc)))
         self._pump_of[spec.name] = self._pumps[-1]
@@ -166,6 +169,7 @@ class Supervisor:
                 name = waits[task]
                 rc = self.procs[name].returncode
                 spec = by_name[name]
+                self.exits[name].append((time.time(), rc))
                 # What it started dies with it (and so lets go of its pipe); its last lines still reach the log
                 # before the log is read or reopened, but a pump that lags does not hold the restart back.
                 kill_group(self.procs[name].pid)
@@ -175,7 +179,7 @@ class Supervisor:
                         log.info("%s finished", name)
                         return 0
                     print(f"\ngrpo-fleet: {name} failed with exit code {rc}; its log: {self.log_path(name)}"
-                          f"{self._last_error(name)}", file=sys.stderr)
+                          f"{self._last_error(name)}\n  the launcher saw: {self.seen()}", file=sys.stderr)
                     return rc or 1
                 if self.restarts[name] >= self.max_restarts:
                     print(f"\ngrpo-fleet: {name} died {self.restarts[name] + 1} times (last exit code {rc}); "
@@ -186,6 +190,24 @@ class Supervisor:
                 await asyncio.sleep(min(5.0, 0.5 * 2 ** self.restarts[name]))
                 await self._spawn(spec)
         return 0
+
+    def seen(self) -> str:
+        """What the launcher saw of every process, in one line (e.g. `rollout-0 up 312 s, restarted 1x (exit -9 at
+        10:02:11)`): beside a failed trainer's last error, it tells a dead fleet from a wedged one."""
+        parts = []
+        for spec in self.specs:
+            proc = self.procs.get(spec.name)
+            if proc is None:
+                parts.append(f"{spec.name} never started")
+                continue
+            state = (f"up {time.time() - self.started_at[spec.name]:.0f} s" if proc.returncode is None
+                     else f"exited {proc.returncode}")
+            exits = self.exits[spec.name][:-1] if proc.returncode is not None else self.exits[spec.name]
+            if exits:
+                at, last_rc = time.strftime("%H:%M:%S", time.localtime(exits[-1][0])), exits[-1][1]
+                state += f", restarted {len(exits)}x (exit {last_rc} at {at})"
+            parts.append(f"{spec.name} {state}")
+        return "; ".join(parts)
 
     def _last_error(self, name: str) -> str:
         """The last error line of a process's log (as "\n  its last error: ...", or ""), so that the launcher's last

@@ -21,6 +21,9 @@ ROLE_COMMANDS: dict[str, list[str]] = {
 # Made once before any service starts (tiny model, task set): in-process for `grpo-fleet up`, a one-shot container
 # or init step elsewhere.
 PREPARE_COMMAND = ["-m", "launch.cli", "prepare"]
+# `grpo-fleet up` restarts a dead worker within seconds, so a trainer left without any for two minutes is waiting for
+# nothing (services.no_worker_timeout_s; containers and pods keep the config's longer default).
+LAUNCHER_NO_WORKER_TIMEOUT_S = 120.0
 # Stateless services are restarted when they die, and so is the embedded Redis (from its AOF: nothing acknowledged is
 # lost); the trainer's death ends the run.
 RESTARTABLE = {"redis", "replay-buffer", "sandbox", "rollout"}
@@ -85,7 +88,10 @@ def fleet_processes(cfg: MasterConfig, config_path: str | None, overrides: list[
         argv = role_argv("rollout", cfg.cluster, config_path,
                          [*base, f"services.rollout.port={port}", f"rollout.worker_id=rollout-{i}"])
         specs.append(ProcessSpec(f"rollout-{i}", "rollout", argv, ready=None))
-    specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg.cluster, config_path, base),
+    trainer = [*base]
+    if "no_worker_timeout_s" not in cfg.services.model_fields_set:
+        trainer.append(f"services.no_worker_timeout_s={LAUNCHER_NO_WORKER_TIMEOUT_S:g}")
+    specs.append(ProcessSpec("trainer", "trainer", role_argv("trainer", cfg.cluster, config_path, trainer),
                              restartable=False))
     for spec in specs:
         spec.cpus = cfg.cluster.cpu_affinity.get(spec.role)  # type: ignore[call-overload]

@@ -91,7 +91,8 @@ async def serve(cfg: MasterConfig) -> int:
         await buffer.close()
         await engine.stop()
 
-    return await run_service(service, background=[worker.heartbeat_loop, worker.lease_loop], on_stop=on_stop)
+    background = [worker.heartbeat_loop, worker.lease_loop, worker.engine_watch]
+    return await run_service(service, background=background, on_stop=on_stop)
 
 
 def write_summary(run_dir: str, backend: str, worker: RolloutWorker) -> None:

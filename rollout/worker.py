@@ -31,6 +31,7 @@ from rollout.agent.computer import ComputerRunner
 from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
 from rollout.engine import Generation, GenerationEngine, SamplingSpec
+from rollout.engine.base import EngineUnavailableError
 from rollout.scoring import Scorer, ScoringUnavailable
 from services.runtime.errors import FailedPrecondition
 from weightsync.header import WeightSet
@@ -145,6 +146,14 @@ class RolloutWorker:
                 # The registry lost us (worker timed out, or Redis lost state): register again.
                 log.warning("the replay buffer no longer knows this worker; registering again")
                 await self.buffer.register(self.info())
+
+    async def engine_watch(self, every_s: float = 1.0) -> None:
+        """Fails (and with it the service: `run_service` supervises it) once the engine can no longer serve: a
+        worker whose vLLM EngineCore died would otherwise stay registered and heartbeating, failing every group it
+        leases until they are dead-lettered. Exiting hands it to whatever restarts it (the launcher, compose, k8s)."""
+        while (why := self.engine.failure()) is None:  # noqa: ASYNC110 (a state vLLM exposes, with no event to await)
+            await asyncio.sleep(every_s)
+        raise EngineUnavailableError(f"{why}; stopping this worker so that it is restarted")
 
     # ---- weights (called by the servicer) --------------------------------------------------------------------
     async def apply_weights(self, ws: WeightSet) -> tuple[float, float]:
@@ -320,12 +329,16 @@ class RolloutWorker:
 
     # ---- drain ----------------------------------------------------------------------------------------------
     async def drain(self, timeout_s: float) -> tuple[int, int]:
-        """Stop leasing, let the groups in flight finish (up to timeout_s), give back the rest."""
+        """Stop leasing, let the groups in flight finish (up to timeout_s), give back the rest. The wait is always
+        bounded: 0 (a Drain call that names no timeout) means `services.grace_s`, and no more than the longest a
+        group in flight can still take (its scoring, `env.code.task_timeout`, plus the grace) is ever waited."""
         self._draining = True
         self.state = "draining"
         self._slot_free.set()
+        grace = self.cfg.services.grace_s
+        bound = min(timeout_s if timeout_s > 0 else grace, self.cfg.env.code.task_timeout + grace)
         tasks = list(self.in_flight.values())
-        done, pending = await asyncio.wait(tasks, timeout=timeout_s or None) if tasks else (set(), set())
+        done, pending = await asyncio.wait(tasks, timeout=bound) if tasks else (set(), set())
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

@@ -47,6 +47,10 @@ class StarvationError(RuntimeError):
         self.starvation = starvation
 
 
+class NoWorkersError(StarvationError):
+    """No rollout worker has been live for services.no_worker_timeout_s: the run would only idle."""
+
+
 class Coordinator:
     def __init__(self, cfg: MasterConfig, feeder: PromptFeeder, val_source: TaskSource | None, state: TrainerState,
                  device: torch.device, stop_requested: Callable[[], bool] = lambda: False) -> None:
@@ -59,6 +63,9 @@ class Coordinator:
         self.epoch = 0
         self.starvation: Counter[str] = Counter()
         self._last_report: tuple[str, float] = ("", 0.0)
+        # When a live rollout worker was last seen (a starvation report counting one, or groups arriving); the
+        # clock of services.no_worker_timeout_s starts when the trainer first waits for data.
+        self._worker_seen_at: float | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="control-plane", daemon=True)
         self._watcher: concurrent.futures.Future[None] | None = None
@@ -78,7 +85,8 @@ class Coordinator:
     async def _start(self) -> None:
         self.buffer = BufferClient(self.cfg.services, self.cfg.redis, self.cfg.run.dir)
         main, late = make_senders(self.cfg.policy.weight_sync, self.cfg.services, self.device)
-        self.pusher = WeightPusher(self.cfg.policy.weight_sync.join_poll_s, self.buffer.list_workers, main, late)
+        sync = self.cfg.policy.weight_sync
+        self.pusher = WeightPusher(sync.join_poll_s, self.buffer.list_workers, main, late, sync.max_retry_backoff_s)
         self._status = await start_status_service(self.cfg.services, self.state)
 
     def close(self) -> None:
@@ -161,8 +169,13 @@ class Coordinator:
             got, starving = self.call(sample_groups(self.buffer, step, num_groups - len(groups), deadline,
                                                     min_groups=1, validation=validation))
             groups.extend(got)
+            now = time.monotonic()
+            if self._worker_seen_at is None or got or starving.live_workers > 0:
+                self._worker_seen_at = now
             if len(groups) < num_groups and starving.reason:
                 self._report(step, starving, len(groups), num_groups)
+                if starving.live_workers == 0:
+                    self._check_workers(step, starving, now - self._worker_seen_at)
                 if not validation and starving.prompts_pending == 0 and starving.leases_outstanding == 0:
                     # Nothing queued or in flight can still arrive (groups were dead-lettered): without more
                     # prompts this step would starve forever.
@@ -173,6 +186,27 @@ class Coordinator:
                     raise StarvationError(f"step {step}: {len(groups)}/{num_groups} groups after "
                                           f"grpo.sample_timeout_s={self.cfg.grpo.sample_timeout_s}s", starving)
         return groups
+
+    def _check_workers(self, step: int, starving: Starvation, none_for_s: float) -> None:
+        """Fail fast, in one line, once no rollout worker has been live for services.no_worker_timeout_s: without
+        one nothing can arrive, and grpo.sample_timeout_s (an hour) would pass in silence."""
+        bound = self.cfg.services.no_worker_timeout_s
+        if none_for_s <= bound:
+            return
+        try:
+            known = self.call(self.buffer.list_workers(include_dead=True), timeout=self.cfg.services.rpc_timeout_s)
+            seen = "no rollout worker ever registered with the replay buffer"
+        except Exception as exc:  # the message matters more than this detail
+            known, seen = [], f"the worker registry could not be read ({type(exc).__name__})"
+        if known:
+            last = max(known, key=lambda w: w.last_heartbeat_ms)
+            ago = time.time() - last.last_heartbeat_ms / 1000
+            seen = (f"the registry lists {len(known)}, none live (last heartbeat: {last.worker_id} at {last.address}, "
+                    f"{ago:.0f} s ago)")
+        raise NoWorkersError(
+            f"step {step}: no live rollout worker for {none_for_s:.0f} s (services.no_worker_timeout_s={bound:g}): "
+            f"{seen}; the rollout fleet is down or cannot reach the replay buffer at "
+            f"{self.cfg.services.replay_buffer.address} (see `grpo-fleet status` and the workers' logs)", starving)
 
     def _report(self, step: int, s: Starvation, have: int, want: int) -> None:
         self.starvation[s.reason] += 1

@@ -9,6 +9,9 @@ in sync.
 * `WeightPusher` owns the current snapshot. `publish()` pushes it to every worker the buffer lists, concurrently;
   `watch()` (a background task) pushes it to any worker that registered late, restarted or fell behind: the join
   handshake, since the buffer leases nothing to a worker without weights of the current run epoch.
+* A worker whose push failed and that has not heartbeated since (it went away: the registry lists it until
+  `replay_buffer.worker_timeout_s`) is retried with a doubling backoff, not on every round; once the registry drops
+  it, so does the pusher (its state and its channel).
 """
 
 from __future__ import annotations
@@ -52,30 +55,62 @@ class WeightPusher:
     list_workers: Any  # async () -> list[WorkerRef]
     transport: WeightSender
     late_transport: WeightSender
+    max_backoff_s: float = 30.0
+    """Longest wait between pushes to a worker that went away (`policy.weight_sync.max_retry_backoff_s`)."""
     current: WeightSnapshot | None = None
     results: dict[str, PushResult] = field(default_factory=dict)
     _round: asyncio.Lock = field(default_factory=asyncio.Lock)
     _synced_at_ms: dict[str, int] = field(default_factory=dict)
+    # worker id -> (failed pushes in a row, its registry heartbeat when the last one failed, retry not before)
+    _failing: dict[str, tuple[int, int, float]] = field(default_factory=dict)
 
-    def _record(self, results: list[PushResult], snapshot: WeightSnapshot) -> None:
+    def _record(self, results: list[PushResult], snapshot: WeightSnapshot, workers: list[WorkerRef]) -> None:
+        heartbeat = {w.worker_id: w.last_heartbeat_ms for w in workers}
         for r in results:
             self.results[r.worker_id] = r
-            if r.ok and r.weights == snapshot.id:
-                self._synced_at_ms[r.worker_id] = int(time.time() * 1000)
-            elif not r.ok:
-                log.warning("weight push v%d to %s failed: %s", snapshot.version, r.worker_id, r.error)
+            if r.ok:
+                self._failing.pop(r.worker_id, None)
+                if r.weights == snapshot.id:
+                    self._synced_at_ms[r.worker_id] = int(time.time() * 1000)
+                continue
+            n = self._failing.get(r.worker_id, (0, 0, 0.0))[0] + 1
+            wait = min(self.max_backoff_s, self.join_poll_s * 2 ** (n - 1))
+            self._failing[r.worker_id] = (n, heartbeat.get(r.worker_id, 0), time.monotonic() + wait)
+            log.warning("weight push v%d to %s failed (%d in a row; next try in %.1f s unless it heartbeats): %s",
+                        snapshot.version, r.worker_id, n, wait, r.error)
+
+    def _due(self, w: WorkerRef) -> bool:
+        """False while a worker whose push failed backs off -- unless it has heartbeated since (it restarted, or the
+        failure was not its going away)."""
+        failing = self._failing.get(w.worker_id)
+        return failing is None or w.last_heartbeat_ms > failing[1] or time.monotonic() >= failing[2]
+
+    async def _listed(self) -> list[WorkerRef]:
+        """The registry's live workers; what it no longer lists is forgotten here too (state and channels)."""
+        workers = await self.list_workers()
+        ids, addresses = {w.worker_id for w in workers}, {w.address for w in workers}
+        for gone in [wid for wid in {*self.results, *self._failing} if wid not in ids]:
+            if gone in self._failing:
+                log.info("worker %s left the registry: no more weight pushes to it", gone)
+            for table in (self.results, self._synced_at_ms, self._failing):
+                table.pop(gone, None)
+        for sender in {id(self.transport): self.transport, id(self.late_transport): self.late_transport}.values():
+            await sender.forget(addresses)
+        return workers
 
     async def publish(self, snapshot: WeightSnapshot) -> list[PushResult]:
         """Make `snapshot` current and push it to every listed worker; returns once every push has answered."""
         async with self._round:
             self.current = snapshot
-            workers = await self.list_workers()
+            listed = await self._listed()
+            # One that backs off is left to the join watcher: a gone worker does not hold every publish up.
+            workers = [w for w in listed if self._due(w)]
             if not workers:
-                log.warning("weight version %d: no live rollout worker to push to (a joining one is synced on join)",
-                            snapshot.version)
+                log.warning("weight version %d: no live rollout worker to push to (%d backing off; a joining one is "
+                            "synced on join)", snapshot.version, len(listed))
                 return []
             results = await self.transport.push(snapshot, workers)
-            self._record(results, snapshot)
+            self._record(results, snapshot, workers)
             return results
 
     def behind(self, w: WorkerRef) -> bool:
@@ -95,14 +130,14 @@ class WeightPusher:
             snap = self.current
             if snap is None:
                 return []
-            todo = [w for w in await self.list_workers() if self.behind(w)]
+            todo = [w for w in await self._listed() if self.behind(w) and self._due(w)]
             if not todo:
                 return []
             for w in todo:
                 log.info("syncing worker %s (serving v%d epoch %d) to v%d epoch %d", w.worker_id, w.weight_version,
                          w.weight_epoch, snap.version, snap.epoch)
             results = await self.late_transport.push(snap, todo)
-            self._record(results, snap)
+            self._record(results, snap, todo)
             return results
 
     async def watch(self) -> None:

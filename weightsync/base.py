@@ -19,7 +19,7 @@ from grpc import aio
 
 from fleet.config.infra import ServicesConfig
 from fleet.config.policy import WeightSyncConfig
-from fleet.contracts.weights import WeightsId
+from fleet.contracts.weights import WeightsId, WorkerRef
 from grpofleet.v1 import common_pb2, rollout_worker_pb2_grpc
 from services.runtime.client import make_channel
 from weightsync.header import TensorMeta, WeightSet, WeightSnapshot, byte_view
@@ -27,21 +27,6 @@ from weightsync.header import TensorMeta, WeightSet, WeightSnapshot, byte_view
 Stager = Callable[[Sequence[tuple[str, tuple[int, ...], str]]], dict[str, torch.Tensor]]
 """(name, shape, dtype name) in push order -> memory to receive into; the engine's `stage`."""
 OnStaged = Callable[[Any], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class WorkerRef:
-    worker_id: str
-    address: str
-    weight_version: int = -1
-    weight_epoch: int = -1
-    last_heartbeat_ms: int = 0
-    state: str = ""
-
-    @property
-    def weights(self) -> WeightsId:
-        """What the registry says this worker serves."""
-        return WeightsId(self.weight_epoch, self.weight_version)
 
 
 @dataclass
@@ -68,6 +53,9 @@ async def header_only(header: common_pb2.WeightSetHeader) -> AsyncIterator[commo
     yield common_pb2.WeightChunk(header=header)
 
 
+__all__ = ["PushResult", "WeightReceiver", "WeightSender", "WorkerRef"]  # WorkerRef: where it used to live
+
+
 class WeightSender(ABC):
     """Moves one snapshot to some workers; never raises for a worker's failure (it is reported per worker)."""
 
@@ -75,6 +63,7 @@ class WeightSender(ABC):
         self.sync = sync
         self.services = services
         self.timeout = sync.timeout_s
+        self.min_bytes_per_s = sync.min_push_mb_s * 1e6
         self._channels: dict[str, aio.Channel] = {}
 
     def stub(self, address: str) -> rollout_worker_pb2_grpc.RolloutWorkerStub:
@@ -82,10 +71,15 @@ class WeightSender(ABC):
             self._channels[address] = make_channel(address, self.services)
         return rollout_worker_pb2_grpc.RolloutWorkerStub(self._channels[address])
 
-    async def _call(self, worker: WorkerRef, messages: AsyncIterator[common_pb2.WeightChunk]) -> PushResult:
+    def deadline_s(self, nbytes: int) -> float:
+        """A push's deadline: `timeout_s` plus its bytes at `min_push_mb_s` (bounded, and scaled to the payload)."""
+        return self.timeout + nbytes / self.min_bytes_per_s
+
+    async def _call(self, worker: WorkerRef, messages: AsyncIterator[common_pb2.WeightChunk],
+                    nbytes: int) -> PushResult:
         t0 = time.monotonic()
         try:
-            r = await self.stub(worker.address).PushWeights(messages, timeout=self.timeout)
+            r = await self.stub(worker.address).PushWeights(messages, timeout=self.deadline_s(nbytes))
         except aio.AioRpcError as exc:
             return PushResult(worker.worker_id, False, seconds=time.monotonic() - t0,
                               error=f"{exc.code().name}: {exc.details()}")
@@ -94,6 +88,11 @@ class WeightSender(ABC):
 
     @abstractmethod
     async def push(self, snapshot: WeightSnapshot, workers: list[WorkerRef]) -> list[PushResult]: ...
+
+    async def forget(self, keep: set[str]) -> None:
+        """Close the channels of every address but `keep` (workers the registry no longer lists)."""
+        for address in [a for a in self._channels if a not in keep]:
+            await self._channels.pop(address).close()
 
     async def close(self) -> None:
         for ch in self._channels.values():

@@ -40,7 +40,7 @@ class GrpcSender(WeightSender):
             for msg in chunks(snapshot, chunk):
                 yield msg
 
-        return list(await asyncio.gather(*(self._call(w, stream()) for w in workers)))
+        return list(await asyncio.gather(*(self._call(w, stream(), snapshot.total_bytes) for w in workers)))
 
 
 class GrpcReceiver(StagedReceiver):

@@ -157,7 +157,8 @@ class NcclSender(WeightSender):
         def header(rank: int) -> AsyncIterator[common_pb2.WeightChunk]:
             return header_only(snapshot.header("nccl", nccl_init_method=init, nccl_world_size=world, nccl_rank=rank))
 
-        calls = [asyncio.ensure_future(self._call(w, header(i + 1))) for i, w in enumerate(workers)]
+        n = snapshot.total_bytes
+        calls = [asyncio.ensure_future(self._call(w, header(i + 1), n)) for i, w in enumerate(workers)]
         metas = snapshot.metas()
 
         def broadcast() -> None:

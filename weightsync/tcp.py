@@ -203,7 +203,9 @@ class TcpSender(WeightSender):
         for token in tokens:
             server.offer(token, views)
         try:
-            return list(await asyncio.gather(*(self._call(w, header(t)) for w, t in zip(workers, tokens, strict=True))))
+            n = snapshot.total_bytes
+            return list(await asyncio.gather(*(self._call(w, header(t), n)
+                                               for w, t in zip(workers, tokens, strict=True))))
         finally:
             for token in tokens:
                 server.withdraw(token)

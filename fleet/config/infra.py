@@ -45,6 +45,12 @@ class ServicesConfig(Section):
     ride out an outage of the replay buffer (or of its Redis) this long, and the replay buffer an outage of Redis,
     retrying with backoff; past it they exit non-zero with a message naming what is down. A restart of any fleet
     service costs seconds, so this bound is for outages nobody is fixing."""
+    no_worker_timeout_s: float = Field(600.0, gt=0)
+    """How long the trainer waits for data while no rollout worker is live (none heartbeats to the replay buffer)
+    before it stops with one line naming the rollout fleet and what the registry saw last; the clock starts when it
+    first waits for data and restarts whenever a worker is live or groups arrive. `grpo-fleet up`, which starts and
+    restarts the workers itself (a restart costs seconds), sets 120 unless the config does; the default leaves
+    containers and pods time to be scheduled and to load their engines."""
     outage_report_s: float = Field(30.0, gt=0)
     """While an outage lasts, how often the waiting process logs `... still unavailable after N s` (one line when
     it starts and one when it ends, however many calls wait)."""

@@ -125,8 +125,15 @@ class _WeightSyncKeys(Section):
     versions). `tcp` (the default), `grpc` or `nccl`: each has its own keys, listed in its section."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """dtype of pushed tensors (auto: `policy.precision`); must match the dtype the rollout engine serves."""
-    timeout_s: float = Field(600.0, gt=0)
-    """Deadline of one PushWeights call (receive + pause + load)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Deadline of one PushWeights call (receive + pause + load) before its bytes: each push's deadline is this plus
+    its size at `min_push_mb_s`, so a push to a worker that went away or wedged fails in bounded time, and a large
+    model's push still has the time it needs."""
+    min_push_mb_s: float = Field(20.0, gt=0)
+    """Slowest transfer a push is given time for (MB/s): its deadline grows by its size at this rate."""
+    max_retry_backoff_s: float = Field(30.0, gt=0)
+    """A worker whose push failed (an address that went away) is retried after `join_poll_s`, doubling up to this,
+    until it heartbeats again or the registry drops it (`replay_buffer.worker_timeout_s`)."""
     join_poll_s: float = Field(1.0, gt=0)
     """How often the trainer lists workers to sync one that joined late or fell behind (join handshake)."""
 

@@ -24,3 +24,22 @@ class WeightsId:
 
 NO_WEIGHTS = WeightsId(-1, -1)
 """What a worker serves before its first push: older than any weights of any run epoch."""
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    """A rollout worker as the registry lists it, for the weight pusher. Here, not in `weightsync`, so that the
+    buffer client (and the replay buffer through it) need not import torch: a restarted buffer serves seconds
+    sooner."""
+
+    worker_id: str
+    address: str
+    weight_version: int = -1
+    weight_epoch: int = -1
+    last_heartbeat_ms: int = 0
+    state: str = ""
+
+    @property
+    def weights(self) -> WeightsId:
+        """What the registry says this worker serves."""
+        return WeightsId(self.weight_epoch, self.weight_version)

@@ -241,6 +241,11 @@ class GenerationEngine(ABC):
         """Sample one answer. Cancelling the awaiting task aborts the request. `images` (computer use): the PNGs of
         the prompt's image placeholder runs, in order; each run is already expanded to its tokens in the prompt."""
 
+    def failure(self) -> str | None:
+        """Why this engine can no longer serve (its engine process died, a weight load broke it), or None. A worker
+        whose engine failed exits (`RolloutWorker.engine_watch`) rather than fail every group it leases."""
+        return None
+
     @property
     def served_version(self) -> int:
         return self._served_version

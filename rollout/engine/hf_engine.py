@@ -173,6 +173,9 @@ class HfEngine(GenerationEngine):
             self._spare = {_spare_key(name, p.data): torch.empty(p.shape, dtype=p.dtype, pin_memory=True)
                            for name, p in self._params.items()}
 
+    def failure(self) -> str | None:
+        return f"HF engine decode loop died: {self._failed!r}" if self._failed is not None else None
+
     async def stop(self) -> None:
         task, self._loop_task = self._loop_task, None
         if task is not None:

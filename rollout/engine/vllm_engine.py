@@ -211,6 +211,13 @@ class VllmEngine(GenerationEngine):
         else:
             staged.file.remove()
 
+    def failure(self) -> str | None:
+        if self._failed is not None:
+            return f"vLLM engine failed during a weight update: {self._failed!r}"
+        if self._llm is not None and self._llm.errored:  # its EngineCore process died (killed, OOM, crashed)
+            return "vLLM engine core is dead"
+        return None
+
     def _check_usable(self) -> Any:
         if self._failed is not None:
             raise EngineUnavailableError(f"vLLM engine failed during a weight update: {self._failed!r}")

@@ -1,7 +1,11 @@
-"""Chaos: the fleet heals itself. One asynchronous run (two rollout workers, max age 2, in-flight pushes) in which the
-replay buffer, then the embedded Redis, then the sandbox executor, then a rollout worker are SIGKILLed, each at a
-later step than the one before and only after the fleet trained a step since the previous kill (so that each kill
-hits a fleet that has healed). The run finishes with exit 0 and every step trains exactly its groups, each once.
+"""Chaos: the fleet heals itself. One asynchronous run (two rollout workers with the vLLM engine, max age 2, in-flight
+pushes) in which a rollout worker, then the sandbox executor, then the replay buffer, then the embedded Redis are
+SIGKILLed -- each by its main pid alone, as `kill -9 PID` does, so that what it started (the worker's
+`VLLM::EngineCore`) must die with it -- and finally the vLLM EngineCore of the other worker (the worker must notice
+and exit, to be restarted), each at a later step than the one before and only after the fleet trained a step since the
+previous kill (so that each kill hits a fleet that has healed). The run finishes with exit 0, every step trains
+exactly its groups, each once, and when the run has ended no process of it is left (found by session: every process
+the launcher starts leads its own; vLLM renames its processes, so command lines would miss them).
 
 And the bound: Redis stopped (SIGSTOP: it holds its socket and answers nothing) for longer than
 `services.outage_tolerance_s` ends the run non-zero with a message that names Redis, and the same command afterwards
@@ -31,31 +35,71 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm, pytest.mark.t
 STEPS = 10
 PROMPTS_PER_STEP = 2  # fleet_cmd's grpo.num_prompts_per_step
 # (process, kill it once at least this many steps have trained): late enough that the steps after each kill need
-# work done after it (workers run max-age steps ahead), early enough for the killed process to rejoin. The rollout
-# worker goes last: its restart (a vLLM start) takes seconds, and on a quiet machine the other worker trains the
-# remaining steps meanwhile, so a kill queued behind it could find the run already over.
-KILLS = [("replay-buffer", 1), ("redis", 3), ("sandbox", 5), ("rollout-1", 7)]
+# work done after it (workers run max-age steps ahead), early enough for the killed process to rejoin. "rollout-0
+# engine" is the EngineCore of rollout-0's vLLM, killed alone; the rest are the launcher's processes, by main pid.
+KILLS = [("rollout-1", 1), ("sandbox", 3), ("replay-buffer", 5), ("redis", 7), ("rollout-0 engine", 8)]
 ASYNC = ["rollout.num_workers=2", "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20",
          "services.outage_report_s=5"]
 RUN_TIMEOUT_S = 1500
 
 
+def session_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])
+    except (OSError, ValueError):
+        return None
+
+
+def sessions_alive(sids: set[int]) -> dict[int, str]:
+    """pid -> cmdline of every live process (not a zombie) in one of the sessions `sids`."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[3]) in sids:
+            out[int(name)] = cmd
+    return out
+
+
+def engine_core_of(pid: int) -> int | None:
+    """The `VLLM::EngineCore` in the session of the launcher's process `pid` (found by its new name to pick it)."""
+    sid = session_of(pid)
+    cores = [p for p, cmd in sessions_alive({sid}).items() if cmd.startswith("VLLM::EngineCore")] if sid else []
+    return cores[0] if cores else None
+
+
 class Killer(threading.Thread):
-    """Kills each process of KILLS in turn, with SIGKILL to its whole process group (a rollout worker's vLLM engine,
-    the sandbox's running tests), when the run has trained enough steps; records when, and when the launcher had
-    started a new one."""
+    """Kills each process of KILLS in turn with SIGKILL to its main pid alone (not its group: what it started must
+    die with it by itself), when the run has trained enough steps; records when, how long until nothing of the
+    killed process's session was left, and when the launcher had started a new one. Meanwhile it notes every
+    session the launcher's processes lead, for the final check that none outlived the run."""
 
     def __init__(self, run_dir: Path, proc: subprocess.Popen[str]) -> None:
         super().__init__(daemon=True)
         self.run_dir, self.proc = run_dir, proc
         self.kills: list[dict[str, float | str | int]] = []
+        self.sessions: set[int] = set()
+
+    def _note(self) -> dict[str, int]:
+        now = pids(self.run_dir)
+        self.sessions.update(now.values())
+        return now
 
     def _wait(self, cond) -> bool:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while self.proc.poll() is None and time.monotonic() < deadline:
+            self._note()
             if cond():
                 return True
-            time.sleep(0.5)
+            time.sleep(0.25)
         return False
 
     def run(self) -> None:
@@ -64,17 +108,27 @@ class Killer(threading.Thread):
             need = max(after, trained_at_last_kill + 1)
             if not self._wait(lambda n=need: len(step_times(self.run_dir)) >= n):  # type: ignore[misc]
                 return
-            pid = pids(self.run_dir).get(name)
+            owner = name.removesuffix(" engine")
+            pid = self._note().get(owner)
+            if pid is not None and owner != name:
+                pid = engine_core_of(pid)
             if pid is None:
                 return
+            sid = session_of(pid) if owner == name else None
             trained_at_last_kill = len(step_times(self.run_dir))
-            os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
             at = time.time()
             record: dict[str, float | str | int] = {"process": name, "pid": pid, "at": at,
                                                     "steps_before": trained_at_last_kill}
             self.kills.append(record)
-            if self._wait(lambda n=name, p=pid: pids(self.run_dir).get(n, p) != p):  # type: ignore[misc]
+            if sid is not None and self._wait(lambda s=sid: not sessions_alive({s})):  # type: ignore[misc]
+                record["session_empty_after_s"] = round(time.time() - at, 2)
+            old = pids(self.run_dir).get(owner)
+            if self._wait(lambda n=owner, p=old: pids(self.run_dir).get(n, p) != p):  # type: ignore[misc]
                 record["restarted_after_s"] = round(time.time() - at, 2)
+        while self.proc.poll() is None:  # until the run ends: a process restarted late is noted too
+            self._note()
+            time.sleep(0.5)
 
 
 def stall_report(run_dir: Path, kills: list[dict[str, float | str | int]]) -> list[dict[str, float | str]]:
@@ -94,6 +148,7 @@ def stall_report(run_dir: Path, kills: list[dict[str, float | str | int]]) -> li
         gap = span[1] - span[0]
         step_after = next(s for s in sorted(times) if times[s] == span[1])
         rows.append({"process": str(k["process"]), "restarted_after_s": float(k.get("restarted_after_s", -1)),
+                     "session_empty_after_s": float(k.get("session_empty_after_s", -1)),
                      "step_gap_s": round(gap, 1), "median_step_gap_s": round(baseline, 1),
                      "stall_s": round(max(0.0, gap - baseline), 1),
                      "wait_data_s_after": round(wait.get(step_after, -1.0), 1)})
@@ -136,6 +191,8 @@ def add_outages(run_dir: Path, rows: list[dict[str, float | str]], kills: list[d
     for name in ("trainer", "rollout-0"):
         seen = outages_seen(run_dir / "logs" / "processes" / f"{name}.log")
         for row, kill in zip(rows, kills, strict=False):
+            if row["process"] not in ("replay-buffer", "redis"):  # nobody waits on the others: an outage near
+                continue  # their kill is the next kill's
             t = time.localtime(float(kill["at"]))
             at = t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec
             near = [d for start, d in seen if -2 <= start - at <= 15]
@@ -143,7 +200,7 @@ def add_outages(run_dir: Path, rows: list[dict[str, float | str]], kills: list[d
                 row[f"{name}_outage_s"] = near[0]
 
 
-def test_fleet_heals_buffer_redis_worker_and_sandbox_sigkills(task_slice: Path, tmp_path: Path) -> None:
+def test_fleet_heals_sigkills_of_each_process_and_leaves_none_behind(task_slice: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "chaos"
     cmd = fleet_cmd(run_dir, task_slice, f"grpo.max_num_steps={STEPS}", *ASYNC)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -161,15 +218,23 @@ def test_fleet_heals_buffer_redis_worker_and_sandbox_sigkills(task_slice: Path, 
     assert max(r["age/max"] for r in metrics(run_dir) if "age/max" in r) <= 2
     assert_each_step_trained_its_groups_once(run_dir, STEPS)
     assert len({int(r["epoch"]) for r in trained_groups(run_dir)}) == 1, "the trainer must not have restarted"
-    for name, _ in KILLS:
+    for name, _ in KILLS[:-1]:
         assert f"{name} exited with -9; restarting (1/3)" in out, name
+        assert "session_empty_after_s" in next(k for k in killer.kills if k["process"] == name), killer.kills
+    # The worker whose engine died noticed and exited, and the launcher restarted it.
+    assert "engine core is dead" in (run_dir / "logs" / "processes" / "rollout-0.log").read_text(errors="replace")
+    assert "rollout-0 exited with 1; restarting (1/3)" in out
+    # Nothing of the run is left: no process in any session a launcher's process led (the lifelines included).
+    assert len(killer.sessions) >= 6 + len(KILLS), killer.sessions  # each kill made a restart
+    left = sessions_alive(killer.sessions)
+    assert not left, f"processes of the run outlived it: {left}"
     # One line when an outage starts and one when it ends, per outage, in the processes that rode them out. A process
     # meets an outage only when a call of its falls into one: a 1.5 s restart can pass while the trainer trains and a
     # worker generates (CI saw rollout-0 miss both), so the check is that the outages someone met were logged whole.
-    # rollout-1 is SIGKILLed later, possibly inside an outage, so its lines need not pair up.
+    # rollout-0 stops (its engine killed) later, possibly inside an outage, so its lines need not pair up.
     seen = {name: outage_lines(run_dir / "logs" / "processes" / f"{name}.log")
             for name in ("trainer", "rollout-0", "rollout-1")}
-    assert all(started == back for name, (started, back) in seen.items() if name != "rollout-1"), seen
+    assert all(started == back for name, (started, back) in seen.items() if name != "rollout-0"), seen
     assert sum(back for _, back in seen.values()) >= 1, seen
 
 

@@ -96,6 +96,16 @@ def _trained_steps(env: dict[str, str], project: str) -> list[int]:
     return sorted({int(r["step"]) for r in rows if any(k.startswith("loss/") for k in r)})
 
 
+def _trained_groups(env: dict[str, str], project: str) -> dict[int, list[str]]:
+    """Step -> the groups it trained (the last record of each step: a resumed trainer retrains the steps its
+    checkpoint did not cover)."""
+    out = _compose(env, project, "exec", "-T", "replay-buffer", "cat", f"{RUN}/logs/trained_groups.jsonl").stdout
+    last: dict[int, list[str]] = {}
+    for rec in (json.loads(line) for line in out.splitlines() if line.strip()):
+        last[int(rec["step"])] = [str(g) for g in rec["groups"]]
+    return last
+
+
 def _trainer_state(env: dict[str, str], project: str) -> tuple[str, int]:
     out = _compose(env, project, "ps", "-a", "--format", "json", "trainer").stdout.strip()
     rows = [json.loads(line) for line in out.splitlines() if line.strip()] if out else []
@@ -104,18 +114,21 @@ def _trainer_state(env: dict[str, str], project: str) -> tuple[str, int]:
     return str(rows[0]["State"]), int(rows[0].get("ExitCode", -1))
 
 
-def _wait_for_the_run(env: dict[str, str], project: str, timeout: float = 1500) -> str | None:
-    """Kill one rollout replica once a step has trained; return its id after the trainer exited."""
-    killed = None
+def _wait_for_the_run(env: dict[str, str], project: str, timeout: float = 1500) -> tuple[str | None, float]:
+    """Kill one rollout replica (`docker kill`: SIGKILL to the whole container, its vLLM engine included) once a
+    step has trained, while the trainer trains the next; return its id and when it was killed, after the trainer
+    exited."""
+    killed, at = None, 0.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if _trainer_state(env, project)[0] == "exited":  # done, or failed past its restart policy
-            return killed
+            return killed, at
         if killed is None and _trained_steps(env, project):
             replicas = _compose(env, project, "ps", "-q", "rollout").stdout.split()
             assert len(replicas) == 2, replicas
             killed = replicas[1]
             _sh(["docker", "kill", killed], env)
+            at = time.time()
         time.sleep(3)
     raise AssertionError(f"the run did not finish within {timeout:.0f} s")
 
@@ -143,16 +156,25 @@ def test_compose_fleet_survives_a_killed_rollout_container(engine: dict[str, str
     print(f"images built in {time.monotonic() - t0:.0f} s")
     try:
         _compose(env, project, "up", "-d", "--scale", "rollout=2", timeout=1500)
-        killed = _wait_for_the_run(env, project)
+        killed, killed_at = _wait_for_the_run(env, project)
         state, code = _trainer_state(env, project)
         logs = _compose(env, project, "logs", "--tail", "60", "trainer", check=False).stdout
         assert (state, code) == ("exited", 0), logs
         assert killed, "no rollout container was killed: the test did not test anything"
         assert _trained_steps(env, project) == list(range(STEPS))
+        # Exact accounting: every step trained exactly its groups, none of them twice (the killed replica's leases
+        # were reclaimed and generated again, not lost or doubled), and the buffer agrees.
+        trained = _trained_groups(env, project)
+        every = [g for gs in trained.values() for g in gs]
+        assert sorted(trained) == list(range(STEPS)), trained
+        assert all(len(gs) == GROUPS_PER_STEP for gs in trained.values()), trained
+        assert len(every) == len(set(every)), f"a group trained twice: {trained}"
         out = _compose(env, project, "exec", "-T", "replay-buffer", "python", "-c", ACCOUNTING).stdout
         acc = json.loads(out.strip().splitlines()[-1])
         assert acc["violations"] == [], acc
         assert acc["by_state"].get("sampled", 0) == STEPS * GROUPS_PER_STEP, acc
+        print(f"rollout replica killed at {time.strftime('%H:%M:%S', time.localtime(killed_at))}; "
+              f"run finished {time.time() - killed_at:.0f} s later")
         _stops_gracefully(env, project)
     finally:
         t1 = time.monotonic()

@@ -31,3 +31,12 @@ def test_a_service_help_answers_before_torch_is_imported() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--config" in proc.stdout
+
+
+def test_the_replay_buffer_service_never_imports_torch() -> None:
+    # It holds no tensors; importing torch only made a SIGKILLed buffer come back seconds later (4-13 s of a loaded
+    # 2-core box, which every client waited out as an outage).
+    code = ("import sys; import services.replay_buffer.server, services.replay_buffer.servicer\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

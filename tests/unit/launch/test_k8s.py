@@ -101,10 +101,11 @@ def test_claims_exist_and_probes_name_served_ports() -> None:
         mounts = {v["name"] for v in pod["spec"].get("volumes", [])} | {"data"}
         for c in _containers(pod):
             assert {m["name"] for m in c.get("volumeMounts", [])} <= mounts, (name, c["name"])
-            probe = c.get("readinessProbe", {})
-            port = (probe.get("grpc") or probe.get("httpGet") or {}).get("port")
-            if port is not None:
-                assert port in {p["containerPort"] for p in c["ports"]}, name
+            for kind in ("readinessProbe", "startupProbe", "livenessProbe"):
+                probe = c.get(kind, {})
+                port = (probe.get("grpc") or probe.get("httpGet") or {}).get("port")
+                if port is not None:
+                    assert port in {p["containerPort"] for p in c["ports"]}, (name, kind)
 
 
 def test_only_bubblewrap_pods_get_its_security_options() -> None:
@@ -123,3 +124,16 @@ def test_kustomization_applies_the_manifests_and_names_the_images() -> None:
     assert kust["resources"] == ["grpo-fleet.yaml"]
     images = {c["image"].split(":")[0] for p in _pods().values() for c in _containers(p)}
     assert images == {i["name"] for i in kust["images"]}
+
+
+def test_every_fleet_service_is_restarted_when_it_stops_answering_not_only_when_it_exits() -> None:
+    # A wedged rollout worker (its process alive, its loop no longer answering) is what Kubernetes cannot see by
+    # itself: the liveness probe calls the service (gRPC health, or the sandbox's /healthz) with a timeout.
+    for name in ("rollout", "replay-buffer", "sandbox"):
+        [c] = [c for c in _containers(_pods()[name]) if c["name"] == name]
+        live = c["livenessProbe"]
+        assert live.get("grpc") or live.get("httpGet"), (name, live)  # a call, not `exec: [true]` or a pid check
+        assert live["timeoutSeconds"] <= 10 and live["periodSeconds"] * live["failureThreshold"] <= 60, (name, live)
+        # ... and not while the engine loads: the startup probe holds it off for minutes.
+        start = c["startupProbe"]
+        assert start["periodSeconds"] * start["failureThreshold"] >= 600, (name, start)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 from pathlib import Path
+
+import pytest
 
 from launch.supervisor import Supervisor
 from launch.topology import ProcessSpec
@@ -63,3 +66,23 @@ async def test_a_killed_service_is_restarted_within_seconds_and_its_orphans_are_
         await watch
         await sup.stop_all(grace_s=5)
     assert all(not _alive(p.pid) for p in sup.procs.values())
+
+
+async def test_a_failed_trainer_is_reported_with_what_the_launcher_saw_of_the_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trainer = "import time; time.sleep(4); raise SystemExit(3)"
+    sup = Supervisor([ProcessSpec("worker", "rollout", [sys.executable, "-c", SERVICE]),
+                      ProcessSpec("trainer", "trainer", [sys.executable, "-c", trainer], restartable=False)],
+                     tmp_path / "logs", cwd=tmp_path, echo=False)
+    await sup.start_all()
+    watch = asyncio.create_task(sup.watch(asyncio.Event()))
+    try:
+        await _helper_pid(sup.log_path("worker"), 1)
+        os.kill(sup.procs["worker"].pid, signal.SIGKILL)
+        assert await asyncio.wait_for(watch, 30) == 3
+    finally:
+        await sup.stop_all(grace_s=5)
+    err = capsys.readouterr().err
+    assert "trainer failed with exit code 3" in err, err
+    assert re.search(r"the launcher saw: worker up \d+ s, restarted 1x \(exit -9 at [\d:]{8}\); trainer exited 3",
+                     err), err

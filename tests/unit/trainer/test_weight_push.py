@@ -257,3 +257,41 @@ async def test_cancelled_tcp_receive_gives_staging_back_only_after_the_reader_st
     thread.join()
     listener.close()
     assert released_after_close == [True]
+
+
+async def test_pusher_backs_off_a_gone_worker_and_forgets_it_once_the_registry_does(  # type: ignore[no-untyped-def]
+        snapshot_and_spec) -> None:
+    cfg, snap, spec = snapshot_and_spec
+    with socket.socket() as s:  # a port nothing listens on: a worker that went away
+        s.bind(("127.0.0.1", 0))
+        gone_address = f"127.0.0.1:{s.getsockname()[1]}"
+    gone = WorkerRef("w-gone", gone_address, last_heartbeat_ms=1000)
+    registry = [gone]
+
+    async def list_workers() -> list[WorkerRef]:
+        return list(registry)
+
+    transport = GrpcSender(GrpcWeightSyncConfig(), cfg.services)
+    pusher = WeightPusher(0.05, list_workers, transport, transport, max_backoff_s=0.4)
+    attempts = 0
+    t0 = time.monotonic()
+    try:
+        await pusher.publish(snap)
+        while time.monotonic() - t0 < 2.0:  # the join watcher's rounds, every 0.05 s
+            attempts += len(await pusher.sync_behind())
+            await asyncio.sleep(0.05)
+        # Every round would be 40 tries; backing off 0.05, 0.1, 0.2, 0.4, 0.4, ... it is a handful.
+        assert 3 <= attempts <= 9, attempts
+        assert gone_address in transport._channels
+        # It comes back (a restart: same id and address, a newer heartbeat): synced in the next round, no waiting.
+        back = FakeWorker(spec)
+        server, address = await _serve(back)
+        registry[:] = [WorkerRef("w-gone", address, last_heartbeat_ms=2000)]
+        assert await pusher.publish(snap) and back.version == 3  # at once, backoff or not
+        # The registry drops it: so does the pusher, channel included.
+        registry.clear()
+        assert await pusher.sync_behind() == []
+        assert not transport._channels and not pusher.results and not pusher._failing
+        await server.stop(None)
+    finally:
+        await transport.close()
