@@ -123,8 +123,9 @@ def check_logprob_grads(device: torch.device) -> dict[str, float]:
 
 
 def trainer_config(args: argparse.Namespace, seq_len: int, batch: int, ac: str, world: int) -> Any:
-    """The trainer config of the measurement: MasterConfig where pydantic is installed; otherwise (the lent GPU
-    machines have torch and transformers only) a stand-in carrying the same values for the keys the step reads."""
+    """The trainer config of the measurement, the real `MasterConfig`. The lent GPU machines lack pydantic: carry it
+    as the fleet's scripts do (`bash benchmarks/gpu_fleet_swe.sh prepare` fills `.whl/`; a stand-in config once
+    drifted from the real one and stopped this benchmark there)."""
     values = {
         "policy.precision": "bfloat16", "policy.compile": not args.no_compile,
         "policy.activation_checkpointing": ac != "none",
@@ -140,37 +141,9 @@ def trainer_config(args: argparse.Namespace, seq_len: int, batch: int, ac: str, 
         "loss_fn.reference_policy_kl_penalty": 0.0, "loss_fn.use_importance_sampling_correction": True,
         "loss_fn.truncated_importance_sampling_type": "tis", "loss_fn.truncated_importance_sampling_ratio": 2.0,
     }
-    try:
-        from fleet.config import parse_config
-    except ImportError:
-        return _standin(values)
+    from fleet.config import parse_config
+
     return parse_config({}, [f"{k}={json.dumps(v)}" for k, v in values.items()])
-
-
-def _standin(values: dict[str, Any]) -> Any:
-    from types import SimpleNamespace
-
-    loss = {"reference_policy_kl_penalty": 0.0, "reference_policy_kl_type": "k3", "ratio_clip_min": 0.2,
-            "ratio_clip_max": 0.2, "ratio_clip_c": None, "use_importance_sampling_correction": False,
-            "truncated_importance_sampling_type": None, "truncated_importance_sampling_ratio": None,
-            "truncated_importance_sampling_ratio_min": None, "sequence_level_importance_ratios": False,
-            "token_level_loss": True, "kl_score_function_gradient": True, "tis_clamps_below": True}
-    loss.update({k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("loss_fn.")})
-    optimizer = SimpleNamespace(lr=values["policy.optimizer.lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                                warmup_steps=0)
-    policy = SimpleNamespace(
-        precision=values["policy.precision"], compile=values["policy.compile"],
-        activation_checkpointing=values["policy.activation_checkpointing"],
-        activation_checkpointing_scope=values["policy.activation_checkpointing_scope"],
-        logprob_chunk_tokens=values["policy.logprob_chunk_tokens"],
-        attn_implementation=values["policy.attn_implementation"],
-        logprob_saved_grad_gb=values["policy.logprob_saved_grad_gb"],
-        low_precision_residual=values["policy.low_precision_residual"],
-        fsdp_reshard_after_forward=values["policy.fsdp_reshard_after_forward"],
-        max_total_sequence_length=values["policy.max_total_sequence_length"], sequence_packing=True,
-        train_global_batch_size=values["policy.train_global_batch_size"],
-        train_micro_batch_size=values["policy.train_micro_batch_size"], max_grad_norm=1.0, optimizer=optimizer)
-    return SimpleNamespace(policy=policy, loss_fn=SimpleNamespace(**loss))
 
 
 def grpo_batch(n: int, seq_len: int, vocab: int, agent: bool) -> Any:
