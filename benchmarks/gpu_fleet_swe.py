@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_fleet_x2 import SHAPE, accounting, n_params  # noqa: E402
+from gpu_fleet_x2 import SHAPE, accounting, n_params, supervise  # noqa: E402
 
 from trainer.metrics import read_jsonl  # noqa: E402
 
@@ -116,7 +116,6 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
 
 
 async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir: Path) -> dict[str, Any]:
-    from launch.supervisor import Supervisor
     from launch.topology import fleet_processes
     from launch.up import pick_ports
     from services.replay_buffer.embedded import start_embedded_redis
@@ -126,22 +125,10 @@ async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir:
     for s in specs:  # the worker and the trainer share the one GPU; the services see none
         s.env["CUDA_VISIBLE_DEVICES"] = "" if args.cpu or s.role not in ("rollout", "trainer") else "0"
         s.restartable = False  # a measurement: any death is a failure, not something to paper over
-    sup = Supervisor(specs, run_dir / "logs" / "processes", cwd=ROOT, max_restarts=0, echo=False)
-    t0 = time.monotonic()
-    rc, outcome = 1, "?"
     try:
-        await sup.start_all()
-        t_up = time.monotonic() - t0
-        try:
-            rc = await asyncio.wait_for(sup.watch(asyncio.Event()), timeout=args.timeout)
-            outcome = "trainer finished" if rc == 0 else f"a process failed (rc {rc})"
-        except TimeoutError:
-            outcome = f"timed out after {args.timeout:.0f} s"
+        return await supervise(specs, run_dir, args.timeout)
     finally:
-        await sup.stop_all(grace_s=60)
         redis.stop()
-    return {"rc": rc, "outcome": outcome, "start_s": t_up, "wall_s": time.monotonic() - t0,
-            "exit_codes": {n: p.returncode for n, p in sup.procs.items()}}
 
 
 def per_step(run_dir: Path) -> list[dict[str, Any]]:

@@ -103,7 +103,6 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
 
 
 async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir: Path) -> dict[str, Any]:
-    from launch.supervisor import Supervisor
     from launch.topology import fleet_processes
     from launch.up import pick_ports
     from services.replay_buffer.embedded import start_embedded_redis
@@ -120,21 +119,30 @@ async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir:
     for s in specs:
         s.env["CUDA_VISIBLE_DEVICES"] = gpu[s.role]
         s.restartable = False  # a measurement: any death is a failure, not something to paper over
+    try:
+        return await supervise(specs, run_dir, args.timeout)
+    finally:
+        redis.stop()
+
+
+async def supervise(specs: list[Any], run_dir: Path, limit_s: float) -> dict[str, Any]:
+    """Start the fleet's processes under the launcher's Supervisor (no restarts: a measurement), wait for the trainer
+    up to `limit_s` seconds, stop everything; the outcome and each process's exit code."""
+    from launch.supervisor import Supervisor
+
     sup = Supervisor(specs, run_dir / "logs" / "processes", cwd=ROOT, max_restarts=0, echo=False)
     t0 = time.monotonic()
-    rc, outcome = 1, "?"
+    rc, outcome, t_up = 1, "?", 0.0
     try:
         await sup.start_all()
         t_up = time.monotonic() - t0
-        stop = asyncio.Event()
         try:
-            rc = await asyncio.wait_for(sup.watch(stop), timeout=args.timeout)
+            rc = await asyncio.wait_for(sup.watch(asyncio.Event()), timeout=limit_s)
             outcome = "trainer finished" if rc == 0 else f"a process failed (rc {rc})"
         except TimeoutError:
-            outcome = f"timed out after {args.timeout:.0f} s"
+            outcome = f"timed out after {limit_s:.0f} s"
     finally:
         await sup.stop_all(grace_s=60)
-        redis.stop()
     return {"rc": rc, "outcome": outcome, "start_s": t_up, "wall_s": time.monotonic() - t0,
             "exit_codes": {n: p.returncode for n, p in sup.procs.items()}}
 
