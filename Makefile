@@ -3,9 +3,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CONFIG ?= examples/configs/grpo_swe_tiny.yaml
 
-.PHONY: setup test test-fast run lint
+.PHONY: setup test test-fast run lint lock
 
-$(VENV)/.installed: pyproject.toml scripts/setup.sh
+$(VENV)/.installed: pyproject.toml requirements/cpu.txt scripts/setup.sh scripts/uv.sh
 	bash scripts/setup.sh
 
 setup: $(VENV)/.installed
@@ -23,3 +23,7 @@ lint: setup
 
 run: setup
 	$(VENV)/bin/grpo-fleet up --config $(CONFIG)
+
+# Re-resolve requirements/cpu.txt after changing pyproject's dependencies (commit the result).
+lock:
+	bash scripts/lock.sh
