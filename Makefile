@@ -10,12 +10,19 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt scripts/setup.sh scripts
 
 setup: $(VENV)/.installed
 
+# One pytest-xdist worker per core; tests/conftest.py groups what must run one at a time or share a costly fixture.
+# Bytecode is written while testing even where PYTHONDONTWRITEBYTECODE is set: pytest then keeps its rewritten test
+# modules, and the services the tests start keep theirs, instead of compiling them again in every process.
+WORKERS ?= auto
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(WORKERS) --dist loadgroup
+
 test: setup
 	$(PY) -m fleet.protogen --check || $(PY) -m fleet.protogen
-	$(PY) -m pytest tests -q
+	$(PYTEST) tests -q --durations=25
 
+# The edit loop: the unit tier without its slow tests (well under 2 minutes on two cores).
 test-fast: setup
-	$(PY) -m pytest tests -q -m "not slow"
+	$(PYTEST) tests/unit -q -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check .

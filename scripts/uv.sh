@@ -16,4 +16,6 @@ if [ -z "${UV:-}" ]; then
     rm -rf "$UV_HOME" && mv "$UV_HOME.tmp" "$UV_HOME"
   fi
 fi
+# The system trust store (and SSL_CERT_FILE), where a host keeps the extra CA certificates its pip uses.
+export UV_NATIVE_TLS=1
 mapfile -t UV_ARGS < <("$PY" scripts/pip_to_uv.py)
