@@ -14,7 +14,7 @@ setup: $(VENV)/.installed
 # Bytecode is written while testing even where PYTHONDONTWRITEBYTECODE is set: pytest then keeps its rewritten test
 # modules, and the services the tests start keep theirs, instead of compiling them again in every process.
 WORKERS ?= auto
-PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(WORKERS) --dist loadgroup
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: setup
 	$(PY) -m fleet.protogen --check || $(PY) -m fleet.protogen

@@ -37,7 +37,8 @@ from fleet.contracts.sandbox import Verdict  # noqa: E402
 from sandbox_client import SandboxClient  # noqa: E402
 from sandbox_client.computer import ComputerClient, ComputerVerdict  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# xdist_group: one Docker engine per host, shared with the image tests' Docker runtime (tests/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("docker")]
 
 CONFIG = "tests/e2e/configs/compose_short.yaml"  # 4 steps of 2 groups, a task slice of one repository
 RUN = "/app/runs/compose_e2e"
