@@ -18,7 +18,7 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(WORKERS) --dist loadgrou
 
 test: setup
 	$(PY) -m fleet.protogen --check || $(PY) -m fleet.protogen
-	$(PYTEST) tests -q --durations=25
+	$(PYTEST) tests -q --durations=50
 
 # The edit loop: the unit tier without its slow tests (well under 2 minutes on two cores).
 test-fast: setup
