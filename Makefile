@@ -10,11 +10,11 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt scripts/setup.sh scripts
 
 setup: $(VENV)/.installed
 
-# One pytest-xdist worker per core; tests/conftest.py groups what must run one at a time or share a costly fixture.
+# One pytest-xdist worker per core; tests/conftest.py puts what must run one at a time or share a costly fixture in one lane.
 # Bytecode is written while testing even where PYTHONDONTWRITEBYTECODE is set: pytest then keeps its rewritten test
 # modules, and the services the tests start keep theirs, instead of compiling them again in every process.
 WORKERS ?= auto
-PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: setup
 	$(PY) -m fleet.protogen --check || $(PY) -m fleet.protogen

@@ -2,20 +2,24 @@
 
 Fixtures that start services live next to the tests that use them.
 
-Scheduling (`-n auto --dist loadgroup --no-loadscope-reorder`): every test gets an `xdist_group`; a group runs on one
-worker, in order, and groups are handed out in collection order (tests/e2e first, so the longest lanes start first).
-- `serial`: tests that start a whole fleet on this host (`e2e`) or say `@pytest.mark.serial`: a fleet's processes are
-  sized for the machine, so they run one at a time, on one worker, while the other workers take the rest.
-- `docker`: everything that needs the Docker engine (the `docker_engine` fixture, tests/e2e/test_compose.py), one
-  engine per host that the first user starts and stops, and the image tests, whose session registry
+Scheduling (`-n auto --dist loadscope --no-loadscope-reorder`, with the scope of each test given by `lane_of`): a
+scope runs on one worker, in order, and scopes are handed out in collection order (tests/e2e first, so the longest
+lanes start first).
+- `serial`: tests/e2e, whose tests each start a whole fleet sized for the machine: one at a time, on one worker, while
+  the other workers take the rest.
+- `docker`: what needs the Docker engine (tests/e2e/test_compose.py, the Docker runtime tests), one engine per host
+  that its first user starts and stops, and the other image tests, whose session registry
   (tests/integration/images/conftest.py) the Docker runtime tests use too: built once.
-- every other module is its own group, so a module-scoped fixture (a vLLM engine, a test repository) starts once.
-Without xdist (`pytest tests/unit/...`) the groups mean nothing and everything runs in order, as before.
-Without xdist (`pytest tests/unit/...`) the groups mean nothing and everything runs in order, as before.
+- every other module is its own scope, so a module-scoped fixture (a vLLM engine, a test repository) starts once.
+The lanes are read from the test ids alone because the controller sees nothing else; xdist's own `xdist_group` mark
+does not reach it under pytest 9 (xdist 3.8 writes the group into `item._nodeid`, which pytest 9 no longer reads).
+Without xdist (`pytest tests/unit/...`) none of this applies and everything runs in order, as before.
 """
 
+from __future__ import annotations
+
 import os
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,25 +27,29 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-TESTS = Path(__file__).resolve().parent
-SERIAL, DOCKER = "serial", "docker"
-_DOCKER_FIXTURES = {"docker_engine"}
-_FOLDER_GROUPS = {TESTS / "integration" / "images": DOCKER}
+# (prefix of a test id, lane), first match wins.
+LANES = (
+    ("tests/e2e/test_compose.py::", "docker"),
+    ("tests/integration/images/", "docker"),
+    ("tests/e2e/", "serial"),
+)
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    """The xdist group `item` runs in (see the module docstring)."""
-    if _DOCKER_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return DOCKER
-    if item.get_closest_marker("e2e") or item.get_closest_marker(SERIAL):
-        return SERIAL
-    for folder, group in _FOLDER_GROUPS.items():
-        if folder in item.path.parents:
-            return group
-    return item.nodeid.split("::", 1)[0]
+def lane_of(nodeid: str) -> str:
+    """The xdist scope of the test `nodeid`: its lane (LANES) or else its module."""
+    for prefix, lane in LANES:
+        if nodeid.startswith(prefix):
+            return lane
+    return nodeid.split("::", 1)[0]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return LaneScheduling(config, log)
