@@ -112,9 +112,10 @@ def corpus(seed: int = 0) -> Iterator[str]:
             yield f"{IM_START}system\n{_ENGLISH[4]}{IM_END}\n{IM_START}user\n{line}{IM_END}\n{IM_START}assistant\n"
 
 
-def _train_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast (import kept lazy)
+def _train_tokenizer(vocab_size: int, texts: Iterator[str] | None = None):  # -> PreTrainedTokenizerFast (lazy)
     """The same tokenizer for every model seed (its corpus is always drawn with seed 0), so that models of any seed
-    or shape made here share one vocabulary."""
+    or shape made here share one vocabulary. `texts`: train on these instead (a larger corpus, a larger vocabulary);
+    the chat template's layout is added to them so that it still tokenizes into few pieces."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -133,7 +134,7 @@ def _train_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast (import kep
         min_frequency=2,
         show_progress=False,
     )
-    tok.train_from_iterator(corpus(0), trainer=trainer)
+    tok.train_from_iterator(corpus(0) if texts is None else _with_template(texts), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -141,6 +142,13 @@ def _train_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast (import kep
         chat_template=CHAT_TEMPLATE,
         model_max_length=32768,
     )
+
+
+def _with_template(texts: Iterator[str]) -> Iterator[str]:
+    yield from texts
+    for _ in range(20):
+        for line in _ENGLISH:
+            yield f"{IM_START}system\n{_ENGLISH[4]}{IM_END}\n{IM_START}user\n{line}{IM_END}\n{IM_START}assistant\n"
 
 
 def _token_id(tok: Any, token: str) -> int:

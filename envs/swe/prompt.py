@@ -1,7 +1,8 @@
 """SWE prompts: the problem statement plus code context, in the tokenizer's chat template, within a token budget.
 
 Context "bm25" is the full text of the repository's source files that best match the problem statement
-(`envs/swe/retrieval.py`), read from the task's repository at `base_commit`; a task with no local checkout (a hub row
+(`envs/swe/retrieval.py`), read from the task's repository at `base_commit` ("bm25_functions": the best matching
+functions and methods instead of whole files, for small budgets); a task with no local checkout (a hub row
 whose `repo_url` is a GitHub URL) gets the statement alone. Nothing here reads `task.patch`: the gold patch's files,
 names or sizes would tell the policy where the fix is. To fit `max_prompt_length`, whole retrieved files are left out
 (and named in the prompt and in `PromptResult.dropped_files`); a file is never cut. Only when the bare statement
@@ -17,7 +18,7 @@ from typing import Any
 from envs.registry import PromptResult, Task
 from envs.swe.assets import statement_with_image_notes
 from envs.swe.gitrepo import BareRepo, GitError
-from envs.swe.retrieval import retrieve
+from envs.swe.retrieval import retrieve, retrieve_functions
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,15 @@ def _user_message(statement: str, files: list[tuple[str, str]], omitted: list[st
     return "\n\n".join(parts)
 
 
-def context_files(task: Task, repos_root: str | Path | None) -> list[tuple[str, str]]:
-    """(path, text) of the source files retrieved for the task's statement; none without a local checkout."""
+def context_files(task: Task, repos_root: str | Path | None, context: str = "bm25") -> list[tuple[str, str]]:
+    """(path, text) of the source files retrieved for the task's statement (`bm25`), or (`path:line qualname`,
+    source) of its functions (`bm25_functions`); none without a local checkout."""
     repo = resolve_repo(task.repo_url, repos_root)
     if repo is None:
         return []
     try:
+        if context == "bm25_functions":
+            return retrieve_functions(repo, task.base_commit, task.problem_statement)
         return retrieve(repo, task.base_commit, task.problem_statement)
     except GitError as exc:  # a checkout without this base_commit: the statement alone, said once per task
         log.warning("task %s: no code context (%s)", task.instance_id, exc)
@@ -82,24 +86,28 @@ def build_prompt(
     repos_root: str | Path | None = None,
     system_prompt: str = SYSTEM_PROMPT,
 ) -> PromptResult:
-    if context not in ("bm25", "none"):
-        raise ValueError(f"context must be 'bm25' or 'none', got {context!r}")
-    files = context_files(task, repos_root) if context == "bm25" else []
+    if context not in ("bm25", "bm25_functions", "none"):
+        raise ValueError(f"context must be 'bm25', 'bm25_functions' or 'none', got {context!r}")
+    files = context_files(task, repos_root, context) if context != "none" else []
+    # Files left out are named (a reader knows what exists); functions left out are not: a ranked selection of a
+    # repository's functions is partial by nature, and a dozen names would take the budget of a function.
+    named = context == "bm25"
     dropped: list[str] = []
     statement = statement_with_image_notes(task)
-    text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], [p for p, _ in files]))
+    text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], [p for p, _ in files if named]))
     if len(ids) > max_prompt_length:
-        return _truncated_statement(task, tokenizer, max_prompt_length, system_prompt, [p for p, _ in files])
+        return _truncated_statement(task, tokenizer, max_prompt_length, system_prompt,
+                                    [p for p, _ in files if named])
     kept: list[tuple[str, str]] = []
     for i, (path, body) in enumerate(files):
         # Greedy in rank order: a file goes in whole if it fits next to those already in, else it is named only.
-        omitted = dropped + [p for p, _ in files[i + 1:]]
+        omitted = dropped + [p for p, _ in files[i + 1:]] if named else []
         _, trial_ids = _render(tokenizer, system_prompt, _user_message(statement, [*kept, (path, body)], omitted))
         if len(trial_ids) <= max_prompt_length:
             kept.append((path, body))
         else:
             dropped = [*dropped, path]
-    text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped))
+    text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped if named else []))
     return PromptResult(ids, text, [p for p, _ in kept], dropped)
 
 

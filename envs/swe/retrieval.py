@@ -8,6 +8,7 @@ of the corpus: the policy is told to change library code, and the hidden tests a
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from collections import Counter
@@ -19,6 +20,9 @@ from envs.swe.gitrepo import BareRepo
 
 TOP_K = 5
 """Files ranked for the prompt (in rank order, each in whole or not at all); more rarely fit a prompt budget."""
+TOP_K_FUNCTIONS = 12
+"""Functions ranked for a `bm25_functions` prompt (each in whole or not at all)."""
+_MAX_FUNCTION_LINES = 150  # a longer function is a file's worth of prompt; it is still named, never cut
 _MAX_FILE_BYTES = 400_000  # larger sources (generated tables, vendored bundles) never fit a prompt anyway
 _SOURCE_SUFFIXES = {".py", ".pyx", ".pyi"}
 _TEST_DIRS = {"test", "tests", "testing"}
@@ -88,3 +92,47 @@ def rank(docs: tuple[_Doc, ...], query: str, k: int = TOP_K) -> list[_Doc]:
 def retrieve(repo: BareRepo, commit: str, statement: str, k: int = TOP_K) -> list[tuple[str, str]]:
     """(path, text) of the k source files at `commit` that best match `statement`, best first."""
     return [(d.path, d.text) for d in rank(_index(str(Path(repo.path).resolve()), commit), statement, k)]
+
+
+def _functions(path: str, text: str) -> list[tuple[str, str]]:
+    """(label, source) of every function and method of a module, decorators included; a nested function stays
+    inside its parent. The label names the file, the qualified name and the first line, as the prompt shows it:
+    `pkg/mod.py:120 Class.method`. A module that does not parse (Python 2 leftovers) has none."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    lines = text.splitlines()
+    out: list[tuple[str, str]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                end = child.end_lineno or child.lineno
+                if end - start < _MAX_FUNCTION_LINES:
+                    out.append((f"{path}:{start} {prefix}{child.name}", "\n".join(lines[start - 1:end])))
+
+    visit(tree, "")
+    return out
+
+
+@lru_cache(maxsize=8)
+def _function_index(repo_path: str, commit: str) -> tuple[_Doc, ...]:
+    docs = []
+    for f in _index(repo_path, commit):
+        if f.path.endswith(".py"):
+            for label, body in _functions(f.path, f.text):
+                words = tokens(label) + tokens(body)
+                docs.append(_Doc(label, body, Counter(words), len(words)))
+    return tuple(docs)
+
+
+def retrieve_functions(repo: BareRepo, commit: str, statement: str, k: int = TOP_K_FUNCTIONS
+                       ) -> list[tuple[str, str]]:
+    """(label, source) of the k functions at `commit` that best match `statement`, best first: the `bm25_functions`
+    context, for budgets too small for whole files (a small model's). Same query, same corpus, same BM25 as
+    `retrieve`, at the granularity of functions: still nothing from the gold patch."""
+    return [(d.path, d.text) for d in rank(_function_index(str(Path(repo.path).resolve()), commit), statement, k)]

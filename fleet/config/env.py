@@ -171,10 +171,12 @@ class DatasetConfig(Section):
     """Prompt token budget; code context is dropped file by file (never cut silently) to fit."""
     max_samples: int | None = Field(None, ge=1)
     """Use at most this many tasks (the first ones of the split)."""
-    context: Literal["bm25", "none"] = "bm25"
+    context: Literal["bm25", "bm25_functions", "none"] = "bm25"
     """Code context in the prompt: bm25, the repository's source files at `base_commit` that best match the problem
-    statement (BM25, as SWE-bench's retrieval setting; needs a local checkout of the repository, else no code), or
-    none. Nothing in a prompt comes from the gold patch."""
+    statement (BM25, as SWE-bench's retrieval setting; needs a local checkout of the repository, else no code);
+    bm25_functions, the same ranking over its functions and methods (each shown whole under `[start of
+    path:line qualname]`: more of the relevant code within a small budget); or none. Nothing in a prompt comes from
+    the gold patch."""
     assets_dir: str | None = None
     """Folder of the rows' image assets (SWE-bench Multimodal `image_assets`), one file per URL named
     `<sha256 of the URL>.<ext>`; None: `assets/` beside the data. Fill it where there is internet with

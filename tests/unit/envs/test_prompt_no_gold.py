@@ -143,7 +143,7 @@ def local_repo(tmp_path: Path) -> tuple[str, str]:
     return f"file://{repo.path}", repo.commit_directory(src, "astropy at d16bfe05")
 
 
-@pytest.mark.parametrize("context", ["bm25", "none"])
+@pytest.mark.parametrize("context", ["bm25", "bm25_functions", "none"])
 def test_a_hub_row_prompt_holds_no_gold_path_and_no_gold_line(chat_tokenizer, context):
     task = hub_task()
     for text in (build_prompt(task, chat_tokenizer, 100_000, context).text,
@@ -181,3 +181,35 @@ def test_a_local_checkout_prompt_is_the_same_whatever_the_gold_patch(tmp_path, c
     assert "astropy/modeling/tests/test_separable.py" not in full.context_files
     for line in added_lines(GOLD_PATCH) + added_lines(TEST_PATCH):
         assert line not in full.text, line
+
+
+def test_function_context_shows_the_matching_functions_whole_and_labelled(tmp_path, chat_tokenizer):
+    url, commit = local_repo(tmp_path)
+    task = hub_task(repo_url=url, base_commit=commit)
+    r = build_prompt(task, chat_tokenizer, 100_000, "bm25_functions")
+    # Functions, not files: each labelled with its file, first line and qualified name, ranked by the statement.
+    assert r.context_files and all(re.fullmatch(r"[\w/]+\.py:\d+ [\w.]+", label) for label in r.context_files)
+    assert r.context_files[0].startswith("astropy/modeling/separable.py:") and \
+        r.context_files[0].endswith(" separability_matrix")
+    assert not any("tests/" in label for label in r.context_files)
+    assert "def separability_matrix(" in r.text and f"[start of {r.context_files[0]}]" in r.text
+    for line in added_lines(GOLD_PATCH):
+        assert line not in r.text, line
+    # The same prompt whatever the gold patch says.
+    other = hub_task(repo_url=url, base_commit=commit, patch="diff --git a/x b/x\n")
+    assert build_prompt(other, chat_tokenizer, 100_000, "bm25_functions").text == r.text
+
+
+def test_function_context_fits_more_of_the_right_code_in_a_small_budget(tmp_path, chat_tokenizer):
+    url, commit = local_repo(tmp_path)
+    task = hub_task(repo_url=url, base_commit=commit)
+    bare = build_prompt(task, chat_tokenizer, 100_000, "none")
+    first = build_prompt(task, chat_tokenizer, 100_000, "bm25_functions")
+    body = first.text.split(f"[start of {first.context_files[0]}]")[1].split("[end of")[0]
+    # Room for the best function with its label and tags, not for its module.
+    budget = len(bare.token_ids) + len(chat_tokenizer(body)["input_ids"]) + 200
+    assert len(chat_tokenizer(SEPARABLE)["input_ids"]) > budget - len(bare.token_ids)
+    files = build_prompt(task, chat_tokenizer, budget, "bm25")
+    functions = build_prompt(task, chat_tokenizer, budget, "bm25_functions")
+    assert len(functions.token_ids) <= budget and "def separability_matrix(" in functions.text
+    assert "def separability_matrix(" not in files.text  # the whole module does not fit
