@@ -63,6 +63,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--generations", type=int, default=8, help="grpo.num_generations_per_prompt")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="a task set from `grpo-fleet data build`")
+    p.add_argument("--model", default=None, help="an HF model folder (default: the random 0.5B shape, made here)")
     p.add_argument("--run-dir", default=None)
     p.add_argument("--timeout", type=float, default=400.0, help="seconds the fleet may run")
     p.add_argument("--out", default="fleet_swe.json")
@@ -142,6 +143,12 @@ def per_step(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def validation_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    """Every validation round's metrics (greedy on the validation split: `val/accuracy`, the verdict counts)."""
+    return [{k: v for k, v in r.items() if k.startswith(("val/", "timing/validation_s")) or k == "step"}
+            for r in read_jsonl(run_dir / "logs" / "metrics.jsonl") if "val/tasks" in r]
+
+
 def main() -> int:
     args = parse()
     from fleet.config import load_config
@@ -155,7 +162,7 @@ def main() -> int:
     run_dir = Path(args.run_dir or f"/tmp/gpu-fleet-swe-{args.mode}-{int(time.time())}")
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.monotonic()
-    model = make_model(args.cpu)
+    model = args.model or make_model(args.cpu)
     make_s = time.monotonic() - t0
     ovr = overrides(args, model, run_dir)
     cfg = load_config(None, ovr)
@@ -170,7 +177,7 @@ def main() -> int:
         "config_overrides": ovr, "fleet": fleet, "accounting": acc,
         "trained_groups": {"steps": len(trained), "groups": len(ids), "unique": len(set(ids)),
                            "per_step": [len(t["groups"]) for t in trained]},
-        "per_step": steps,
+        "per_step": steps, "validation": validation_rounds(run_dir),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

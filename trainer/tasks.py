@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from fleet.config.env import DataConfig, DatasetConfig, EnvConfig
@@ -33,7 +34,7 @@ class EnvTaskSource:
         from envs.registry import load_dataset, make_environment
 
         self.dataset = load_dataset(data_cfg, env_cfg=deps.env, seed=deps.seed)
-        extra = {"repos_root": deps.repos_root} if self.dataset.env_name == "swe" else {}
+        extra = {"repos_root": self._repos_root(deps)} if self.dataset.env_name == "swe" else {}
         self.env = make_environment(self.dataset.env_name, deps.env, **extra)
         self.tokenizer = tokenizer
         self.data_cfg = data_cfg
@@ -42,6 +43,14 @@ class EnvTaskSource:
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def _repos_root(self, deps: SourceDeps) -> str | None:
+        """`sandbox.repos_root`, else the task set's own `repos/` (a built set read from `data_path`): the launcher
+        wires only the sandbox's key, and the default task set's repositories are not this set's."""
+        if deps.repos_root is not None:
+            return deps.repos_root
+        own = Path(self.dataset.root) / "repos" if self.dataset.root is not None else None
+        return str(own) if own is not None and own.is_dir() else None
 
     def _build(self, index: int) -> Task:
         t = self.dataset[index]

@@ -119,3 +119,17 @@ class WordTokenizer:
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": [hash(w) % 50_000 for w in text.split()]}
+
+
+def test_trainer_prompts_read_the_code_of_a_set_outside_the_default_folder(built):
+    # The launcher sets `sandbox.repos_root` for the sandbox only; the trainer's prompts must still find this set's
+    # repositories (they used to fall back to the default set's and carry no code at all).
+    from fleet.config.env import EnvConfig
+    from trainer.tasks import EnvTaskSource, SourceDeps
+
+    folder = built[0]
+    source = EnvTaskSource(DatasetConfig(dataset_name="swe_embedded", data_path=str(folder), max_prompt_length=100_000,
+                                         context="bm25_functions"), WordTokenizer(), SourceDeps(EnvConfig(), 0))
+    assert source.env.repos_root == str(folder / "repos")
+    prompt = source.env.build_prompt(source.dataset[0], WordTokenizer(), 100_000, "bm25_functions")
+    assert prompt.context_files and all(label.startswith("inflection/__init__.py:") for label in prompt.context_files)

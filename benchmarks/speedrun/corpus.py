@@ -1,0 +1,288 @@
+"""Stage 1 of the SWE speedrun (CPU): Python source from PyPI sdists, deduplicated, and a byte-level BPE on it.
+
+The projects are listed in `packages.txt`; any project that is also a task repository (a recipe names it) is left
+out, since those repositories are the evaluation. Sdists are fetched with pip (the host's index and find-links, as
+`grpo-fleet data build` fetches its own), one process per project so that a project whose metadata cannot be
+prepared here is skipped with a line saying so instead of failing the stage. `packages.lock` records the version and
+sha256 of every sdist used; with it, a later run fetches exactly those and refuses an archive that differs.
+
+Kept: `.py` members of each archive, UTF-8, at most `MAX_FILE_BYTES`, without minified or data-blob lines
+(`MAX_LINE_CHARS`). Deduplicated on content with trailing whitespace removed (vendored copies of six, packaging,
+urllib3... appear in many sdists). A fixed share of files, chosen by content hash, is held out for bits per byte.
+
+Output (`OUT/`): `train.jsonl.xz` and `heldout.jsonl.xz` (`{"package", "path", "text"}` per file), `tokenizer/`
+(an HF tokenizer folder with the project's chat template) and `manifest.json` (what was kept and dropped, sizes).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import lzma
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+PACKAGES = HERE / "packages.txt"
+LOCK = HERE / "packages.lock"
+MAX_FILE_BYTES = 200_000
+MAX_LINE_CHARS = 400
+HELDOUT_SHARE = 0.01
+VOCAB_SIZE = 16384
+
+
+@dataclass(frozen=True)
+class Sdist:
+    package: str
+    version: str
+    sha256: str
+    path: Path
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_names(path: Path = PACKAGES) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def read_lock(path: Path = LOCK) -> dict[str, tuple[str, str]]:
+    """canonical name -> (version, sha256)."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            spec, sha = line.split()
+            name, version = spec.split("==")
+            out[_canonical(name)] = (version, sha.removeprefix("sha256:"))
+    return out
+
+
+def write_lock(sdists: Iterable[Sdist], path: Path = LOCK) -> None:
+    lines = ["# Written by `swe_speedrun.py corpus`: the sdists the corpus was made from (name==version sha256)."]
+    lines += [f"{s.package}=={s.version} sha256:{s.sha256}" for s in sorted(sdists, key=lambda s: s.package)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _version_of(archive: Path, package: str) -> str:
+    stem = archive.name.removesuffix(".tar.gz").removesuffix(".zip").removesuffix(".tar.bz2")
+    # `Name-1.2.3` with the project name spelled as the archive spells it (dashes, underscores or dots).
+    return stem[len(package):].lstrip("-_") if _canonical(stem[: len(package)]) == _canonical(package) \
+        else stem.rsplit("-", 1)[-1]
+
+
+def fetch_one(package: str, cache: Path, pin: tuple[str, str] | None) -> Sdist | None:
+    """The sdist of `package` (the pinned version when `pin`), downloaded with pip into `cache`; None if pip fails."""
+    want = f"{package}=={pin[0]}" if pin else package
+    for archive in cache.glob("*"):
+        meta = archive.with_suffix(archive.suffix + ".json")
+        if meta.is_file():
+            m = json.loads(meta.read_text())
+            if _canonical(m["package"]) == _canonical(package) and (pin is None or m["version"] == pin[0]):
+                return Sdist(package, m["version"], m["sha256"], archive)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        proc = subprocess.run(
+            # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment too (Cython compiled
+            # from source to prepare one project's metadata).
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
+             "--disable-pip-version-check", want, "-d", tmp],
+            capture_output=True, text=True, timeout=600)
+        archives = [p for p in Path(tmp).iterdir() if p.suffix in (".gz", ".zip", ".bz2")]
+        if proc.returncode != 0 or len(archives) != 1:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            log.warning("corpus: skipping %s: pip download failed (%s)", want, tail[:200])
+            return None
+        archive = archives[0]
+        sha = _sha256(archive)
+        version = pin[0] if pin else _version_of(archive, package)
+        if pin and sha != pin[1]:
+            raise RuntimeError(f"packages.lock: {package}=={pin[0]} has sha256 {pin[1]}, the download has {sha}")
+        dest = cache / archive.name
+        archive.replace(dest)
+    dest.with_suffix(dest.suffix + ".json").write_text(json.dumps({"package": package, "version": version,
+                                                                   "sha256": sha}))
+    return Sdist(package, version, sha, dest)
+
+
+def fetch_all(names: list[str], cache: Path, *, workers: int = 3, locked: bool = False) -> list[Sdist]:
+    """Every project's sdist (pip runs `workers` at a time: most of its time is preparing metadata)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    pins = read_lock() if locked else {}
+    missing = [n for n in names if locked and _canonical(n) not in pins]
+    if missing:
+        raise RuntimeError(f"packages.lock has no pin for {missing}; run the corpus stage without --locked first")
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        got = list(pool.map(lambda n: fetch_one(n, cache, pins.get(_canonical(n))), names))
+    out = [s for s in got if s is not None]
+    log.info("corpus: %d/%d sdists in %.0f s", len(out), len(names), time.perf_counter() - t0)
+    return out
+
+
+def _members(archive: Path) -> Iterator[tuple[str, bytes]]:
+    """(path inside the project, bytes) of every `.py` file of a tar or zip sdist, its top folder removed."""
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            for info in z.infolist():
+                if info.filename.endswith(".py") and not info.is_dir() and info.file_size <= MAX_FILE_BYTES:
+                    yield info.filename.split("/", 1)[-1], z.read(info)
+        return
+    with tarfile.open(archive) as t:
+        for m in t:
+            if m.isfile() and m.name.endswith(".py") and m.size <= MAX_FILE_BYTES:
+                f = t.extractfile(m)
+                if f is not None:
+                    yield m.name.split("/", 1)[-1], f.read()
+
+
+def _keep(text: str) -> bool:
+    lines = text.splitlines()
+    return bool(lines) and text.strip() != "" and max(map(len, lines)) <= MAX_LINE_CHARS
+
+
+def _heldout(digest: str) -> bool:
+    return int(digest[:8], 16) / 0x1_0000_0000 < HELDOUT_SHARE
+
+
+def build(sdists: list[Sdist], out: Path, excluded: set[str]) -> dict[str, object]:
+    """Write train/heldout JSONL (xz) of the deduplicated `.py` files; return the counts for the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    counts = {"files": 0, "duplicates": 0, "filtered": 0, "not_utf8": 0, "train_bytes": 0, "heldout_bytes": 0}
+    per_package: dict[str, int] = {}
+    with lzma.open(out / "train.jsonl.xz", "wt", preset=6) as train, \
+            lzma.open(out / "heldout.jsonl.xz", "wt", preset=6) as heldout:
+        for s in sorted(sdists, key=lambda s: s.package):
+            if _canonical(s.package) in excluded:
+                continue
+            for path, raw in _members(s.path):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    counts["not_utf8"] += 1
+                    continue
+                if not _keep(text):
+                    counts["filtered"] += 1
+                    continue
+                digest = hashlib.sha1("\n".join(line.rstrip() for line in text.splitlines()).encode()).hexdigest()
+                if digest in seen:
+                    counts["duplicates"] += 1
+                    continue
+                seen.add(digest)
+                counts["files"] += 1
+                split = "heldout" if _heldout(digest) else "train"
+                (heldout if split == "heldout" else train).write(
+                    json.dumps({"package": s.package, "path": path, "text": text}) + "\n")
+                counts[f"{split}_bytes"] += len(raw)
+                per_package[s.package] = per_package.get(s.package, 0) + len(raw)
+    return {**counts, "packages": len(per_package), "bytes_per_package": per_package}
+
+
+def read_texts(path: Path) -> Iterator[str]:
+    with lzma.open(path, "rt") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+
+
+def train_tokenizer(corpus: Path, out: Path, *, vocab_size: int = VOCAB_SIZE, max_bytes: int = 80_000_000) -> Path:
+    """A byte-level BPE (Qwen2's pre-tokenizer split, the project's chat template and special tokens) trained on up
+    to `max_bytes` of the training corpus; saved as an HF tokenizer folder at `out`."""
+    from fleet.tinymodel import _save_tokenizer, _train_tokenizer
+
+    def texts() -> Iterator[str]:
+        seen = 0
+        for text in read_texts(corpus / "train.jsonl.xz"):
+            yield text
+            seen += len(text)
+            if seen >= max_bytes:
+                return
+
+    tok = _train_tokenizer(vocab_size, texts())
+    _save_tokenizer(tok, out)
+    return out
+
+
+def bytes_per_token(tokenizer_dir: Path, corpus: Path) -> float:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    texts = list(read_texts(corpus / "heldout.jsonl.xz"))
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    return sum(len(t.encode()) for t in texts) / max(1, sum(map(len, ids)))
+
+
+def task_repo_packages(recipes: Iterable[Path]) -> set[str]:
+    """Canonical PyPI names of every repository (and vendored dependency) the task recipes name."""
+    import yaml
+
+    names: set[str] = set()
+    for path in recipes:
+        if path.is_file():
+            for repo in yaml.safe_load(path.read_text()).get("repos", []):
+                names.add(_canonical(repo["package"]))
+                names.update(_canonical(v["package"]) for v in repo.get("vendor", []))
+    return names
+
+
+def run(out: Path, cache: Path, recipes: list[Path], *, locked: bool, workers: int = 3) -> dict[str, object]:
+    t0 = time.perf_counter()
+    excluded = task_repo_packages(recipes)
+    names = [n for n in read_names() if _canonical(n) not in excluded]
+    sdists = fetch_all(names, cache, workers=workers, locked=locked)
+    if not locked:
+        write_lock(sdists)
+    t_fetch = time.perf_counter() - t0
+    counts = build(sdists, out, excluded)
+    t_build = time.perf_counter() - t0 - t_fetch
+    train_tokenizer(out, out / "tokenizer")
+    bpt = bytes_per_token(out / "tokenizer", out)
+    manifest = {
+        **counts, "excluded_task_packages": sorted(excluded), "sdists": len(sdists),
+        "skipped": sorted(set(map(_canonical, names)) - {_canonical(s.package) for s in sdists}),
+        "vocab_size": VOCAB_SIZE, "heldout_bytes_per_token": round(bpt, 3),
+        "compressed_bytes": sum((out / f).stat().st_size for f in ("train.jsonl.xz", "heldout.jsonl.xz")),
+        "seconds": {"fetch": round(t_fetch, 1), "build": round(t_build, 1),
+                    "tokenizer": round(time.perf_counter() - t0 - t_fetch - t_build, 1)},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cache", type=Path, required=True)
+    p.add_argument("--locked", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    m = run(args.out, args.cache, [HERE.parents[1] / "launch/data/recipe.yaml", HERE / "tasks.yaml",
+                                   HERE / "sft.yaml"], locked=args.locked)
+    print(json.dumps({k: v for k, v in m.items() if k != "bytes_per_package"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

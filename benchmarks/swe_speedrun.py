@@ -1,0 +1,196 @@
+"""SWE learning from nothing (issue 33): a code model made here, SFT on generated fixes, then GRPO through the fleet.
+
+    python benchmarks/swe_speedrun.py prepare            # CPU, here: corpus, tokenizer, task sets, SFT examples
+    python benchmarks/swe_speedrun.py pretrain --out DIR # GPU: a Qwen2 from random weights, pre-trained, then SFT
+    python benchmarks/swe_speedrun.py grpo --mode sync --model DIR/sft --out DIR   # GPU: GRPO through the fleet
+    python benchmarks/swe_speedrun.py smoke --out DIR    # every stage at toy size on CPU (the wiring; CI runs it)
+
+On the lent H200 the GPU stages run in consecutive calls while the machine stays warm (`speedrun.sh`). Stages:
+
+1. corpus (`speedrun/corpus.py`): Python source of ~240 PyPI sdists fetched with pip, none of them a task
+   repository, deduplicated; a 16k byte-level BPE trained on it.
+2. pretrain (`speedrun/lm.py`): the Qwen2 "100M" shape trained on the corpus with the trainer's own code (bf16
+   autocast over fp32 masters, compiled decoder layers, the fused chunked log-prob loss, fused AdamW); loss and
+   bits per byte on held-out files.
+3. SFT (`speedrun/fixes.py`, `speedrun/lm.py`): the single-shot SWE prompt of each task of the SFT task set
+   (`speedrun/sft.yaml`: the builder's mutations in repositories outside the evaluation) -> its fixing diff.
+4. GRPO (`gpu_fleet_swe.py`): the whole fleet (embedded Redis, replay buffer, bubblewrap sandbox, batched `hf`
+   engine, torchrun trainer) on the training repositories of `speedrun/tasks.yaml`; greedy validation on its
+   held-out repositories before the first step and every `--val-period` steps.
+
+Every stage writes its figures to a JSON file in `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
+import corpus  # noqa: E402
+import fixes  # noqa: E402
+import lm  # noqa: E402
+
+log = logging.getLogger("speedrun")
+
+DATA = ROOT / ".speedrun"  # what `prepare` makes and the GPU stages read (git ignores it; it travels with carry)
+SPEEDRUN = ROOT / "benchmarks" / "speedrun"
+MAX_PROMPT = 1792  # prompt budget (tokens) of SFT and GRPO; + MAX_NEW = the pre-training row length
+MAX_NEW = 256
+CONTEXT = "bm25_functions"
+
+
+def write(out: Path, name: str, figures: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(figures, indent=1) + "\n")
+    log.info("wrote %s", out / name)
+
+
+def build_tasks(recipe: Path, dest: Path, max_per_repo: int) -> dict[str, Any]:
+    """A task set from a recipe (`grpo-fleet data build`), reused when it is there."""
+    if not (dest / "manifest.json").is_file():
+        subprocess.run([sys.executable, "-m", "launch.cli", "data", "build", "--recipe", str(recipe), "--out",
+                        str(dest), "--max-per-repo", str(max_per_repo)], check=True, cwd=ROOT)
+    from envs.swe.taskset import summarize
+
+    return summarize(dest)
+
+
+def prepare(args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    figures: dict[str, Any] = {}
+    recipes = [ROOT / "launch/data/recipe.yaml", SPEEDRUN / "tasks.yaml", SPEEDRUN / "sft.yaml"]
+    figures["corpus"] = corpus.run(DATA / "corpus", args.cache / "corpus-sdists", recipes, locked=args.locked)
+    figures["tasks"] = build_tasks(SPEEDRUN / "tasks.yaml", DATA / "tasks", args.max_per_repo)
+    figures["sft_tasks"] = build_tasks(SPEEDRUN / "sft.yaml", DATA / "sft-tasks", args.sft_max_per_repo)
+    figures["sft_examples"] = fixes.build(DATA / "sft-tasks", DATA / "corpus" / "tokenizer",
+                                          DATA / "sft.jsonl.xz", max_prompt_length=MAX_PROMPT, context=CONTEXT)
+    figures["seconds"] = time.perf_counter() - t0
+    figures["carry_bytes"] = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()
+                                 and "sft-tasks" not in f.parts and f.parent.name != "corpus-sdists")
+    write(args.out, "prepare.json", figures)
+
+
+def pretrain_and_sft(args: argparse.Namespace) -> None:
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
+    models = args.out / "models"
+    t0 = time.perf_counter()
+    init = lm.make_model(args.data / "corpus" / "tokenizer", models / "init", shape,
+                         max_positions=MAX_PROMPT + MAX_NEW)
+    pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=MAX_PROMPT + MAX_NEW,
+                      rows_per_step=args.rows_per_step, steps=args.pretrain_steps, peak_lr=args.pretrain_lr,
+                      max_seconds=args.pretrain_seconds, device=device, compile=not args.cpu,
+                      max_eval_rows=args.eval_rows)
+    write(args.out, "pretrain.json", {**pre, "shape": shape, "device": device,
+                                      "gpu": torch.cuda.get_device_name() if device == "cuda" else None})
+    examples = fixes.read(args.data / "sft.jsonl.xz")[: args.sft_examples]
+    tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=args.sft_batch,
+                   peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=device, compile=not args.cpu,
+                   row_tokens=MAX_PROMPT + MAX_NEW)
+    write(args.out, "sft.json", {**tuned, "total_seconds": time.perf_counter() - t0})
+
+
+def grpo(args: argparse.Namespace) -> None:
+    """GRPO through the whole fleet (benchmarks/gpu_fleet_swe.py) with greedy validation on held-out repos."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_fleet_swe.py"), "--mode", args.mode, "--model",
+           str(args.model), "--tasks", str(args.data / "tasks"), "--steps", str(args.steps), "--prompts",
+           str(args.prompts), "--generations", str(args.generations), "--max-new-tokens", str(MAX_NEW),
+           "--timeout", str(args.timeout), "--out", str(args.out / f"grpo_{args.mode}.json")]
+    if args.cpu:
+        cmd.append("--cpu")
+    cmd += [f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
+            f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
+            f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
+            f"policy.optimizer.lr={args.lr}", "env.code.reward_mode=pass_rate", *args.overrides]
+    log.info("%s", " ".join(cmd))
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    if rc:
+        raise SystemExit(f"gpu_fleet_swe.py exited {rc}")
+
+
+def smoke(args: argparse.Namespace) -> None:
+    """Every stage at toy size on CPU: a stdlib corpus, the embedded task set for both SFT and GRPO."""
+    import sysconfig
+
+    data = args.out / "data"
+    (data / "corpus").mkdir(parents=True, exist_ok=True)
+    import lzma
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(stdlib.glob("*.py"))[:60]
+    for split, chosen in (("train", files[:50]), ("heldout", files[50:])):
+        with lzma.open(data / "corpus" / f"{split}.jsonl.xz", "wt") as f:
+            for p in chosen:
+                f.write(json.dumps({"package": "stdlib", "path": p.name, "text": p.read_text()}) + "\n")
+    corpus.train_tokenizer(data / "corpus", data / "corpus" / "tokenizer", vocab_size=1024)
+    tasks = Path(args.tasks)
+    if not (data / "tasks").exists():
+        shutil.copytree(tasks, data / "tasks")
+    counts = fixes.build(data / "tasks", data / "corpus" / "tokenizer", data / "sft.jsonl.xz",
+                         max_prompt_length=MAX_PROMPT, context=CONTEXT)
+    write(args.out, "prepare.json", {"sft_examples": counts})
+    args.data = data
+    pretrain_and_sft(args)
+    args.model = args.out / "models" / "sft"
+    grpo(args)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="stage", required=True)
+    pr = sub.add_parser("prepare")
+    pr.add_argument("--out", type=Path, default=DATA / "results")
+    pr.add_argument("--cache", type=Path, default=Path(os.environ.get("GRPO_FLEET_CACHE", ROOT / ".cache")))
+    pr.add_argument("--locked", action="store_true", help="fetch exactly the sdists of speedrun/packages.lock")
+    pr.add_argument("--max-per-repo", type=int, default=48)
+    pr.add_argument("--sft-max-per-repo", type=int, default=200)
+    for name in ("pretrain", "grpo", "smoke"):
+        s = sub.add_parser(name)
+        s.add_argument("--out", type=Path, required=True)
+        s.add_argument("--data", type=Path, default=DATA)
+        s.add_argument("--cpu", action="store_true", default=name == "smoke")
+        s.add_argument("--rows-per-step", type=int, default=2 if name == "smoke" else 64)
+        s.add_argument("--pretrain-steps", type=int, default=3 if name == "smoke" else 4000)
+        s.add_argument("--pretrain-seconds", type=float, default=330.0)
+        s.add_argument("--pretrain-lr", type=float, default=1.5e-3)
+        s.add_argument("--eval-rows", type=int, default=4 if name == "smoke" else 256)
+        s.add_argument("--sft-examples", type=int, default=4 if name == "smoke" else None)
+        s.add_argument("--sft-epochs", type=float, default=1.0 if name == "smoke" else 3.0)
+        s.add_argument("--sft-batch", type=int, default=2 if name == "smoke" else 32)
+        s.add_argument("--sft-lr", type=float, default=5e-4)
+        s.add_argument("--sft-seconds", type=float, default=120.0)
+        s.add_argument("--model", type=Path, default=None)
+        s.add_argument("--mode", choices=["sync", "async"], default="sync")
+        s.add_argument("--steps", type=int, default=1 if name == "smoke" else 20)
+        s.add_argument("--prompts", type=int, default=2 if name == "smoke" else 16)
+        s.add_argument("--generations", type=int, default=2 if name == "smoke" else 8)
+        s.add_argument("--val-period", type=int, default=1 if name == "smoke" else 5)
+        s.add_argument("--val-tasks", type=int, default=2 if name == "smoke" else 256)
+        s.add_argument("--lr", type=float, default=2e-5)
+        s.add_argument("--timeout", type=float, default=240.0 if name == "smoke" else 540.0)
+        s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")
+        s.add_argument("overrides", nargs="*", help="grpo: extra config overrides")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
+    {"prepare": prepare, "pretrain": pretrain_and_sft, "grpo": grpo, "smoke": smoke}[args.stage](args)
+
+
+if __name__ == "__main__":
+    main()
