@@ -46,11 +46,8 @@ EOF
 run() {
   OUT=${OUT:-/tmp/gpu-fleet-swe}
   mkdir -p "$OUT"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 GRPO_FLEET_CACHE=/tmp/grpo-fleet-cache
-  mkdir -p /tmp/bw && for f in .gpu/deb/*.deb; do dpkg -x "$f" /tmp/bw; done
-  export PATH=/tmp/bw/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/bw/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-  bwrap --unshare-all --die-with-parent --ro-bind / / true && echo "bwrap ok"
+  # shellcheck source=benchmarks/lent_gpu_env.sh
+  source benchmarks/lent_gpu_env.sh
   # The sandbox on this host: every task's gold patch FULL and empty patch NO, with the time each run takes.
   python3 -m launch.cli data validate --gold 0 --out "$OUT/validate.json" data.train.dataset_name=swe_embedded \
     data.train.data_path=.gpu/tasks 2>&1 | tail -12

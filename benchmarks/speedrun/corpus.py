@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 PACKAGES = HERE / "packages.txt"
 LOCK = HERE / "packages.lock"
+RESERVED = HERE / "reserved.txt"
 MAX_FILE_BYTES = 200_000
 MAX_LINE_CHARS = 400
 HELDOUT_SHARE = 0.01
@@ -103,16 +104,19 @@ def fetch_one(package: str, cache: Path, pin: tuple[str, str] | None) -> Sdist |
             if _canonical(m["package"]) == _canonical(package) and (pin is None or m["version"] == pin[0]):
                 return Sdist(package, m["version"], m["sha256"], archive)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        proc = subprocess.run(
-            # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment too (Cython compiled
-            # from source to prepare one project's metadata).
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
-             "--disable-pip-version-check", want, "-d", tmp],
-            capture_output=True, text=True, timeout=600)
+        try:
+            proc = subprocess.run(
+                # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment too (Cython compiled
+                # from source to prepare one project's metadata).
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
+                 "--disable-pip-version-check", want, "-d", tmp],
+                capture_output=True, text=True, timeout=600)
+            failure = (proc.stderr.strip().splitlines() or ["?"])[-1] if proc.returncode else ""
+        except subprocess.TimeoutExpired:
+            failure = "no answer in 600 s"
         archives = [p for p in Path(tmp).iterdir() if p.suffix in (".gz", ".zip", ".bz2")]
-        if proc.returncode != 0 or len(archives) != 1:
-            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            log.warning("corpus: skipping %s: pip download failed (%s)", want, tail[:200])
+        if failure or len(archives) != 1:
+            log.warning("corpus: skipping %s: pip download failed (%s)", want, failure[:200] or archives)
             return None
         archive = archives[0]
         sha = _sha256(archive)
@@ -234,10 +238,11 @@ def bytes_per_token(tokenizer_dir: Path, corpus: Path) -> float:
 
 
 def task_repo_packages(recipes: Iterable[Path]) -> set[str]:
-    """Canonical PyPI names of every repository (and vendored dependency) the task recipes name."""
+    """Canonical PyPI names of every repository (and vendored dependency) the task recipes name, and of the projects
+    reserved for task sets (`reserved.txt`)."""
     import yaml
 
-    names: set[str] = set()
+    names: set[str] = {_canonical(n) for n in read_names(RESERVED)}
     for path in recipes:
         if path.is_file():
             for repo in yaml.safe_load(path.read_text()).get("repos", []):

@@ -1,0 +1,40 @@
+"""The SWE speedrun's stages end to end at toy size on CPU (`swe_speedrun.py smoke`): corpus -> tokenizer -> a
+model from random weights pre-trained through the trainer's code -> SFT on the task set's fixes -> GRPO through the
+whole fleet (Redis, buffer, sandbox, rollout worker, torchrun trainer) with greedy validation before and after."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Path) -> None:
+    out = tmp_path / "speedrun"
+    proc = subprocess.run([sys.executable, "benchmarks/swe_speedrun.py", "smoke", "--out", str(out), "--tasks",
+                           str(task_slice)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    prepared = json.loads((out / "prepare.json").read_text())["sft_examples"]
+    assert prepared["examples"] >= 1 and prepared["examples"] + prepared.get("fix_not_in_prompt", 0) == \
+        prepared["tasks"]
+    pre = json.loads((out / "pretrain.json").read_text())
+    assert pre["steps"] >= 1 and math.isfinite(pre["heldout_bits_per_byte"]) and pre["heldout_bits_per_byte"] > 0
+    sft = json.loads((out / "sft.json").read_text())
+    assert sft["steps"] >= 1 and all(math.isfinite(p["loss"]) for p in sft["curve"])
+    # The SFT model is an HF folder the fleet serves and trains.
+    assert (out / "models" / "sft" / "config.json").is_file() and (out / "models" / "sft" / "tokenizer.json").is_file()
+    grpo = json.loads((out / "grpo_sync.json").read_text())
+    assert grpo["fleet"]["rc"] == 0 and not grpo["accounting"]["violations"]
+    rounds = grpo["validation"]
+    assert len(rounds) == 2 and all(r["val/tasks"] == 2 for r in rounds)
+    assert [r["val/step"] for r in rounds] == [0.0, 1.0]
+    # Every validation task got exactly one verdict kind.
+    for r in rounds:
+        assert sum(v for k, v in r.items() if k.startswith("val/verdict/")) == r["val/tasks"]
