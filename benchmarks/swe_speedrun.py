@@ -1,7 +1,9 @@
 """SWE learning from nothing (issue 33): a code model made here, SFT on generated fixes, then GRPO through the fleet.
 
-    python benchmarks/swe_speedrun.py prepare            # CPU, here: corpus, tokenizer, task sets, SFT examples
-    python benchmarks/swe_speedrun.py pretrain --out DIR # GPU: a Qwen2 from random weights, pre-trained, then SFT
+    python benchmarks/swe_speedrun.py prepare            # CPU, here: corpus, tokenizer, the task recipe's sdists
+    python benchmarks/swe_speedrun.py pretrain --out DIR # GPU: a Qwen2 from random weights, pre-trained
+    python benchmarks/swe_speedrun.py sft-examples --out DIR   # SFT examples from part of the training functions
+    python benchmarks/swe_speedrun.py sft --out DIR      # GPU: SFT of DIR/models/base on them
     python benchmarks/swe_speedrun.py grpo --mode sync --model DIR/sft --out DIR   # GPU: GRPO through the fleet
     python benchmarks/swe_speedrun.py smoke --out DIR    # every stage at toy size on CPU (the wiring; CI runs it)
 
@@ -56,38 +58,63 @@ def write(out: Path, name: str, figures: dict[str, Any]) -> None:
     log.info("wrote %s", out / name)
 
 
-def build_tasks(recipe: Path, dest: Path, max_per_repo: int) -> dict[str, Any]:
-    """A task set from a recipe (`grpo-fleet data build`), reused when it is there."""
-    if not (dest / "manifest.json").is_file():
-        subprocess.run([sys.executable, "-m", "launch.cli", "data", "build", "--recipe", str(recipe), "--out",
-                        str(dest), "--max-per-repo", str(max_per_repo)], check=True, cwd=ROOT)
-    from envs.swe.taskset import summarize
+def split_for_sft(tasks: Path, share: float) -> dict[str, int]:
+    """Move `share` of the training tasks, whole functions at a time, from `train.jsonl` to `sft.jsonl`: SFT
+    examples from the training repositories whose bugs GRPO then never sees (the held-out repositories stay out of
+    both). Used when the SFT task set (`sft.yaml`) is not built."""
+    from envs.swe.taskset import read_split, write_jsonl
+    from launch.data.validate import function_split
 
-    return summarize(dest)
+    train = read_split(tasks, "train")
+    sft = [t for t in train if function_split(t.repo, f"{t.metadata.get('file')}:{t.metadata.get('function')}",
+                                              share) == "validation"]
+    ids = {t.instance_id for t in sft}
+    write_jsonl(tasks / "sft.jsonl", sft)
+    write_jsonl(tasks / "train.jsonl", [t for t in train if t.instance_id not in ids])
+    return {"sft": len(sft), "grpo_train": len(train) - len(sft)}
+
+
+def carry_sdists(recipe: Path, cache: Path, dest: Path) -> list[str]:
+    """The recipe's pinned sdists (repositories and vendored dependencies) in `dest`, so that the task set can be
+    built where pip cannot download (the lent GPU machine): `grpo-fleet data build --cache-dir dest`."""
+    from launch.data.recipe import load_recipe
+    from launch.data.sdist import fetch_sdist
+
+    dest.mkdir(parents=True, exist_ok=True)
+    names = []
+    for repo in load_recipe(recipe).repos:
+        for package, version, sha in [(repo.package, repo.version, repo.sha256),
+                                      *((v.package, v.version, v.sha256) for v in repo.vendor)]:
+            path = fetch_sdist(package, version, sha, cache)
+            shutil.copy(path, dest / path.name)
+            names.append(path.name)
+    return names
 
 
 def prepare(args: argparse.Namespace) -> None:
+    """CPU, where pip reaches an index: the corpus and its tokenizer, and the task recipe's sdists."""
     t0 = time.perf_counter()
-    figures: dict[str, Any] = {}
     recipes = [ROOT / "launch/data/recipe.yaml", SPEEDRUN / "tasks.yaml", SPEEDRUN / "sft.yaml"]
-    figures["corpus"] = corpus.run(DATA / "corpus", args.cache / "corpus-sdists", recipes, locked=args.locked)
-    figures["tasks"] = build_tasks(SPEEDRUN / "tasks.yaml", DATA / "tasks", args.max_per_repo)
-    figures["sft_tasks"] = build_tasks(SPEEDRUN / "sft.yaml", DATA / "sft-tasks", args.sft_max_per_repo)
-    figures["sft_examples"] = fixes.build(DATA / "sft-tasks", DATA / "corpus" / "tokenizer",
-                                          DATA / "sft.jsonl.xz", max_prompt_length=MAX_PROMPT, context=CONTEXT)
+    figures: dict[str, Any] = {"corpus": corpus.run(DATA / "corpus", args.cache / "corpus-sdists", recipes,
+                                                    locked=args.locked)}
+    figures["sdists"] = carry_sdists(SPEEDRUN / "tasks.yaml", args.cache / "sdists", DATA / "sdists")
     figures["seconds"] = time.perf_counter() - t0
-    figures["carry_bytes"] = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()
-                                 and "sft-tasks" not in f.parts and f.parent.name != "corpus-sdists")
+    figures["carry_bytes"] = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file() and "results" not in f.parts)
     write(args.out, "prepare.json", figures)
 
 
-def pretrain_and_sft(args: argparse.Namespace) -> None:
+def _device(args: argparse.Namespace) -> str:
     import torch
 
-    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+
+
+def pretrain(args: argparse.Namespace) -> None:
+    import torch
+
+    device = _device(args)
     shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
     models = args.out / "models"
-    t0 = time.perf_counter()
     init = lm.make_model(args.data / "corpus" / "tokenizer", models / "init", shape,
                          max_positions=MAX_PROMPT + MAX_NEW)
     pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=MAX_PROMPT + MAX_NEW,
@@ -96,11 +123,29 @@ def pretrain_and_sft(args: argparse.Namespace) -> None:
                       max_eval_rows=args.eval_rows)
     write(args.out, "pretrain.json", {**pre, "shape": shape, "device": device,
                                       "gpu": torch.cuda.get_device_name() if device == "cuda" else None})
+
+
+def sft_examples(args: argparse.Namespace) -> None:
+    """SFT examples from a built task set: `--sft-from-train SHARE` of its training functions (`split_for_sft`)."""
+    from envs.swe.taskset import summarize
+
+    summary = summarize(args.data / "tasks")
+    figures: dict[str, Any] = {"tasks": {k: summary[k] for k in ("per_split", "per_repo", "per_kind", "functions",
+                                                                   "total")}}
+    figures["sft_split"] = split_for_sft(args.data / "tasks", args.sft_from_train)
+    figures["sft_examples"] = fixes.build(args.data / "tasks", args.data / "corpus" / "tokenizer",
+                                          args.data / "sft.jsonl.xz", max_prompt_length=MAX_PROMPT,
+                                          context=CONTEXT, splits=("sft",))
+    write(args.out, "sft_examples.json", figures)
+
+
+def sft(args: argparse.Namespace) -> None:
+    models = args.out / "models"
     examples = fixes.read(args.data / "sft.jsonl.xz")[: args.sft_examples]
     tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=args.sft_batch,
-                   peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=device, compile=not args.cpu,
+                   peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=_device(args), compile=not args.cpu,
                    row_tokens=MAX_PROMPT + MAX_NEW)
-    write(args.out, "sft.json", {**tuned, "total_seconds": time.perf_counter() - t0})
+    write(args.out, "sft.json", tuned)
 
 
 def grpo(args: argparse.Namespace) -> None:
@@ -143,7 +188,8 @@ def smoke(args: argparse.Namespace) -> None:
                          max_prompt_length=MAX_PROMPT, context=CONTEXT)
     write(args.out, "prepare.json", {"sft_examples": counts})
     args.data = data
-    pretrain_and_sft(args)
+    pretrain(args)
+    sft(args)
     args.model = args.out / "models" / "sft"
     grpo(args)
 
@@ -155,9 +201,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     pr.add_argument("--out", type=Path, default=DATA / "results")
     pr.add_argument("--cache", type=Path, default=Path(os.environ.get("GRPO_FLEET_CACHE", ROOT / ".cache")))
     pr.add_argument("--locked", action="store_true", help="fetch exactly the sdists of speedrun/packages.lock")
-    pr.add_argument("--max-per-repo", type=int, default=48)
-    pr.add_argument("--sft-max-per-repo", type=int, default=200)
-    for name in ("pretrain", "grpo", "smoke"):
+    for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
         s.add_argument("--data", type=Path, default=DATA)
@@ -173,6 +217,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--sft-lr", type=float, default=5e-4)
         s.add_argument("--sft-seconds", type=float, default=120.0)
         s.add_argument("--model", type=Path, default=None)
+        s.add_argument("--sft-from-train", type=float, default=0.5)
         s.add_argument("--mode", choices=["sync", "async"], default="sync")
         s.add_argument("--steps", type=int, default=1 if name == "smoke" else 20)
         s.add_argument("--prompts", type=int, default=2 if name == "smoke" else 16)
@@ -189,7 +234,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
-    {"prepare": prepare, "pretrain": pretrain_and_sft, "grpo": grpo, "smoke": smoke}[args.stage](args)
+    stages = {"prepare": prepare, "pretrain": pretrain, "sft-examples": sft_examples, "sft": sft, "grpo": grpo,
+              "smoke": smoke}
+    stages[args.stage](args)
 
 
 if __name__ == "__main__":

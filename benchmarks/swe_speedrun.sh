@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# SWE learning from nothing (benchmarks/swe_speedrun.py) on the lent H200, in consecutive calls while it stays warm:
+# SWE learning from nothing (benchmarks/swe_speedrun.py) on the lent H200, in consecutive calls while it stays warm
+# (it is given back 30 s after a call ends: issue the next call at once):
 #
-#   here:   bash benchmarks/gpu_fleet_swe.sh prepare && .venv/bin/python benchmarks/swe_speedrun.py prepare
-#   there:  bash benchmarks/swe_speedrun.sh pretrain      # carry [".whl", ".gpu", "grpofleet", ".speedrun"]
-#           bash benchmarks/swe_speedrun.sh grpo sync     # same machine, models kept under /tmp/speedrun
+#   here:   bash benchmarks/gpu_fleet_swe.sh prepare && .venv/bin/python benchmarks/swe_speedrun.py prepare --no-tasks
+#   there:  bash benchmarks/swe_speedrun.sh base          # carry [".whl", ".gpu", "grpofleet", ".speedrun"]
+#           bash benchmarks/swe_speedrun.sh grpo sync     # the same machine: models and tasks stay in /tmp/speedrun
 #           bash benchmarks/swe_speedrun.sh grpo async
 #
-# Each call copies its figures (JSON) to $OUT; the models stay in /tmp/speedrun (too large to send back, and only
-# needed there).
+# `base`: the task set is built there (16 cores: `grpo-fleet data build`, 14 sandbox workers, from the carried sdists)
+# while the GPU pre-trains; then SFT examples are cut from half of its training functions and the base is fine-tuned.
+# Each call copies its figures (JSON) to $OUT; models stay in /tmp/speedrun (too large to send back).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=benchmarks/lent_gpu_env.sh
@@ -17,15 +19,25 @@ WORK=/tmp/speedrun
 mkdir -p "$OUT" "$WORK"
 stage=${1:-}
 shift || true
+quiet() { grep --line-buffered -v "^ \|Writing\|Loading" || true; }
 case "$stage" in
-  pretrain)
-    python3 benchmarks/swe_speedrun.py pretrain --out "$WORK" "$@" 2>&1 | grep -v "^ \|Writing\|Loading"
-    cp "$WORK"/pretrain.json "$WORK"/sft.json "$OUT"/ ;;
+  base)
+    rm -rf /tmp/speedrun-data && mkdir -p /tmp/speedrun-data && cp -r .speedrun/corpus /tmp/speedrun-data/
+    (python3 -m launch.cli data build --recipe benchmarks/speedrun/tasks.yaml --out /tmp/speedrun-data/tasks \
+       --max-per-repo "${MAX_PER_REPO:-48}" --workers 14 --cache-dir .speedrun/sdists > "$WORK/build.log" 2>&1; \
+     echo "task build exited $?" >> "$WORK/build.log") &
+    python3 benchmarks/swe_speedrun.py pretrain --data /tmp/speedrun-data --out "$WORK" "$@" 2>&1 | quiet
+    wait
+    tail -3 "$WORK/build.log"
+    python3 benchmarks/swe_speedrun.py sft-examples --data /tmp/speedrun-data --out "$WORK" 2>&1 | quiet
+    python3 benchmarks/swe_speedrun.py sft --data /tmp/speedrun-data --out "$WORK" "$@" 2>&1 | quiet
+    grep "tasks from\|task build exited" "$WORK/build.log" > "$OUT/build.log" || true
+    cp "$WORK"/pretrain.json "$WORK"/sft_examples.json "$WORK"/sft.json "$OUT"/ ;;
   grpo)
     mode=${1:-sync}
     shift || true
-    python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --model "$WORK/models/sft" --out "$WORK" "$@" 2>&1 \
-      | grep -v "^ " | tail -40
+    python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data /tmp/speedrun-data --model "$WORK/models/sft" \
+      --out "$WORK" "$@" 2>&1 | grep -v "^ " | tail -40
     cp "$WORK/grpo_$mode.json" "$OUT"/ ;;
-  *) echo "usage: $0 pretrain|grpo sync|async [overrides]" >&2; exit 2 ;;
+  *) echo "usage: $0 base|grpo sync|async [options]" >&2; exit 2 ;;
 esac

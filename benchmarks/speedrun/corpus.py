@@ -42,6 +42,7 @@ MAX_FILE_BYTES = 200_000
 MAX_LINE_CHARS = 400
 HELDOUT_SHARE = 0.01
 VOCAB_SIZE = 16384
+MAX_TRAIN_BYTES = 150_000_000  # ~25 MiB as xz: with the wheels and the tree, within what one device call carries
 
 
 @dataclass(frozen=True)
@@ -170,38 +171,56 @@ def _heldout(digest: str) -> bool:
     return int(digest[:8], 16) / 0x1_0000_0000 < HELDOUT_SHARE
 
 
-def build(sdists: list[Sdist], out: Path, excluded: set[str]) -> dict[str, object]:
-    """Write train/heldout JSONL (xz) of the deduplicated `.py` files; return the counts for the manifest."""
+def build(sdists: list[Sdist], out: Path, excluded: set[str], *, max_train_bytes: int = MAX_TRAIN_BYTES
+          ) -> dict[str, object]:
+    """Write train/heldout JSONL (xz) of the deduplicated `.py` files; return the counts for the manifest.
+
+    Beyond `max_train_bytes` the training files are a sample, chosen by content hash (so the same files whatever the
+    order), that fits: the corpus must travel to the lent GPU machine within its 64 MiB."""
     out.mkdir(parents=True, exist_ok=True)
     seen: set[str] = set()
-    counts = {"files": 0, "duplicates": 0, "filtered": 0, "not_utf8": 0, "train_bytes": 0, "heldout_bytes": 0}
-    per_package: dict[str, int] = {}
-    with lzma.open(out / "train.jsonl.xz", "wt", preset=6) as train, \
-            lzma.open(out / "heldout.jsonl.xz", "wt", preset=6) as heldout:
-        for s in sorted(sdists, key=lambda s: s.package):
-            if _canonical(s.package) in excluded:
+    counts = {"files": 0, "duplicates": 0, "filtered": 0, "not_utf8": 0}
+    docs: list[tuple[str, str, str, str]] = []  # (digest, package, path, text)
+    for s in sorted(sdists, key=lambda s: s.package):
+        if _canonical(s.package) in excluded:
+            continue
+        for path, raw in _members(s.path):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                counts["not_utf8"] += 1
                 continue
-            for path, raw in _members(s.path):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    counts["not_utf8"] += 1
-                    continue
-                if not _keep(text):
-                    counts["filtered"] += 1
-                    continue
-                digest = hashlib.sha1("\n".join(line.rstrip() for line in text.splitlines()).encode()).hexdigest()
-                if digest in seen:
-                    counts["duplicates"] += 1
-                    continue
-                seen.add(digest)
-                counts["files"] += 1
-                split = "heldout" if _heldout(digest) else "train"
-                (heldout if split == "heldout" else train).write(
-                    json.dumps({"package": s.package, "path": path, "text": text}) + "\n")
-                counts[f"{split}_bytes"] += len(raw)
-                per_package[s.package] = per_package.get(s.package, 0) + len(raw)
-    return {**counts, "packages": len(per_package), "bytes_per_package": per_package}
+            if not _keep(text):
+                counts["filtered"] += 1
+                continue
+            digest = hashlib.sha1("\n".join(line.rstrip() for line in text.splitlines()).encode()).hexdigest()
+            if digest in seen:
+                counts["duplicates"] += 1
+                continue
+            seen.add(digest)
+            counts["files"] += 1
+            docs.append((digest, s.package, path, text))
+    heldout = [d for d in docs if _heldout(d[0])]
+    train = sorted((d for d in docs if not _heldout(d[0])), key=lambda d: d[0])  # hash order: a fair sample
+    total = sum(len(d[3].encode()) for d in train)
+    kept, size = [], 0
+    for d in train:
+        n = len(d[3].encode())
+        if size + n > max_train_bytes:
+            continue
+        kept.append(d)
+        size += n
+    kept.sort(key=lambda d: (d[1], d[2]))
+    per_package: dict[str, int] = {}
+    for name, chosen in (("train", kept), ("heldout", heldout)):
+        with lzma.open(out / f"{name}.jsonl.xz", "wt", preset=6) as f:
+            for _, package, path, text in chosen:
+                f.write(json.dumps({"package": package, "path": path, "text": text}) + "\n")
+                if name == "train":
+                    per_package[package] = per_package.get(package, 0) + len(text.encode())
+    return {**counts, "train_files": len(kept), "train_bytes": size, "train_bytes_before_cap": total,
+            "heldout_files": len(heldout), "heldout_bytes": sum(len(d[3].encode()) for d in heldout),
+            "packages": len(per_package), "bytes_per_package": per_package}
 
 
 def read_texts(path: Path) -> Iterator[str]:
