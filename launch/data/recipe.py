@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -46,6 +48,9 @@ class RepoRecipe(_Strict):
     """Folders put on PYTHONPATH when the tests run (`src` layouts, vendored dependencies)."""
     vendor: list[VendorSdist] = Field(default_factory=list)
     """Dependencies copied into the repository so that the tests import without network access."""
+    split: Literal["train", "validation"] | None = None
+    """Every task of this repository goes to this split (a held-out repository); unset, each function's tasks go to
+    a split drawn from its hash (`validation_fraction`)."""
 
     @field_validator("sha256")
     @classmethod
@@ -97,7 +102,12 @@ class Recipe(_Strict):
 
     def fingerprint(self) -> str:
         """Hash of the recipe content: part of the build manifest, so that a task set says what made it."""
-        return hashlib.sha256(self.model_dump_json(by_alias=True).encode()).hexdigest()[:16]
+        # Unset repository splits stay out of the dump: the default recipe's fingerprint predates the key.
+        dumped = self.model_dump(mode="json", by_alias=True)
+        for repo in dumped["repos"]:
+            if repo["split"] is None:
+                del repo["split"]
+        return hashlib.sha256(json.dumps(dumped, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def load_recipe(path: str | Path | None = None) -> Recipe:

@@ -46,6 +46,11 @@ def function_split(repo: str, function_id: str, validation_fraction: float) -> s
     return "validation" if h < validation_fraction else "train"
 
 
+def task_split(recipe: RepoRecipe, function_id: str, validation_fraction: float) -> str:
+    """The repository's own split when the recipe names one (a held-out repository), else `function_split`."""
+    return recipe.split or function_split(recipe.name, function_id, validation_fraction)
+
+
 @dataclass
 class Baseline:
     """The clean tree's test run: which tests exist and which pass."""
@@ -146,7 +151,7 @@ class RepoValidator:
         test_paths = tuple(self.recipe.tests)
         statement = write_statement(iid, self.recipe.package, self.recipe.version, f2p,
                                     empty.stdout_tail + "\n" + empty.stderr_tail, test_paths)
-        split = function_split(self.recipe.name, c.function_id, self.validation_fraction)
+        split = task_split(self.recipe, c.function_id, self.validation_fraction)
         task = Task(
             instance_id=iid, env_name="swe", problem_statement=statement, repo=self.recipe.name,
             repo_url=self.repo_url, base_commit=bug_commit, patch=gold, test_patch="", fail_to_pass=tuple(f2p),

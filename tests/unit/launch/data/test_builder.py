@@ -6,7 +6,8 @@ import pytest
 from envs.registry import Task
 from launch.data.builder import BuildError, BuildOptions, build_lock, build_taskset, select_in_order
 from launch.data.candidates import Candidate
-from launch.data.validate import Outcome, function_split
+from launch.data.recipe import load_recipe
+from launch.data.validate import Outcome, function_split, task_split
 
 
 def plan(n_functions: int, per_fn: int) -> list[Candidate]:
@@ -65,6 +66,16 @@ def test_split_is_by_function_and_independent_of_seed_and_kind():
     assert function_split("toolz", "toolz/a.py::f1", 0.2) == function_split("toolz", "toolz/a.py::f1", 0.2)
     share = sum(function_split("r", f"f{i}", 0.2) == "validation" for i in range(2000)) / 2000
     assert 0.15 < share < 0.25
+
+
+def test_a_held_out_repository_sends_every_task_to_its_split_and_others_split_by_function():
+    toolz = load_recipe().repo("toolz")
+    assert toolz.split is None
+    functions = [f"toolz/a.py::f{i}" for i in range(200)]
+    assert [task_split(toolz, f, 0.2) for f in functions] == [function_split("toolz", f, 0.2) for f in functions]
+    for split in ("train", "validation"):
+        held = toolz.model_copy(update={"split": split})
+        assert {task_split(held, f, 0.2) for f in functions} == {split}
 
 
 def test_a_second_build_into_the_same_folder_fails_fast_instead_of_racing(tmp_path):

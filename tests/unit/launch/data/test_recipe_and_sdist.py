@@ -21,6 +21,27 @@ def test_committed_recipe_loads_and_pins_eight_repositories():
         recipe.repo("numpy")
 
 
+def test_default_recipe_fingerprint_is_unchanged_by_the_unset_repository_split():
+    # The value before `RepoRecipe.split` existed: a key left unset must not change what built the default set.
+    assert load_recipe().fingerprint() == "6eccb5cee0c8b8ef"
+
+
+SPEEDRUN = Path(__file__).parents[4] / "benchmarks" / "speedrun"
+
+
+def test_speedrun_recipes_hold_out_whole_repositories_and_keep_sft_disjoint():
+    tasks, sft = load_recipe(SPEEDRUN / "tasks.yaml"), load_recipe(SPEEDRUN / "sft.yaml")
+    default = {r.name for r in load_recipe().repos}
+    assert {r.name for r in tasks.repos if r.split == "train"} >= default
+    assert len([r for r in tasks.repos if r.split == "validation"]) >= 5
+    assert all(r.split is not None for r in tasks.repos)
+    assert all(r.split == "train" for r in sft.repos)
+    assert not {r.package for r in sft.repos} & {r.package for r in tasks.repos}
+    with pytest.raises(ValueError, match="split"):
+        Recipe.model_validate({**tasks.model_dump(by_alias=True),
+                               "repos": [{**tasks.repos[0].model_dump(by_alias=True), "split": "test"}]})
+
+
 def test_recipe_errors_name_the_field(tmp_path):
     raw = load_recipe().model_dump(by_alias=True)
     raw["repos"][0]["sha256"] = "xyz"
