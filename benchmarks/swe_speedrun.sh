@@ -3,41 +3,49 @@
 # (it is given back 30 s after a call ends: issue the next call at once):
 #
 #   here:   bash benchmarks/gpu_fleet_swe.sh prepare && .venv/bin/python benchmarks/swe_speedrun.py prepare --no-tasks
-#   there:  bash benchmarks/swe_speedrun.sh base          # carry [".whl", ".gpu", "grpofleet", ".speedrun"]
-#           bash benchmarks/swe_speedrun.sh grpo sync     # the same machine: models and tasks stay in /tmp/speedrun
+#   there:  bash benchmarks/swe_speedrun.sh stash         # carry [".speedrun/corpus"]: the corpus alone (~25 MB)
+#           bash benchmarks/swe_speedrun.sh base          # carry [".whl", ".gpu/deb", "grpofleet", ".speedrun/sdists"]
+#           bash benchmarks/swe_speedrun.sh grpo sync     # the same machine: models and tasks stay in /tmp
 #           bash benchmarks/swe_speedrun.sh grpo async
 #
+# The corpus travels in a call of its own: with the wheels (25 MB) and the tree (15 MB) it would pass the 64 MiB a
+# call may carry. What a call leaves in /tmp stays while the machine is warm.
 # `base`: the task set is built there (16 cores: `grpo-fleet data build`, 14 sandbox workers, from the carried sdists)
 # while the GPU pre-trains; then SFT examples are cut from half of its training functions and the base is fine-tuned.
 # Each call copies its figures (JSON) to $OUT; models stay in /tmp/speedrun (too large to send back).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=benchmarks/lent_gpu_env.sh
-source benchmarks/lent_gpu_env.sh
 OUT=${OUT:-/tmp/speedrun-out}
 WORK=/tmp/speedrun
-mkdir -p "$OUT" "$WORK"
+DATA=/tmp/speedrun-data
+mkdir -p "$OUT" "$WORK" "$DATA"
 stage=${1:-}
 shift || true
+if [ "$stage" = stash ]; then
+  rm -rf "$DATA/corpus" && cp -r .speedrun/corpus "$DATA/" && du -sh "$DATA/corpus" && exit 0
+fi
+# shellcheck source=benchmarks/lent_gpu_env.sh
+source benchmarks/lent_gpu_env.sh
 quiet() { grep --line-buffered -v "^ \|Writing\|Loading" || true; }
 case "$stage" in
   base)
-    rm -rf /tmp/speedrun-data && mkdir -p /tmp/speedrun-data && cp -r .speedrun/corpus /tmp/speedrun-data/
-    (python3 -m launch.cli data build --recipe benchmarks/speedrun/tasks.yaml --out /tmp/speedrun-data/tasks \
+    [ -f "$DATA/corpus/train.jsonl.xz" ] || cp -r .speedrun/corpus "$DATA/"
+    rm -rf "$DATA/tasks"
+    (timeout "${BUILD_TIMEOUT:-420}" python3 -m launch.cli data build --recipe benchmarks/speedrun/tasks.yaml --out "$DATA/tasks" \
        --max-per-repo "${MAX_PER_REPO:-48}" --workers 14 --cache-dir .speedrun/sdists > "$WORK/build.log" 2>&1; \
      echo "task build exited $?" >> "$WORK/build.log") &
-    python3 benchmarks/swe_speedrun.py pretrain --data /tmp/speedrun-data --out "$WORK" "$@" 2>&1 | quiet
+    python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     wait
     tail -3 "$WORK/build.log"
-    python3 benchmarks/swe_speedrun.py sft-examples --data /tmp/speedrun-data --out "$WORK" 2>&1 | quiet
-    python3 benchmarks/swe_speedrun.py sft --data /tmp/speedrun-data --out "$WORK" "$@" 2>&1 | quiet
+    python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" 2>&1 | quiet
+    python3 benchmarks/swe_speedrun.py sft --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     grep "tasks from\|task build exited" "$WORK/build.log" > "$OUT/build.log" || true
     cp "$WORK"/pretrain.json "$WORK"/sft_examples.json "$WORK"/sft.json "$OUT"/ ;;
   grpo)
     mode=${1:-sync}
     shift || true
-    python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data /tmp/speedrun-data --model "$WORK/models/sft" \
+    python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "$WORK/models/sft" \
       --out "$WORK" "$@" 2>&1 | grep -v "^ " | tail -40
     cp "$WORK/grpo_$mode.json" "$OUT"/ ;;
-  *) echo "usage: $0 base|grpo sync|async [options]" >&2; exit 2 ;;
+  *) echo "usage: $0 stash|base|grpo sync|async [options]" >&2; exit 2 ;;
 esac
