@@ -35,12 +35,14 @@ case "$stage" in
        --max-per-repo "${MAX_PER_REPO:-48}" --workers 14 --cache-dir .speedrun/sdists > "$WORK/build.log" 2>&1; \
      echo "task build exited $?" >> "$WORK/build.log") &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
+    cp "$WORK"/pretrain.json "$OUT"/
     wait
+    grep "tasks from\|task build exited\|Error" "$WORK/build.log" > "$OUT/build.log" || true
     tail -3 "$WORK/build.log"
     python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" 2>&1 | quiet
+    cp "$WORK"/sft_examples.json "$OUT"/
     python3 benchmarks/swe_speedrun.py sft --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
-    grep "tasks from\|task build exited" "$WORK/build.log" > "$OUT/build.log" || true
-    cp "$WORK"/pretrain.json "$WORK"/sft_examples.json "$WORK"/sft.json "$OUT"/ ;;
+    cp "$WORK"/sft.json "$OUT"/ ;;
   grpo)
     mode=${1:-sync}
     shift || true
