@@ -24,9 +24,8 @@ import torch
 from buffer_client import BufferClient
 from fleet.config import MasterConfig
 from fleet.contracts.buffer import Starvation
+from fleet.contracts.groups import ScoredGroup
 from services.runtime.server import GrpcService
-from trainer.batch import Group
-from trainer.buffer import enqueue_prompts, sample_groups
 from trainer.data import PromptFeeder, TaskSource
 from trainer.status import TrainerState, start_status_service
 from trainer.validation import run_validation
@@ -151,23 +150,23 @@ class Coordinator:
         # Not clamped to grpo.max_num_steps: the last steps too can take groups meant for later ones instead of
         # waiting for a straggler. Whatever is left at the end stays pending in the buffer (and serves a longer run).
         for step in self.feeder.pending_steps(last_step):
-            a, d = self.call(enqueue_prompts(self.buffer, self.feeder.next_share(step)))
+            a, d = self.call(self.buffer.enqueue(self.feeder.next_share(step)))
             added, dups = added + a, dups + d
         if dups:
             log.info("%d prompt groups were already in the buffer (enqueued before a restart)", dups)
         return added, dups
 
-    def collect(self, step: int, num_groups: int, *, validation: bool = False) -> list[Group]:
+    def collect(self, step: int, num_groups: int, *, validation: bool = False) -> list[ScoredGroup]:
         """Whole groups until `num_groups`: each Sample takes whatever is ready (>= 1) within the deadline, so one
         straggling rollout delays the step only until another group can take its place."""
-        groups: list[Group] = []
+        groups: list[ScoredGroup] = []
         start = time.monotonic()
         deadline = self.cfg.grpo.sample_deadline_s
         while len(groups) < num_groups:
             if self.stop_requested():
                 raise InterruptedError("stop requested while waiting for data")
-            got, starving = self.call(sample_groups(self.buffer, step, num_groups - len(groups), deadline,
-                                                    min_groups=1, validation=validation))
+            got, starving = self.call(self.buffer.sample(step, num_groups - len(groups), deadline, min_groups=1,
+                                                         validation=validation))
             groups.extend(got)
             now = time.monotonic()
             if self._worker_seen_at is None or got or starving.live_workers > 0:
@@ -181,7 +180,7 @@ class Coordinator:
                     # prompts this step would starve forever.
                     missing = num_groups - len(groups)
                     log.warning("step %d: topping up %d prompt groups (%s)", step, missing, starving.reason)
-                    self.call(enqueue_prompts(self.buffer, self.feeder.top_up(step, missing)))
+                    self.call(self.buffer.enqueue(self.feeder.top_up(step, missing)))
                 if time.monotonic() - start > self.cfg.grpo.sample_timeout_s:
                     raise StarvationError(f"step {step}: {len(groups)}/{num_groups} groups after "
                                           f"grpo.sample_timeout_s={self.cfg.grpo.sample_timeout_s}s", starving)
@@ -218,7 +217,9 @@ class Coordinator:
 
     def validate(self, step: int) -> dict[str, float]:
         """A validation round with its verdict breakdown (trainer/validation.py)."""
-        return run_validation(self, step)
+        if self.val_source is None:
+            return {}
+        return run_validation(self.call, self.buffer, self.val_source, self.cfg.grpo, step, self.stop_requested)
 
 
 def push_metrics(results: list[PushResult], seconds: float) -> dict[str, float]:
