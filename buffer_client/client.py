@@ -31,7 +31,7 @@ from buffer_client.wire import from_proto_group, from_proto_prompt, to_proto_gro
 from fleet.config.infra import RedisConfig, ServicesConfig
 from fleet.contracts.buffer import Lease, LeaseReply, Registration, Starvation, SubmitOutcome, WorkerInfo
 from fleet.contracts.groups import PromptGroup, ScoredGroup
-from fleet.contracts.weights import WorkerRef
+from fleet.contracts.weights import WeightsId, WorkerRef
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
 from services.runtime.client import call_through_outage, make_channel
 from services.runtime.outage import Outage
@@ -154,8 +154,9 @@ class BufferClient:
         groups = [from_proto_group(common_pb2.ScoredGroup.FromString(v)) for v in values if v is not None]
         return groups, starvation
 
-    async def begin_run(self, resume_step: int, weight_version: int) -> dict[str, int]:
-        req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=weight_version)
+    async def begin_run(self, resume_step: int) -> dict[str, int]:
+        """A new run epoch, resumed at `resume_step` with the weights of that step (version == step)."""
+        req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=resume_step)
         r = await self._call("BeginRun", lambda: self.stub.BeginRun(req, timeout=self.timeout))
         return {
             "epoch": int(r.epoch),
@@ -163,8 +164,11 @@ class BufferClient:
             "retargeted_groups": int(r.retargeted_groups),
         }
 
-    async def publish_version(self, version: int, epoch: int, step: int) -> None:
-        req = replay_buffer_pb2.PublishVersionRequest(version=version, epoch=epoch, step=step)
+    async def publish_version(self, weights: WeightsId) -> None:
+        """The trainer now serves `weights`; the next step it samples for is their version (weights of version k are
+        the policy after k steps), which the request's `step` carries too."""
+        req = replay_buffer_pb2.PublishVersionRequest(version=weights.version, epoch=weights.epoch,
+                                                      step=weights.version)
         await self._call("PublishVersion", lambda: self.stub.PublishVersion(req, timeout=self.timeout))
 
     async def commit_step(self, step: int, epoch: int) -> int:

@@ -16,7 +16,7 @@ from grpc import aio
 
 from fleet.config import MasterConfig
 from fleet.config.policy import GrpcWeightSyncConfig
-from fleet.contracts.weights import WeightsId
+from fleet.contracts.weights import WeightsId, WorkerRef
 from grpofleet.v1 import common_pb2, rollout_worker_pb2, rollout_worker_pb2_grpc
 from rollout.engine.base import checkpoint_weight_spec
 from services.runtime.errors import Unavailable
@@ -25,7 +25,6 @@ from trainer.model import build_policy
 from trainer.weights import WeightPusher, gather_snapshot
 from weightsync import factory as worker_weights
 from weightsync import tcp as tcp_stream
-from weightsync.base import WorkerRef
 from weightsync.grpc import GrpcSender
 from weightsync.tcp import TcpSender
 
