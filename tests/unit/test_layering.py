@@ -194,6 +194,19 @@ def test_only_the_buffer_client_converts_groups_for_the_trainer_and_the_rollout_
     assert set(GROUP_PROTO_EDGES) <= set(project_modules()), "GROUP_PROTO_EDGES names a module that is gone"
 
 
+CLIENTS = ("buffer_client", "sandbox_client")
+"""The clients of the services, for the fleets that call them."""
+
+
+def test_no_service_imports_a_client_of_the_services() -> None:
+    """`services/` is one floor's worth of servers and the runtime they share: a service never reaches up into the
+    clients written for its callers (what both ends need, like the Redis client settings, lives in
+    `services/runtime`)."""
+    bad = [f"{importer} imports {imported}" for importer, imported, src, dst in arrows()
+           if src.startswith("services.") and dst in CLIENTS]
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
 def test_every_floor_is_listed_in_the_architecture_doc() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     for name, units in FLOORS:
