@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from replay_buffer_ends import TIMEOUT_S, ServiceEnds, prepare  # noqa: E402
 
+from buffer_client.wire import from_proto_group  # noqa: E402
 from fleet.contracts import scored_group  # noqa: E402
 from grpofleet.v1 import common_pb2, replay_buffer_pb2  # noqa: E402
 from services.replay_buffer.embedded import start_embedded_redis  # noqa: E402
@@ -203,8 +204,9 @@ async def run_service(
     ends = ServiceEnds(address, url, prefix, client_protobuf)
     leased = await prepare(ends.stub, groups)
     epoch = (await ends.stub.Stats(replay_buffer_pb2.StatsRequest(), timeout=TIMEOUT_S)).epoch
-    # Protobuf clients serialize each group when they submit it (timed); bytes ones send pre-serialized groups.
-    items = [(g.prompt.group_id, (lease_id, g if client_protobuf else scored_group.encode(g)))
+    # Protobuf clients convert and serialize each group when they submit it (timed: the client takes the plain
+    # ScoredGroup a worker makes); bytes ones send pre-serialized groups.
+    items = [(g.prompt.group_id, (lease_id, from_proto_group(g) if client_protobuf else scored_group.encode(g)))
              for lease_id, g in leased]  # fmt: skip
     nbytes = sum(g.ByteSize() for _, g in leased)
     started: dict[str, float] = {}

@@ -44,8 +44,8 @@ from fleet.config.infra import SandboxConfig  # noqa: E402
 from fleet.contracts.sandbox import TaskSpec  # noqa: E402
 from fleet.paths import cache_dir  # noqa: E402
 from sandbox_client import SandboxClient  # noqa: E402
+from services.sandbox.bwrap import SandboxPolicy, UidRange, probe_interpreter  # noqa: E402
 from services.sandbox.process import run_limited  # noqa: E402
-from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter  # noqa: E402
 from services.sandbox.server import SandboxServer  # noqa: E402
 
 PACKAGE, VERSION, SUITE = "inflection", "0.5.1", "test_inflection.py"

@@ -147,7 +147,9 @@ def trainer_config(args: argparse.Namespace, seq_len: int, batch: int, ac: str, 
 
 
 def grpo_batch(n: int, seq_len: int, vocab: int, agent: bool) -> Any:
-    from trainer.batch import Group, Trajectory, build_step_batch
+    from fleet.contracts.groups import PromptGroup, ScoredGroup, Trajectory
+    from fleet.contracts.sandbox import Verdict
+    from trainer.batch import build_step_batch
 
     g = torch.Generator().manual_seed(0)
     groups = []
@@ -155,8 +157,9 @@ def grpo_batch(n: int, seq_len: int, vocab: int, agent: bool) -> Any:
         resp = torch.randint(0, vocab, (seq_len - 1,), generator=g).tolist()
         # -11.9 ~ log(1 / vocab): random weights give about that, so the IS weights stay near 1.
         spans = observation_spans(len(resp), seed=i) if agent else []
-        traj = Trajectory(resp, [-11.9] * len(resp), [0] * len(resp), float(i % 2), observation_spans=spans)
-        groups.append(Group(f"0:{i}", [1], [traj], 0))
+        traj = Trajectory(resp, [-11.9] * len(resp), [0] * len(resp), float(i % 2), Verdict(status="completed"), "",
+                          observation_spans=spans)
+        groups.append(ScoredGroup(PromptGroup(group_id=f"0:{i}", prompt_token_ids=[1]), [traj], "w", 0, 0, 0))
     # One generation per group gives zero advantages; give them signs so the loss has a gradient.
     batch = build_step_batch(groups, 0, leave_one_out=False, normalize=False, max_len=seq_len)
     for i, s in enumerate(batch.samples):

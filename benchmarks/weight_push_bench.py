@@ -239,10 +239,11 @@ async def bench_config(transport_name: str, backend: str, size: str, n_workers: 
     from safetensors.torch import load_file
 
     from fleet.config.policy import GrpcWeightSyncConfig
+    from fleet.contracts.weights import WorkerRef
     from grpofleet.v1 import rollout_worker_pb2_grpc
     from services.runtime.client import make_channel
     from trainer.weights import WeightPusher
-    from weightsync.base import WeightSender, WorkerRef
+    from weightsync.base import WeightSender
     from weightsync.grpc import GrpcSender
     from weightsync.tcp import TcpSender
 

@@ -10,10 +10,11 @@ Control plane and data plane: the calls go to the buffer, the scored groups' byt
 the group's bytes to a payload key and submits the header; the submits of a worker's concurrent groups are coalesced
 into one SubmitGroups call (buffer_client/submitter.py). `sample` reads the groups Sample names with one MGET.
 
-Registry, lease and submit answers come back as the plain types of fleet/contracts/buffer.py (`WorkerInfo`,
-`Registration`, `LeaseReply`, `SubmitOutcome`, `Starvation`, `WorkerRef`); the groups themselves cross as protobuf
-messages (a leased `PromptGroup`, a submitted or sampled `ScoredGroup`), which each fleet converts at its edge
-(`trainer/buffer.py`; the rollout worker's generation paths read the prompt message)."""
+Callers speak only the plain types of fleet/contracts: registry, lease and submit answers are those of
+fleet/contracts/buffer.py (`WorkerInfo`, `Registration`, `Lease`, `LeaseReply`, `SubmitOutcome`, `Starvation`) and
+fleet/contracts/weights.py (`WorkerRef`), the groups those of fleet/contracts/groups.py (an enqueued or leased
+`PromptGroup`, a submitted or sampled `ScoredGroup`). Their protobuf is made and read here, through
+buffer_client/wire.py: neither fleet imports generated group code."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ from grpc import aio
 
 from buffer_client.payloads import PayloadStore
 from buffer_client.submitter import Encoded, SubmitBatcher
+from buffer_client.wire import from_proto_group, from_proto_prompt, to_proto_group, to_proto_prompt
 from fleet.config.infra import RedisConfig, ServicesConfig
 from fleet.contracts.buffer import Lease, LeaseReply, Registration, Starvation, SubmitOutcome, WorkerInfo
-from fleet.contracts.weights import WorkerRef
+from fleet.contracts.groups import PromptGroup, ScoredGroup
+from fleet.contracts.weights import WeightsId, WorkerRef
 from grpofleet.v1 import common_pb2, replay_buffer_pb2, replay_buffer_pb2_grpc
 from services.runtime.client import call_through_outage, make_channel
 from services.runtime.outage import Outage
@@ -86,13 +89,13 @@ class BufferClient:
             worker_id=worker_id, weight_version=version, weight_epoch=epoch, max_groups=n
         )
         r = await self._call("LeasePrompts", lambda: self.stub.LeasePrompts(req, timeout=self.timeout))
-        leases = [Lease(x.lease_id, x.group, int(x.delivery_count)) for x in r.leases]
+        leases = [Lease(x.lease_id, from_proto_prompt(x.group), int(x.delivery_count)) for x in r.leases]
         return LeaseReply(leases, int(r.retry_after_ms), r.reason)
 
-    async def submit(self, worker_id: str, lease_id: str, group: common_pb2.ScoredGroup) -> SubmitOutcome:
+    async def submit(self, worker_id: str, lease_id: str, group: ScoredGroup) -> SubmitOutcome:
         """Submit one whole group: its bytes to Redis, its header to the buffer, coalesced with the submits of the
         worker's other groups that finish meanwhile (one SubmitGroups call for all of them)."""
-        return await self._submitter.submit(worker_id, lease_id, group)
+        return await self._submitter.submit(worker_id, lease_id, to_proto_group(group))
 
     async def _submit_batch(self, worker_id: str, groups: list[Encoded]) -> list[SubmitOutcome]:
         """Write the payloads (one round trip to Redis), then submit their headers (one call to the buffer). Both
@@ -114,15 +117,15 @@ class BufferClient:
 
     # ---- the trainer's calls -------------------------------------------------------------------------------------
 
-    async def enqueue(self, groups: list[common_pb2.PromptGroup]) -> tuple[int, int]:
-        """(enqueued, duplicates)."""
-        req = replay_buffer_pb2.EnqueuePromptsRequest(groups=groups)
+    async def enqueue(self, groups: list[PromptGroup]) -> tuple[int, int]:
+        """(enqueued, duplicates): enqueues are idempotent (the trainer's group ids derive from the data position)."""
+        req = replay_buffer_pb2.EnqueuePromptsRequest(groups=[to_proto_prompt(g) for g in groups])
         r = await self._call("EnqueuePrompts", lambda: self.stub.EnqueuePrompts(req, timeout=self.timeout))
         return int(r.enqueued), int(r.duplicates)
 
     async def sample(
         self, step: int, num_groups: int, deadline_s: float, *, min_groups: int = 1, validation: bool = False
-    ) -> tuple[list[common_pb2.ScoredGroup], Starvation]:
+    ) -> tuple[list[ScoredGroup], Starvation]:
         """Whole scored groups for `step` (parsed from the bytes the workers submitted) and why the answer is short,
         if it is."""
         # One id per logical call, reused by its retries: a retried Sample gets back the groups the lost answer
@@ -148,10 +151,12 @@ class BufferClient:
         missing = [k for k, v in zip(keys, values, strict=True) if v is None]
         if missing:  # deleted behind the buffer's back; the accounting check cannot see payload keys
             log.error("step %d: sampled groups whose payload is gone (not trained): %s", step, missing)
-        return [common_pb2.ScoredGroup.FromString(v) for v in values if v is not None], starvation
+        groups = [from_proto_group(common_pb2.ScoredGroup.FromString(v)) for v in values if v is not None]
+        return groups, starvation
 
-    async def begin_run(self, resume_step: int, weight_version: int) -> dict[str, int]:
-        req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=weight_version)
+    async def begin_run(self, resume_step: int) -> dict[str, int]:
+        """A new run epoch, resumed at `resume_step` with the weights of that step (version == step)."""
+        req = replay_buffer_pb2.BeginRunRequest(resume_step=resume_step, weight_version=resume_step)
         r = await self._call("BeginRun", lambda: self.stub.BeginRun(req, timeout=self.timeout))
         return {
             "epoch": int(r.epoch),
@@ -159,8 +164,11 @@ class BufferClient:
             "retargeted_groups": int(r.retargeted_groups),
         }
 
-    async def publish_version(self, version: int, epoch: int, step: int) -> None:
-        req = replay_buffer_pb2.PublishVersionRequest(version=version, epoch=epoch, step=step)
+    async def publish_version(self, weights: WeightsId) -> None:
+        """The trainer now serves `weights`; the next step it samples for is their version (weights of version k are
+        the policy after k steps), which the request's `step` carries too."""
+        req = replay_buffer_pb2.PublishVersionRequest(version=weights.version, epoch=weights.epoch,
+                                                      step=weights.version)
         await self._call("PublishVersion", lambda: self.stub.PublishVersion(req, timeout=self.timeout))
 
     async def commit_step(self, step: int, epoch: int) -> int:

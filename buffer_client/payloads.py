@@ -5,9 +5,8 @@ trainer directly, so that they never cross the buffer's gRPC hop (the buffer, th
 every process derives alike, fleet/contracts/buffer.py). Each call rides out a Redis outage the way `BufferClient`
 rides out a buffer outage: retried with backoff (0.2 s doubling to 2 s) under one `Outage` per process, logged once,
 and `ServiceDown` naming Redis past `services.outage_tolerance_s`. Every call is safe to retry: writes go to fresh
-keys with the same bytes, reads are reads.
-
-Also the Redis client settings and the set of "Redis is down" errors, which the buffer's own Redis watch uses too.
+keys with the same bytes, reads are reads. The Redis client settings and the set of "Redis is down" errors are the
+shared runtime's (services/runtime/redis_client.py), which the buffer's own Redis watch uses too.
 """
 
 from __future__ import annotations
@@ -18,36 +17,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fleet.config.infra import RedisConfig, ServicesConfig
 from fleet.contracts.buffer import data_plane_url, payload_key, payload_ttl_ms
 from services.runtime.outage import Outage
+from services.runtime.redis_client import REDIS_DOWN, describe_redis_error, redis_client
 
 log = logging.getLogger(__name__)
 
-# redis-py's connection errors do not derive from the builtin ConnectionError; BusyLoadingError (a Redis replaying
-# its AOF) derives from its ConnectionError. OSError covers the builtin TimeoutError of a call that got no answer.
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _MAX_DELAY_S = 2.0
 # Payload writes in flight at once per put (each holds a pooled connection while it lasts).
 _WRITE_CONCURRENCY = 8
 T = TypeVar("T")
-
-
-def redis_client(url: str) -> Redis:
-    """A client whose failures surface fast rather than hanging calls. One retry on a fresh connection covers a Redis
-    that restarted between two calls (the pooled connection is stale); longer outages are the caller's to ride out,
-    not each command's. A timeout is not retried: that would double a hung call."""
-    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1, supported_errors=(RedisConnectionError,))
-    return Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30, retry=retry)
-
-
-def describe_redis_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class PayloadStore:

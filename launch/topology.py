@@ -24,9 +24,6 @@ PREPARE_COMMAND = ["-m", "launch.cli", "prepare"]
 # `grpo-fleet up` restarts a dead worker within seconds, so a trainer left without any for two minutes is waiting for
 # nothing (services.no_worker_timeout_s; containers and pods keep the config's longer default).
 LAUNCHER_NO_WORKER_TIMEOUT_S = 120.0
-# Stateless services are restarted when they die, and so is the embedded Redis (from its AOF: nothing acknowledged is
-# lost); the trainer's death ends the run.
-RESTARTABLE = {"redis", "replay-buffer", "sandbox", "rollout"}
 
 
 @dataclass

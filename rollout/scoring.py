@@ -1,7 +1,7 @@
 """Scoring a completion: the environment named by the prompt group turns text into a verdict (the SWE environment
 through the sandbox fleet), and `sandbox_client.reward_from_verdict` — the project's only reward mapping — turns the
 verdict into a reward. Infrastructure failures raise `ScoringUnavailable`; they are never scored as a failed patch.
-No protobuf here: a verdict becomes the contract's message at the worker's edge (`rollout/wire.py`)."""
+No protobuf here: a verdict becomes the wire's message in the buffer client (`buffer_client/wire.py`)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def episode_runners(cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any,
 
     agent = AgentRunner(cfg.env, cfg.policy, engine, tokenizer, wid) if cfg.env.code.mode == "agent" else None
     computer = None
-    if uses_computer_use(cfg):
+    if uses_computer_use(cfg.data):
         from fleet.tinyvlm import load_processor
 
         processor = load_processor(cfg.policy.tokenizer.name or engine.model_path)
@@ -71,7 +71,7 @@ async def serve(cfg: MasterConfig) -> int:
 
     model_path = resolve_model(cfg.policy.model_name)
     tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
-    images = max_images(cfg.env.computer_use if uses_computer_use(cfg) else None)
+    images = max_images(cfg.env.computer_use if uses_computer_use(cfg.data) else None)
     engine = make_engine(cfg.policy, model_path, seed=cfg.grpo.seed, max_images_per_prompt=images)
     service = GrpcService("rollout", cfg.services.rollout, cfg.services)
     buffer = BufferClient(cfg.services, cfg.redis, cfg.run.dir)

@@ -25,8 +25,6 @@ from fleet.config import MasterConfig
 from fleet.contracts.buffer import Lease, WorkerInfo
 from fleet.contracts.groups import PromptGroup, ScoredGroup, Trajectory
 from fleet.contracts.weights import NO_WEIGHTS
-from grpofleet.v1 import common_pb2
-from rollout import wire
 from rollout.agent.computer import ComputerRunner
 from rollout.agent.local import LocalToolRunner
 from rollout.agent.runner import AgentRunner
@@ -218,7 +216,7 @@ class RolloutWorker:
 
     async def _run_group(self, lease: Lease) -> None:
         try:
-            group = await self.process_group(wire.prompt_group(lease.group))
+            group = await self.process_group(lease.group)
         except asyncio.CancelledError:
             # Drain timed out (or shutdown): the group goes back to the queue for another worker.
             self.stats.groups_released += 1
@@ -233,13 +231,13 @@ class RolloutWorker:
             log.exception("group %s failed; giving the lease back", lease.group.group_id)
             await self.buffer.release(self.worker_id, lease.lease_id, "worker_error")
         else:
-            await self._submit(lease, wire.to_proto_group(group))
+            await self._submit(lease, group)
         finally:
             self.in_flight.pop(lease.lease_id, None)
             self.stats.set_busy(bool(self.in_flight))
             self._slot_free.set()
 
-    async def _submit(self, lease: Lease, group: common_pb2.ScoredGroup) -> None:
+    async def _submit(self, lease: Lease, group: ScoredGroup) -> None:
         try:
             await self.buffer.submit(self.worker_id, lease.lease_id, group)
         except aio.AioRpcError as exc:
@@ -280,7 +278,7 @@ class RolloutWorker:
             prefetch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await prefetch
-        return wire.scored_group(prompt, trajectories, self.worker_id, self.version)
+        return ScoredGroup.assemble(prompt, trajectories, self.worker_id, self.version)
 
     async def _one_sample(self, prompt: PromptGroup, payload: dict[str, object], sampling: SamplingSpec,
                           index: int) -> Trajectory:
@@ -294,7 +292,9 @@ class RolloutWorker:
                                                            truncated=gen.finish_reason == "length")
         self.stats.scoring_retries += retries
         self.stats.integrity_violations += verdict.status == "integrity_violation"
-        return wire.trajectory(gen, verdict, reward, generation_s=t1 - t0, scoring_s=time.monotonic() - t1)
+        # A single-shot answer: every response token was generated.
+        return Trajectory(gen.token_ids, gen.logprobs, gen.token_versions, reward, verdict, gen.finish_reason,
+                          generation_s=t1 - t0, scoring_s=time.monotonic() - t1)
 
     async def _agent_sample(self, prompt: PromptGroup, payload: dict[str, object],
                             sampling: SamplingSpec, index: int) -> Trajectory:

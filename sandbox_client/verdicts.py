@@ -3,8 +3,8 @@
 A verdict of tests that ran but whose log the grader could not read (no markers, an error marker, an exit code that
 contradicts the log) is `completed` with resolution NO, exactly like a patch that failed its tests. Its reward of 0 is
 a silent zero: it measures the harness, not the patch. The sandbox's grader (`services/sandbox/images/contract.py`,
-`grade()`) sets `Verdict.gradable` (and says why in `error`, NOT_GRADABLE_NOTE); the rollout worker's wire edge
-turns it into the proto's `Verdict.not_gradable` for the trainer.
+`grade()`) sets `Verdict.gradable` (and says why in `error`, NOT_GRADABLE_NOTE); the buffer client's wire
+(`buffer_client/wire.py`) carries it to the trainer as the proto's `Verdict.not_gradable`.
 """
 
 from __future__ import annotations

@@ -9,13 +9,14 @@ generated tokens; `finish_reason` says how the episode ended.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from fleet.contracts.groups import Trajectory
 
 OBSERVATION_VERSION = -1
 END_REASONS = ("submitted", "max_turns", "context_full", "timeout")
 
 
-def is_agent(t: Any) -> bool:
+def is_agent(t: Trajectory) -> bool:
     return t.finish_reason in END_REASONS or OBSERVATION_VERSION in t.token_versions
 
 
@@ -29,9 +30,9 @@ def turns(versions: Sequence[int]) -> int:
     return runs
 
 
-def agent_stats(trajectories: Sequence[Any]) -> dict[str, float]:
+def agent_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """`agent/*` metrics over the step's agent trajectories: turns per episode, tokens generated vs observed, how
-    the episodes ended, and the tool-call error rate (when the trajectories carry tool-call counts)."""
+    the episodes ended, and the tool-call error rate (when the episodes carry tool-call counts)."""
     agent = [t for t in trajectories if is_agent(t)]
     if not agent:
         return {}
@@ -47,7 +48,8 @@ def agent_stats(trajectories: Sequence[Any]) -> dict[str, float]:
     }
     for reason in END_REASONS:
         stats[f"agent/end_{reason}_frac"] = sum(t.finish_reason == reason for t in agent) / n
-    calls = sum(getattr(t, "tool_calls", 0) for t in agent)
+    episodes = [t.episode for t in agent if t.episode is not None]
+    calls = sum(e.tool_calls for e in episodes)
     if calls:
-        stats["agent/tool_error_rate"] = sum(getattr(t, "tool_errors", 0) for t in agent) / calls
+        stats["agent/tool_error_rate"] = sum(e.tool_errors for e in episodes) / calls
     return stats

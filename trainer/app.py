@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ def _sources(cfg: MasterConfig, model_path: str,
 
 
 def _rank0(cfg: MasterConfig, dist: Dist, state: TrainerCheckpoint, run_dir: Path,
-           sources: tuple[TaskSource, TaskSource | None]) -> Rank0:
+           sources: tuple[TaskSource, TaskSource | None], stop: threading.Event) -> Rank0:
     train, val = sources
     g = cfg.grpo
     position = DataPosition.from_json(state.data_position) if state.data_position else None
@@ -56,7 +57,7 @@ def _rank0(cfg: MasterConfig, dist: Dist, state: TrainerCheckpoint, run_dir: Pat
                           seed=g.seed, shuffle=cfg.data.shuffle, position=position)
     status = TrainerState(step=state.step, max_steps=g.max_num_steps,
                           world_size=dist.world_size, async_mode=g.async_grpo.enabled)
-    coordinator = Coordinator(cfg, feeder, val, status, dist.device)
+    coordinator = Coordinator(cfg, feeder, val, status, dist.device, stop_requested=stop.is_set)
     log_dir = _under(run_dir, cfg.logger.log_dir)
     metrics = Metrics(cfg.logger, log_dir, run_name=cfg.run.name, run_config=cfg.model_dump(mode="json"))
     progress = Progress(cfg.logger.progress_bar, g.max_num_steps, state.step)
@@ -104,13 +105,13 @@ def run(cfg: MasterConfig, *, sources: tuple[TaskSource, TaskSource | None] | No
             torch.manual_seed(cfg.grpo.seed + env.rank)
         runner = StepRunner(cfg.policy, cfg.grpo, cfg.loss_fn, dist, policy, reference, optimizer, scheduler,
                             pad_multiple=64 if device.type == "cuda" else 1)
+        stop = threading.Event()  # SIGTERM (the loop's handler) also ends the coordinator's waits
         if dist.is_main:
-            rank0 = _rank0(cfg, dist, state, run_dir, src)
+            rank0 = _rank0(cfg, dist, state, run_dir, src, stop)
         loop = TrainLoop(cfg.grpo, cfg.policy, cfg.checkpointing, cfg.logger, dist, runner, policy,
-                         ckpt if cfg.checkpointing.enabled else None, state, rank0)
-        loop._last_saved = state.step if latest is not None else -1
+                         ckpt if cfg.checkpointing.enabled else None, state, rank0, stop=stop,
+                         saved_step=state.step if latest is not None else -1)
         if rank0 is not None:
-            rank0.coordinator.stop_requested = loop.stop_requested
             rank0.coordinator.start()
         return loop.run()
     finally:

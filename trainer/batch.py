@@ -20,68 +20,26 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Literal, get_args
 
 import torch
 
+from fleet.contracts.groups import ScoredGroup, Trajectory
 from trainer.agent_metrics import OBSERVATION_VERSION, agent_stats
+from trainer.grading import OUTCOMES, outcome
 from trainer.grpo import compute_advantages
 from trainer.logprobs import PackedInputs, pack
 
 log = logging.getLogger(__name__)
 
-Grading = Literal["graded", "not_gradable", "infra_error"]
-Outcome = Literal["full", "partial", "no", "format_error", "not_applied", "integrity", "timeout", "not_gradable",
-                  "infra_error"]
-OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
-"""Whether a trajectory's reward measured its answer: `graded`; `not_gradable` (the tests ran but their log could
-not be graded: a silent zero); `infra_error` (no verdict the answer earned)."""
-
-
-@dataclass
-class Trajectory:
-    response_ids: list[int]
-    generation_logprobs: list[float]
-    token_versions: list[int]
-    reward: float
-    finish_reason: str = ""
-    resolved: bool = False
-    observation_spans: list[tuple[int, int]] = field(default_factory=list)
-    """Agent mode: (start, length) runs of observation tokens (also marked by token version -1)."""
-    tool_calls: int = 0
-    tool_errors: int = 0
-    images: list[tuple[bytes, int, int]] = field(default_factory=list)
-    """Computer use: (PNG, start, length) of each screenshot and its placeholder run (inside an observation span)."""
-    grading: Grading = "graded"
-    outcome: Outcome = "no"
-    """The verdict in one word: full / partial / no (tests ran), format_error, not_applied, integrity, timeout,
-    not_gradable, infra_error."""
-    generation_s: float = 0.0
-    """Seconds the worker spent generating this answer (agent mode: the whole episode)."""
-    scoring_s: float = 0.0
-    """Seconds the sandbox spent scoring it."""
-
-    def loss_mask(self) -> list[float] | None:
-        """1.0 on generated tokens, 0.0 on observation tokens (version -1 or inside an observation span); None when
-        every token was generated (single-shot)."""
-        observed = {i for i, v in enumerate(self.token_versions) if v == OBSERVATION_VERSION}
-        for start, n in self.observation_spans:
-            observed.update(range(start, start + n))
-        if not observed:
-            return None
-        return [0.0 if i in observed else 1.0 for i in range(len(self.response_ids))]
-
-
-@dataclass
-class Group:
-    """A scored group, free of protobuf (the buffer client converts at the edge)."""
-
-    group_id: str
-    prompt_ids: list[int]
-    trajectories: list[Trajectory]
-    min_version: int
-    target_step: int = 0
-    task_id: str = ""
+def loss_mask(traj: Trajectory) -> list[float] | None:
+    """1.0 on generated tokens, 0.0 on observation tokens (version -1 or inside an observation span); None when
+    every token was generated (single-shot)."""
+    observed = {i for i, v in enumerate(traj.token_versions) if v == OBSERVATION_VERSION}
+    for start, n in traj.observation_spans:
+        observed.update(range(start, start + n))
+    if not observed:
+        return None
+    return [0.0 if i in observed else 1.0 for i in range(len(traj.response_token_ids))]
 
 
 @dataclass
@@ -111,19 +69,19 @@ class StepBatch:
     ages: list[int] = field(default_factory=list)  # per group: step - min_version
 
 
-def _clip(group: Group, traj: Trajectory, max_len: int) -> tuple[list[int], list[float], bool]:
-    keep = max(0, max_len - len(group.prompt_ids))
-    for _, start, n in traj.images:  # never cut through an image's placeholder run: cut before it
-        if start < keep < start + n:
-            keep = start
-    valid = len(traj.generation_logprobs) == len(traj.response_ids)
+def _clip(group: ScoredGroup, traj: Trajectory, max_len: int) -> tuple[list[int], list[float], bool]:
+    keep = max(0, max_len - len(group.prompt.prompt_token_ids))
+    for im in traj.images:  # never cut through an image's placeholder run: cut before it
+        if im.start < keep < im.start + im.length:
+            keep = im.start
+    valid = len(traj.generation_logprobs) == len(traj.response_token_ids)
     if not valid:
         log.error("group %s: %d generation logprobs for %d response tokens; sample masked out",
-                  group.group_id, len(traj.generation_logprobs), len(traj.response_ids))
-    return traj.response_ids[:keep], list(traj.generation_logprobs[:keep]), valid
+                  group.prompt.group_id, len(traj.generation_logprobs), len(traj.response_token_ids))
+    return traj.response_token_ids[:keep], list(traj.generation_logprobs[:keep]), valid
 
 
-def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, normalize: bool,
+def build_step_batch(groups: list[ScoredGroup], step: int, *, leave_one_out: bool, normalize: bool,
                      max_len: int) -> StepBatch:
     """Advantages per group; samples clipped to `policy.max_total_sequence_length` (never expected: workers cap)."""
     samples: list[TrainSample] = []
@@ -136,12 +94,12 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
         zero_std += int(bool((rewards == rewards[0, 0]).all()))
         for t, a in zip(g.trajectories, adv, strict=True):
             resp, gen_lp, valid = _clip(g, t, max_len)
-            clipped += int(len(resp) < len(t.response_ids))
+            clipped += int(len(resp) < len(t.response_token_ids))
             generated = [v for v in t.token_versions if v != OBSERVATION_VERSION]
             version = min(generated) if generated else g.min_version
-            mask = t.loss_mask()
-            images = [png for png, start, n in t.images if start + n <= len(resp)]
-            samples.append(TrainSample(g.group_id, list(g.prompt_ids), list(resp), gen_lp, float(a),
+            mask = loss_mask(t)
+            images = [im.png for im in t.images if im.start + im.length <= len(resp)]
+            samples.append(TrainSample(g.prompt.group_id, list(g.prompt.prompt_token_ids), list(resp), gen_lp, float(a),
                                        float(t.reward), version, valid, mask[: len(resp)] if mask else None, images))
             rewards_all.append(float(t.reward))
             adv_all.append(float(a))
@@ -151,7 +109,8 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
     stats = {
         "reward/mean": r.mean().item(), "reward/std": r.std().item() if r.numel() > 1 else 0.0,
         "reward/max": r.max().item(), "reward/min": r.min().item(),
-        "reward/resolved_frac": sum(t.resolved for g in groups for t in g.trajectories) / max(1, len(samples)),
+        "reward/resolved_frac": sum(t.verdict.resolution == "FULL" for g in groups for t in g.trajectories)
+        / max(1, len(samples)),
         "advantage/mean": a.mean().item(), "advantage/std": a.std().item() if a.numel() > 1 else 0.0,
         "advantage/abs_max": a.abs().max().item(),
         "data/groups": float(len(groups)), "data/samples": float(len(samples)),
@@ -165,29 +124,29 @@ def build_step_batch(groups: list[Group], step: int, *, leave_one_out: bool, nor
         **_rollout_stats(groups),
     }
     ages = [step - g.min_version for g in groups]
-    return StepBatch(step, samples, [g.group_id for g in groups], stats, ages)
+    return StepBatch(step, samples, [g.prompt.group_id for g in groups], stats, ages)
 
 
-def _rollout_stats(groups: list[Group]) -> dict[str, float]:
+def _rollout_stats(groups: list[ScoredGroup]) -> dict[str, float]:
     """`outcome/*`: the share of the step's answers per verdict kind (they sum to 1); `rollout/*`: how long the
     answers took to generate and to score (per answer, mean and max over the step)."""
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
         return {}
-    counts = Counter(t.outcome for t in trajs)
+    counts = Counter(outcome(t.verdict) for t in trajs)
     gen, score = [t.generation_s for t in trajs], [t.scoring_s for t in trajs]
     return {**{f"outcome/{k}": counts[k] / len(trajs) for k in OUTCOMES},
             "rollout/generation_s_mean": sum(gen) / len(gen), "rollout/generation_s_max": max(gen),
             "rollout/scoring_s_mean": sum(score) / len(score), "rollout/scoring_s_max": max(score)}
 
 
-def _image_stats(groups: list[Group]) -> dict[str, float]:
+def _image_stats(groups: list[ScoredGroup]) -> dict[str, float]:
     """Computer use: screenshots and their PNG bytes in the step (what crossed the replay buffer inline)."""
-    images = [png for g in groups for t in g.trajectories for png, _, _ in t.images]
+    images = [im for g in groups for t in g.trajectories for im in t.images]
     if not images:
         return {}
-    return {"vision/images": float(len(images)), "vision/image_bytes": float(sum(len(p) for p in images)),
-            "vision/image_tokens": float(sum(n for g in groups for t in g.trajectories for _, _, n in t.images))}
+    return {"vision/images": float(len(images)), "vision/image_bytes": float(sum(len(im.png) for im in images)),
+            "vision/image_tokens": float(sum(im.length for im in images))}
 
 
 @dataclass

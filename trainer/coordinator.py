@@ -24,9 +24,8 @@ import torch
 from buffer_client import BufferClient
 from fleet.config import MasterConfig
 from fleet.contracts.buffer import Starvation
+from fleet.contracts.groups import ScoredGroup
 from services.runtime.server import GrpcService
-from trainer.batch import Group
-from trainer.buffer import enqueue_prompts, sample_groups
 from trainer.data import PromptFeeder, TaskSource
 from trainer.status import TrainerState, start_status_service
 from trainer.validation import run_validation
@@ -69,7 +68,23 @@ class Coordinator:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="control-plane", daemon=True)
         self._watcher: concurrent.futures.Future[None] | None = None
+        # Made by start() on the control-plane loop (their channels belong to it); None until then, or where start()
+        # failed half-way (e.g. on a port in use): close() closes whatever was made.
+        self._buffer: BufferClient | None = None
+        self._pusher: WeightPusher | None = None
         self._status: GrpcService | None = None
+
+    @property
+    def buffer(self) -> BufferClient:
+        if self._buffer is None:
+            raise RuntimeError("Coordinator.start() has not made the buffer client")
+        return self._buffer
+
+    @property
+    def pusher(self) -> WeightPusher:
+        if self._pusher is None:
+            raise RuntimeError("Coordinator.start() has not made the weight pusher")
+        return self._pusher
 
     # -- plumbing -------------------------------------------------------------------------------------------------
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -83,10 +98,10 @@ class Coordinator:
         self.call(self._start())
 
     async def _start(self) -> None:
-        self.buffer = BufferClient(self.cfg.services, self.cfg.redis, self.cfg.run.dir)
+        self._buffer = BufferClient(self.cfg.services, self.cfg.redis, self.cfg.run.dir)
         main, late = make_senders(self.cfg.policy.weight_sync, self.cfg.services, self.device)
         sync = self.cfg.policy.weight_sync
-        self.pusher = WeightPusher(sync.join_poll_s, self.buffer.list_workers, main, late, sync.max_retry_backoff_s)
+        self._pusher = WeightPusher(sync.join_poll_s, self._buffer.list_workers, main, late, sync.max_retry_backoff_s)
         self._status = await start_status_service(self.cfg.services, self.state)
 
     def close(self) -> None:
@@ -102,35 +117,36 @@ class Coordinator:
         # Whatever _start() got to make (it may have failed half-way, e.g. on a port in use).
         if self._status is not None:
             await self._status.stop(grace=1.0)
-        if hasattr(self, "pusher"):
-            await self.pusher.transport.close()
-            await self.pusher.late_transport.close()
-        if hasattr(self, "buffer"):
-            await self.buffer.close()
+        if self._pusher is not None:
+            await self._pusher.transport.close()
+            await self._pusher.late_transport.close()
+        if self._buffer is not None:
+            await self._buffer.close()
 
     # -- run lifecycle ----------------------------------------------------------------------------------------------
     def begin_run(self, step: int) -> dict[str, float]:
         """A new run epoch (BeginRun), before the weights of the run are gathered: their identity carries it (the
         version is the step)."""
-        info = self.call(self.buffer.begin_run(step, step))
+        info = self.call(self.buffer.begin_run(step))
         self.epoch = self.state.epoch = info["epoch"]
         log.info("run epoch %d at step %d: %s", self.epoch, step, info)
         return {f"resume/{k}": float(v) for k, v in info.items()}
 
-    def begin(self, snapshot: WeightSnapshot, step: int) -> dict[str, float]:
+    def begin(self, snapshot: WeightSnapshot) -> dict[str, float]:
         """The run's weights to every worker BEFORE anything can be leased (the buffer refuses leases to workers
         without this epoch's weights), then the join watcher for late workers."""
-        metrics = self.call(self._publish(snapshot, step))
+        metrics = self.call(self._publish(snapshot))
         self._watcher = self.submit(self.pusher.watch())
         return metrics
 
-    def publish(self, snapshot: WeightSnapshot, step: int) -> concurrent.futures.Future[dict[str, float]]:
-        return self.submit(self._publish(snapshot, step))
+    def publish(self, snapshot: WeightSnapshot) -> concurrent.futures.Future[dict[str, float]]:
+        """Push `snapshot` (its identity: the run epoch and the version, which is the step it trains next)."""
+        return self.submit(self._publish(snapshot))
 
-    async def _publish(self, snapshot: WeightSnapshot, step: int) -> dict[str, float]:
+    async def _publish(self, snapshot: WeightSnapshot) -> dict[str, float]:
         t0 = time.monotonic()
         results = await self.pusher.publish(snapshot)
-        await self.buffer.publish_version(snapshot.version, snapshot.epoch, step)
+        await self.buffer.publish_version(snapshot.id)
         return push_metrics(results, time.monotonic() - t0)
 
     def commit(self, step: int) -> None:
@@ -151,23 +167,23 @@ class Coordinator:
         # Not clamped to grpo.max_num_steps: the last steps too can take groups meant for later ones instead of
         # waiting for a straggler. Whatever is left at the end stays pending in the buffer (and serves a longer run).
         for step in self.feeder.pending_steps(last_step):
-            a, d = self.call(enqueue_prompts(self.buffer, self.feeder.next_share(step)))
+            a, d = self.call(self.buffer.enqueue(self.feeder.next_share(step)))
             added, dups = added + a, dups + d
         if dups:
             log.info("%d prompt groups were already in the buffer (enqueued before a restart)", dups)
         return added, dups
 
-    def collect(self, step: int, num_groups: int, *, validation: bool = False) -> list[Group]:
+    def collect(self, step: int, num_groups: int, *, validation: bool = False) -> list[ScoredGroup]:
         """Whole groups until `num_groups`: each Sample takes whatever is ready (>= 1) within the deadline, so one
         straggling rollout delays the step only until another group can take its place."""
-        groups: list[Group] = []
+        groups: list[ScoredGroup] = []
         start = time.monotonic()
         deadline = self.cfg.grpo.sample_deadline_s
         while len(groups) < num_groups:
             if self.stop_requested():
                 raise InterruptedError("stop requested while waiting for data")
-            got, starving = self.call(sample_groups(self.buffer, step, num_groups - len(groups), deadline,
-                                                    min_groups=1, validation=validation))
+            got, starving = self.call(self.buffer.sample(step, num_groups - len(groups), deadline, min_groups=1,
+                                                         validation=validation))
             groups.extend(got)
             now = time.monotonic()
             if self._worker_seen_at is None or got or starving.live_workers > 0:
@@ -181,7 +197,7 @@ class Coordinator:
                     # prompts this step would starve forever.
                     missing = num_groups - len(groups)
                     log.warning("step %d: topping up %d prompt groups (%s)", step, missing, starving.reason)
-                    self.call(enqueue_prompts(self.buffer, self.feeder.top_up(step, missing)))
+                    self.call(self.buffer.enqueue(self.feeder.top_up(step, missing)))
                 if time.monotonic() - start > self.cfg.grpo.sample_timeout_s:
                     raise StarvationError(f"step {step}: {len(groups)}/{num_groups} groups after "
                                           f"grpo.sample_timeout_s={self.cfg.grpo.sample_timeout_s}s", starving)
@@ -218,7 +234,9 @@ class Coordinator:
 
     def validate(self, step: int) -> dict[str, float]:
         """A validation round with its verdict breakdown (trainer/validation.py)."""
-        return run_validation(self, step)
+        if self.val_source is None:
+            return {}
+        return run_validation(self.call, self.buffer, self.val_source, self.cfg.grpo, step, self.stop_requested)
 
 
 def push_metrics(results: list[PushResult], seconds: float) -> dict[str, float]:

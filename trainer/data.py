@@ -21,20 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-
-@dataclass(frozen=True)
-class PromptSpec:
-    """What a PromptGroup needs from a task (the buffer client turns it into protobuf)."""
-
-    group_id: str
-    target_step: int
-    env_name: str
-    task_id: str
-    prompt_token_ids: list[int]
-    num_generations: int
-    env_payload: bytes
-    validation: bool = False
-    enqueued_at_ms: int = 0
+from fleet.contracts.groups import PromptGroup
 
 
 @dataclass(frozen=True)
@@ -118,27 +105,27 @@ class PromptFeeder:
         epoch, pos = divmod(cursor, len(self.source))
         return epoch, pos, self.order(epoch)[pos]
 
-    def _take(self, count: int, step: int) -> list[PromptSpec]:
+    def _take(self, count: int, step: int) -> list[PromptGroup]:
         now_ms = int(time.time() * 1000)
         p = self.position
         out = []
         for cursor in range(p.cursor, p.cursor + count):
             epoch, pos, index = self.locate(cursor)
             task = self.source.task(index)
-            out.append(PromptSpec(f"{epoch}:{pos}", step, task.env_name, task.task_id, list(task.prompt_token_ids),
+            out.append(PromptGroup(f"{epoch}:{pos}", step, task.env_name, task.task_id, list(task.prompt_token_ids),
                                   self.g, task.env_payload, enqueued_at_ms=now_ms))
         p.enqueued.setdefault(step, []).append([p.cursor, count])
         p.cursor += count
         return out
 
-    def next_share(self, step: int) -> list[PromptSpec]:
+    def next_share(self, step: int) -> list[PromptGroup]:
         """Step `step`'s regular share; steps are taken in order. Advances the position (enqueue what you take)."""
         if step != self.position.next_step:
             raise RuntimeError(f"steps must be enqueued in order: expected {self.position.next_step}, got {step}")
         self.position.next_step = step + 1
         return self._take(self.n, step)
 
-    def top_up(self, step: int, count: int) -> list[PromptSpec]:
+    def top_up(self, step: int, count: int) -> list[PromptGroup]:
         """`count` more prompts for `step` (replacing groups that were dead-lettered)."""
         return self._take(count, step)
 
@@ -155,13 +142,13 @@ class PromptFeeder:
         return self.position.to_json()
 
 
-def validation_groups(source: TaskSource, step: int, max_samples: int) -> list[PromptSpec]:
+def validation_groups(source: TaskSource, step: int, max_samples: int) -> list[PromptGroup]:
     """The first `grpo.max_val_samples` tasks, in order, one generation each; ids unique per validation round."""
     now_ms = int(time.time() * 1000)
     out = []
     for i in range(min(max_samples, len(source))):
         t = source.task(i)
-        out.append(PromptSpec(f"val:{step}:{i}", step, t.env_name, t.task_id, list(t.prompt_token_ids), 1,
+        out.append(PromptGroup(f"val:{step}:{i}", step, t.env_name, t.task_id, list(t.prompt_token_ids), 1,
                               t.env_payload, validation=True, enqueued_at_ms=now_ms))
     return out
 

@@ -21,10 +21,11 @@ import concurrent.futures
 import json
 import logging
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 import torch
 
@@ -42,6 +43,7 @@ from trainer.status import TrainerState
 from trainer.step import StepRunner
 from trainer.weights import gather_snapshot
 from weightsync.dtypes import DTYPES
+from weightsync.header import WeightSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,11 @@ class TrainLoop:
     ckpt: CheckpointManager | None
     progress_state: TrainerCheckpoint
     rank0: Rank0 | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set by SIGTERM; rank 0's coordinator reads the same one (app.py hands it to both) to give up waiting."""
+    saved_step: int = -1
+    """The step of the newest checkpoint on disk (the one resumed from; -1: none): saving it again is skipped."""
     _push: concurrent.futures.Future[dict[str, float]] | None = None
-    _stop_signal: str = ""
-    _last_saved: int = -1
     _pending_metrics: dict[str, float] = field(default_factory=dict)
     _last_validation: dict[str, float] = field(default_factory=dict)
 
@@ -98,15 +102,12 @@ class TrainLoop:
         self._finish(s)
         return code
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.warning("signal %d: stopping after the current step (a checkpoint is saved)", signum)
-        self._stop_signal = "sigterm"
-
-    def stop_requested(self) -> bool:
-        return bool(self._stop_signal)
+        self.stop.set()
 
     # -- phases -------------------------------------------------------------------------------------------------------
-    def _snapshot(self, s: TrainerCheckpoint) -> Any:
+    def _snapshot(self, s: TrainerCheckpoint) -> WeightSnapshot | None:
         """Every rank gathers; rank 0 keeps the weights with their identity (`s.weights`: run epoch, step)."""
         dtype_name = self.policy_cfg.weight_sync.dtype
         dtype = DTYPES[self.policy_cfg.precision if dtype_name == "auto" else dtype_name]
@@ -119,9 +120,10 @@ class TrainLoop:
             s.epoch = self.rank0.coordinator.epoch
         snapshot = self._snapshot(s)
         if self.rank0 is not None:
+            assert snapshot is not None  # rank 0 keeps the weights it gathers
             r0 = self.rank0
             r0.state.set_phase("pushing_weights")
-            metrics = {**resume, **r0.coordinator.begin(snapshot, s.step)}
+            metrics = {**resume, **r0.coordinator.begin(snapshot)}
             r0.metrics.log(s.step, metrics)
             if self.grpo.val_at_start:
                 r0.state.set_phase("validating")
@@ -131,15 +133,15 @@ class TrainLoop:
         """Rank 0: enqueue ahead, wait for this step's groups, build the batch."""
         assert self.rank0 is not None
         r0 = self.rank0
-        if self._stop_signal:
-            return StepMessage(None, self._stop_signal)
+        if self.stop.is_set():
+            return StepMessage(None, "sigterm")
         r0.state.set_phase("waiting_for_data")
         t0 = time.monotonic()
         try:
             r0.coordinator.enqueue_through(step + self.grpo.async_grpo.age_bound)
             groups = r0.coordinator.collect(step, self.grpo.num_prompts_per_step)
         except InterruptedError:
-            return StepMessage(None, self._stop_signal or "sigterm")
+            return StepMessage(None, "sigterm")
         except Exception as exc:  # every rank must hear about it, or the others wait in the broadcast forever
             log.exception("step %d: no batch", step)
             return StepMessage(None, f"error: {exc}")
@@ -177,9 +179,10 @@ class TrainLoop:
         snapshot = self._snapshot(s)
         if self.rank0 is None:
             return time.monotonic() - t0
+        assert snapshot is not None  # rank 0 keeps the weights it gathers
         self.rank0.state.set_phase("pushing_weights")
         self._wait_push()
-        self._push = self.rank0.coordinator.publish(snapshot, s.step)
+        self._push = self.rank0.coordinator.publish(snapshot)
         a = self.grpo.async_grpo
         if not a.enabled:
             self._wait_push()
@@ -216,7 +219,7 @@ class TrainLoop:
         self.rank0.state.metrics = {**self.rank0.state.metrics, **self._last_validation}
 
     def _save(self, s: TrainerCheckpoint) -> None:
-        if self.ckpt is None or s.step == self._last_saved:
+        if self.ckpt is None or s.step == self.saved_step:
             return
         if self.rank0 is not None:
             self.rank0.state.set_phase("checkpointing")
@@ -227,7 +230,7 @@ class TrainLoop:
         s.scheduler = self.runner.scheduler.state_dict()
         s.world_size = self.dist.world_size
         self.ckpt.save(self.policy, self.runner.optimizer, s)
-        self._last_saved = s.step
+        self.saved_step = s.step
         if self.rank0 is not None:
             try:
                 self.rank0.coordinator.commit(s.step - 1)

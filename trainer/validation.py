@@ -8,9 +8,10 @@ them, then gives the lease back, and the buffer dead-letters a group after `repl
 a task that is not back within `grpo.val_timeout_s` is counted as an infrastructure error and left out of the
 accuracy, so a sandbox outage does not read as a model that got worse.
 
-The coordinator calls `run_validation`; the scored groups are sampled here, not through `trainer.buffer.sample_groups`,
-because the verdicts must be read from them before they are converted to `trainer.batch.Group`s, which carry only
-`resolved`.
+The coordinator calls `run_validation` with the parts it reads (the bridge into the control-plane loop, the buffer
+client, the validation split, `grpo`, the stop flag), never the coordinator itself. The verdicts are the shared
+contract's (`fleet.contracts.sandbox.Verdict`, as the buffer client hands them over), classified here into the
+breakdown's buckets.
 """
 
 from __future__ import annotations
@@ -18,15 +19,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
-from grpofleet.v1 import common_pb2
-from trainer.buffer import enqueue_prompts
-from trainer.data import validation_groups
+from buffer_client import BufferClient
+from fleet.config.algorithm import GrpoConfig
+from fleet.contracts.groups import ScoredGroup, Trajectory
+from fleet.contracts.sandbox import Verdict
+from trainer.data import TaskSource, validation_groups
 
-if TYPE_CHECKING:
-    from buffer_client import BufferClient
-    from trainer.coordinator import Coordinator
+T = TypeVar("T")
+
+
+class Call(Protocol):
+    """Runs a coroutine on the control-plane loop and waits for it (`Coordinator.call`)."""
+
+    def __call__(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -42,24 +51,25 @@ VERDICT_KINDS: dict[str, str] = {
 }
 
 _BY_STATUS = {
-    common_pb2.VERDICT_STATUS_FORMAT_ERROR: "no_patch",
-    common_pb2.VERDICT_STATUS_PATCH_NOT_APPLIED: "patch_not_applied",
-    common_pb2.VERDICT_STATUS_INTEGRITY_REFUSED: "integrity_refused",
+    "format_error": "no_patch",
+    "not_applied": "patch_not_applied",
+    "refused": "integrity_refused",
     # A cheat caught while the tests ran (issue 16) is graded like one refused before: not infrastructure.
-    common_pb2.VERDICT_STATUS_INTEGRITY_VIOLATION: "integrity_refused",
-    common_pb2.VERDICT_STATUS_TIMEOUT: "timeout",
+    "integrity_violation": "integrity_refused",
+    "timeout": "timeout",
 }
 
 
-def verdict_kind(verdict: common_pb2.Verdict) -> str:
+def verdict_kind(verdict: Verdict) -> str:
     """The breakdown bucket of one verdict. Tests that ran count as resolved only on a FULL resolution (all of
-    FAIL_TO_PASS and PASS_TO_PASS pass); an unspecified status is no verdict the model earned, so infrastructure."""
-    if verdict.status == common_pb2.VERDICT_STATUS_COMPLETED:
-        return "resolved" if verdict.resolution == common_pb2.RESOLUTION_FULL else "tests_failed"
+    FAIL_TO_PASS and PASS_TO_PASS pass); `infra_error` (the wire's unspecified status) is no verdict the model
+    earned."""
+    if verdict.status == "completed":
+        return "resolved" if verdict.resolution == "FULL" else "tests_failed"
     return _BY_STATUS.get(verdict.status, "infra_error")
 
 
-def summarize(trajectories: list[common_pb2.Trajectory], tasks: int) -> dict[str, float]:
+def summarize(trajectories: list[Trajectory], tasks: int) -> dict[str, float]:
     """A round's metrics from the trajectories that came back; the `tasks - len(trajectories)` missing ones are
     infrastructure errors."""
     kinds = Counter(verdict_kind(t.verdict) for t in trajectories)
@@ -75,23 +85,21 @@ def summarize(trajectories: list[common_pb2.Trajectory], tasks: int) -> dict[str
     return out
 
 
-def run_validation(coord: Coordinator, step: int) -> dict[str, float]:
-    """Enqueue a round for `step`, wait for it (at most `grpo.val_timeout_s`), and summarise it."""
-    if coord.val_source is None:
-        return {}
-    g = coord.cfg.grpo
+def run_validation(call: Call, buffer: BufferClient, source: TaskSource, g: GrpoConfig, step: int,
+                   stop_requested: Callable[[], bool]) -> dict[str, float]:
+    """Enqueue a round for `step` from `source`, wait for it (at most `grpo.val_timeout_s`), and summarise it."""
     t0 = time.monotonic()
-    prompts = validation_groups(coord.val_source, step, g.max_val_samples)
-    coord.call(enqueue_prompts(coord.buffer, prompts))
+    prompts = validation_groups(source, step, g.max_val_samples)
+    call(buffer.enqueue(prompts))
     wanted = {p.group_id for p in prompts}
     timeout_s = g.val_timeout_s if g.val_timeout_s is not None else g.sample_timeout_s
-    got: dict[str, common_pb2.ScoredGroup] = {}
+    got: dict[str, ScoredGroup] = {}
     last_log = 0.0
     while len(got) < len(wanted) and time.monotonic() - t0 < timeout_s:
-        if coord.stop_requested():
+        if stop_requested():
             raise InterruptedError("stop requested while validating")
         deadline = min(g.sample_deadline_s, max(0.1, timeout_s - (time.monotonic() - t0)))
-        groups, starving = coord.call(_sample(coord.buffer, step, len(wanted) - len(got), deadline))
+        groups, starving = call(_sample(buffer, step, len(wanted) - len(got), deadline))
         for group in groups:
             if group.prompt.group_id in wanted:
                 got[group.prompt.group_id] = group
@@ -110,7 +118,7 @@ def run_validation(coord: Coordinator, step: int) -> dict[str, float]:
 
 
 async def _sample(buffer: BufferClient, step: int, num_groups: int,
-                  deadline_s: float) -> tuple[list[common_pb2.ScoredGroup], str]:
+                  deadline_s: float) -> tuple[list[ScoredGroup], str]:
     """One validation Sample through the buffer client's retrying call; (scored groups, starvation reason)."""
     groups, starvation = await buffer.sample(step, num_groups, deadline_s, min_groups=1, validation=True)
     return groups, starvation.reason

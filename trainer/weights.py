@@ -19,15 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from grpc import aio
 
-from fleet.contracts.weights import WeightsId
+from fleet.contracts.weights import WeightsId, WorkerRef
 from trainer.model import PolicyModule, iter_full_state
-from weightsync.base import PushResult, WeightSender, WorkerRef
+from weightsync.base import PushResult, WeightSender
 from weightsync.header import WeightSnapshot
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ class WeightPusher:
 
     join_poll_s: float
     """How often the join watcher looks for workers behind (`policy.weight_sync.join_poll_s`)."""
-    list_workers: Any  # async () -> list[WorkerRef]
+    list_workers: Callable[[], Awaitable[list[WorkerRef]]]
+    """The registry's live workers (`BufferClient.list_workers`)."""
     transport: WeightSender
     late_transport: WeightSender
     max_backoff_s: float = 30.0

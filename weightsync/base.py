@@ -53,9 +53,6 @@ async def header_only(header: common_pb2.WeightSetHeader) -> AsyncIterator[commo
     yield common_pb2.WeightChunk(header=header)
 
 
-__all__ = ["PushResult", "WeightReceiver", "WeightSender", "WorkerRef"]  # WorkerRef: where it used to live
-
-
 class WeightSender(ABC):
     """Moves one snapshot to some workers; never raises for a worker's failure (it is reported per worker)."""
 

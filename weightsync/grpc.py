@@ -11,9 +11,10 @@ import torch
 
 from fleet.config.infra import ServicesConfig
 from fleet.config.policy import GrpcWeightSyncConfig
+from fleet.contracts.weights import WorkerRef
 from grpofleet.v1 import common_pb2
 from services.runtime.errors import InvalidArgument
-from weightsync.base import PushResult, StagedReceiver, WeightSender, WorkerRef
+from weightsync.base import PushResult, StagedReceiver, WeightSender
 from weightsync.header import TensorMeta, WeightSnapshot, byte_view
 
 

@@ -26,8 +26,9 @@ import torch.distributed as dist
 
 from fleet.config.infra import ServicesConfig
 from fleet.config.policy import NcclWeightSyncConfig
+from fleet.contracts.weights import WorkerRef
 from grpofleet.v1 import common_pb2
-from weightsync.base import OnStaged, PushResult, Stager, WeightReceiver, WeightSender, WorkerRef, header_only
+from weightsync.base import OnStaged, PushResult, Stager, WeightReceiver, WeightSender, header_only
 from weightsync.dtypes import DTYPES
 from weightsync.header import TensorMeta, WeightSet, WeightSnapshot
 

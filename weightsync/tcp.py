@@ -35,9 +35,10 @@ import torch
 
 from fleet.config.infra import ServicesConfig
 from fleet.config.policy import NcclWeightSyncConfig, TcpWeightSyncConfig
+from fleet.contracts.weights import WorkerRef
 from grpofleet.v1 import common_pb2
 from services.runtime.errors import InvalidArgument, Unavailable
-from weightsync.base import PushResult, StagedReceiver, WeightSender, WorkerRef, header_only
+from weightsync.base import PushResult, StagedReceiver, WeightSender, header_only
 from weightsync.header import TensorMeta, WeightSnapshot, byte_view
 
 log = logging.getLogger(__name__)

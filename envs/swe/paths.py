@@ -6,13 +6,6 @@ from pathlib import Path
 
 from fleet.paths import cache_dir
 
-# envs/swe/paths.py -> the repository root (the checkout, or the source tree of an editable install).
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def repo_root() -> Path:
-    return _REPO_ROOT
-
 
 def default_task_dir() -> Path:
     """The built task set of a run: `tasks` in the cache (`$GRPO_FLEET_CACHE`, else `.cache/` in the checkout)."""

@@ -17,6 +17,7 @@ from fleet.config.infra import (
     ServicesConfig,
 )
 from fleet.config.policy import PolicyConfig
+from fleet.config.vision import check_computer_use
 
 
 class MasterConfig(Section):
@@ -107,7 +108,5 @@ class MasterConfig(Section):
 
     @model_validator(mode="after")
     def _computer_use_needs_a_vlm(self) -> "MasterConfig":
-        from fleet.config.vision import check_computer_use
-
-        check_computer_use(self)
+        check_computer_use(self.policy, self.data)
         return self

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from fleet.config.schema import MasterConfig
+from fleet.config.env import DataConfig
+from fleet.config.policy import PolicyConfig
 
 COMPUTER_USE = "computer_use"
 VLM_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 TINY_VLM, TINY_TEXT = "tiny-qwen2-vl", "tiny-qwen2"
 
 
-def uses_computer_use(cfg: MasterConfig) -> bool:
-    val = cfg.data.validation
-    return cfg.data.train.dataset_name == COMPUTER_USE or (val is not None and val.dataset_name == COMPUTER_USE)
+def uses_computer_use(data: DataConfig) -> bool:
+    val = data.validation
+    return data.train.dataset_name == COMPUTER_USE or (val is not None and val.dataset_name == COMPUTER_USE)
 
 
 def _model_type(name: str) -> str | None:
@@ -38,10 +37,10 @@ def _model_type(name: str) -> str | None:
     return str(data.get("model_type")) if "vision_config" in data else f"{data.get('model_type')} (text only)"
 
 
-def check_computer_use(cfg: MasterConfig) -> None:
-    if not uses_computer_use(cfg):
+def check_computer_use(p: PolicyConfig, data: DataConfig) -> None:
+    """The rules above, for the `policy` section of a run whose `data` section selects the path."""
+    if not uses_computer_use(data):
         return
-    p = cfg.policy
     kind = _model_type(p.model_name)
     if kind is not None and kind not in VLM_MODEL_TYPES:
         raise ValueError(f"policy.model_name={p.model_name!r} is a text-only model ({kind}), but "

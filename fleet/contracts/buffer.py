@@ -19,7 +19,8 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from fleet.contracts.groups import PromptGroup
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,10 @@ class Registration:
 
 @dataclass(frozen=True)
 class Lease:
-    """One leased prompt group. `group` is the `grpofleet.v1.PromptGroup` message as the buffer sent it; the rollout
-    worker turns it into the plain `fleet.contracts.groups.PromptGroup` at its edge (`rollout/wire.py: prompt_group`)
-    before any generation path reads it."""
+    """One leased prompt group (the buffer client converts the message: `buffer_client/wire.py`)."""
 
     lease_id: str
-    group: Any
+    group: PromptGroup
     delivery_count: int = 1
 
 

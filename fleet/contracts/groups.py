@@ -1,8 +1,9 @@
 """A prompt group and what a rollout worker makes of it, as plain types: the leased `PromptGroup`, each answer's
 `Trajectory` and the `ScoredGroup` the worker submits. They mirror `grpofleet.v1.PromptGroup`, `Trajectory` and
 `ScoredGroup` (protos/grpofleet/v1/common.proto, whose comments are the reference) field for field; the rollout
-worker's logic (the lease loop, scoring, the agent runners) works on these, and `rollout/wire.py` converts them to and
-from protobuf at the buffer's edge, as the replay buffer's servicer does for its store.
+worker's logic (the lease loop, scoring, the agent runners) and the trainer's (batches, grading, validation) work on
+these, and the buffer client converts them to and from protobuf (`buffer_client/wire.py`, the one conversion point),
+as the replay buffer's servicer does for its store.
 
 Token-exact: per-token arrays (`response_token_ids`, `generation_logprobs`, `token_versions`) hold what the engine
 produced, one entry per token; observation tokens (agent mode) carry version -1 and log-prob 0. A trajectory's verdict
@@ -11,6 +12,8 @@ is the sandbox contract's `Verdict`; the wire's status enum and its 500-characte
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleet.contracts.sandbox import Verdict
@@ -83,3 +86,11 @@ class ScoredGroup:
     min_version: int
     max_version: int
     submitted_at_ms: int
+
+    @classmethod
+    def assemble(cls, prompt: PromptGroup, trajectories: Sequence[Trajectory], worker_id: str,
+                 served_version: int) -> ScoredGroup:
+        """The group a worker submits, stamped now. Its version range is its generated tokens' (`served_version`
+        when it has none): observation tokens (agent mode) carry version -1, no weights made them."""
+        versions = [v for t in trajectories for v in t.token_versions if v >= 0] or [served_version]
+        return cls(prompt, list(trajectories), worker_id, min(versions), max(versions), int(time.time() * 1000))

@@ -6,13 +6,23 @@ max_images_per_prompt=max_images(...))`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from rollout.engine.base import GenerationEngine
 
 if TYPE_CHECKING:
     from fleet.config.env import ComputerUseEnvConfig
     from fleet.config.policy import PolicyConfig
+
+
+class _Common(TypedDict):
+    """What every engine is given alike."""
+
+    dtype: str
+    tokenizer: str | None
+    max_model_len: int
+    seed: int
+    initial_version: int
 
 
 def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_images_per_prompt: int = 0,
@@ -22,26 +32,23 @@ def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_
     `grpo.seed`; `max_images_per_prompt`: `max_images(...)` (vLLM only)."""
     g = policy.generation
     v = g.vllm_cfg
-    max_model_len = v.max_model_len or policy.max_total_sequence_length
+    common = _Common(dtype=policy.precision, tokenizer=policy.tokenizer.name,
+                     max_model_len=v.max_model_len or policy.max_total_sequence_length, seed=seed,
+                     initial_version=initial_version)
     if g.backend == "vllm":
         from rollout.engine.vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, v, dtype=policy.precision, tokenizer=policy.tokenizer.name,
-                          max_model_len=max_model_len, seed=seed, initial_version=initial_version,
-                          max_images_per_prompt=max_images_per_prompt)
+        return VllmEngine(model_path, v, **common, max_images_per_prompt=max_images_per_prompt)
     if g.backend == "hf":
         from rollout.engine.hf_batched import BatchedHfEngine
         from rollout.engine.hf_engine import HfEngine
 
         h = g.hf_cfg
         if h.batching == "batched":
-            return BatchedHfEngine(model_path, dtype=policy.precision, device=g.device, tokenizer=policy.tokenizer.name,
-                                   max_model_len=max_model_len, seed=seed, initial_version=initial_version,
-                                   max_num_seqs=h.max_num_seqs, max_prefill_tokens=h.max_prefill_tokens,
-                                   kv_cache_gb=h.kv_cache_gb, cuda_graphs=h.cuda_graphs,
-                                   prefill_wait_rounds=h.prefill_wait_rounds)
-        return HfEngine(model_path, dtype=policy.precision, device=g.device, tokenizer=policy.tokenizer.name,
-                        max_model_len=max_model_len, seed=seed, initial_version=initial_version)
+            return BatchedHfEngine(model_path, **common, device=g.device, max_num_seqs=h.max_num_seqs,
+                                   max_prefill_tokens=h.max_prefill_tokens, kv_cache_gb=h.kv_cache_gb,
+                                   cuda_graphs=h.cuda_graphs, prefill_wait_rounds=h.prefill_wait_rounds)
+        return HfEngine(model_path, **common, device=g.device)
     raise ValueError(f"policy.generation.backend={g.backend!r} is not an engine (expected 'vllm' or 'hf')")
 
 

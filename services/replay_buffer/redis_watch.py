@@ -16,12 +16,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from buffer_client.payloads import REDIS_DOWN, redis_client
 from fleet.config.infra import ServicesConfig
 from services.replay_buffer.store import ReplayStore
 from services.runtime.client import BACKEND_DOWN
 from services.runtime.errors import Unavailable
 from services.runtime.outage import Outage, ServiceDown
+from services.runtime.redis_client import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,3 @@ def guard_redis(servicer: object, methods: list[str], watch: RedisWatch) -> None
             return result
 
         setattr(servicer, name, guarded)
-
-
-__all__ = ["REDIS_DOWN", "RedisWatch", "guard_redis", "redis_client"]

@@ -1,6 +1,6 @@
 """Lua scripts: every state transition of a group is one script, so it is atomic in Redis (and in its AOF, which
 replays a script's effects as one MULTI/EXEC). A replay buffer SIGKILLed between two Redis commands can therefore
-never leave a group counted twice or in two places. The rules mirror policy.py.
+never leave a group counted twice or in two places. The rules mirror rules.py.
 
 Scripts touch headers only. A scored group's bytes live in a string key of their own (`P:payload:GROUP_ID:NONCE`),
 written with a plain SET (with an expiry) before the submit script runs, by the worker itself (or by the store, for

@@ -24,9 +24,10 @@ from grpofleet.v1 import replay_buffer_pb2
 from services.replay_buffer.embedded import EmbeddedRedis, start_embedded_redis
 from services.replay_buffer.metrics import MetricsServer, start_metrics
 from services.replay_buffer.models import StoreSettings
-from services.replay_buffer.redis_watch import REDIS_DOWN, RedisWatch, guard_redis, redis_client
+from services.replay_buffer.redis_watch import RedisWatch, guard_redis
 from services.replay_buffer.servicer import SERVICE_NAME, ReplayBufferServicer, add_to_server
 from services.replay_buffer.store import ReplayStore
+from services.runtime.redis_client import REDIS_DOWN, redis_client
 from services.runtime.server import GrpcService, run, run_service
 
 log = logging.getLogger(__name__)

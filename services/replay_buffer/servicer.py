@@ -3,7 +3,7 @@ Scored groups do not pass through: a submit names the payload key its worker wro
 fleet/contracts/buffer.py), a sample answers with headers and payload keys. Only an inline submit carries bytes,
 checked against its header at the payload's top level (fleet/contracts/scored_group.py).
 
-Proto messages stop here; the rules live in store.py / policy.py. Errors are domain errors (services.runtime), which
+Proto messages stop here; the rules live in store.py / rules.py. Errors are domain errors (services.runtime), which
 the runtime's interceptor maps to status codes.
 """
 

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from fleet.contracts.buffer import Starvation, payload_key
-from services.replay_buffer import policy, scripts
+from services.replay_buffer import rules, scripts
 from services.replay_buffer.models import (
     POOL_CONSUMER,
     WORKERS_GROUP,
@@ -125,7 +125,7 @@ class ReplayStore:
             "lease", WORKERS_GROUP, worker_id, POOL_CONSUMER, max_groups, version, self.settings.max_age, _POOL_WINDOW
         )
         leases = [
-            LeasedGroup(policy.format_lease_id(_s(eid), epoch), _s(gid), _s(kind), bytes(data), int(count))
+            LeasedGroup(rules.format_lease_id(_s(eid), epoch), _s(gid), _s(kind), bytes(data), int(count))
             for eid, gid, kind, data, count in rows
         ]
         if leases:
@@ -220,7 +220,7 @@ class ReplayStore:
     @staticmethod
     def _lease(lease_id: str) -> tuple[str, int]:
         try:
-            return policy.parse_lease_id(lease_id)
+            return rules.parse_lease_id(lease_id)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
 
@@ -278,7 +278,7 @@ class ReplayStore:
         pending = await self.redis.xlen(self.keys.prompts)
         outstanding = await self._leases_outstanding()
         live = await self.workers.live_count()
-        reason = policy.starvation_reason(
+        reason = rules.starvation_reason(
             prompts_pending=pending, leases_outstanding=outstanding, live_workers=live, evicted_now=evicted
         )
         return Starvation(reason, pending, outstanding, live, evicted, round(waited_s, 3))

@@ -14,7 +14,6 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
-import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -156,6 +155,3 @@ def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     import uvloop
 
     return uvloop.run(main())
-
-
-StatusCode = grpc.StatusCode

@@ -3,7 +3,7 @@
 One task: resolve the repository (`repos.py`), materialise a fresh tree at `base_commit` (`workspace.py`), apply the
 agent patch (`not_applied` if git cannot), refuse it if it touches tests (`integrity.py`), force-apply the test patch,
 restore every test file and runner input to pristine, run the tests through the trusted runner (`trusted.py`,
-`runner/`) in bubblewrap under limits and a per-task cgroup (`sandbox.py`, `process.py`, `cgroups.py`), read its
+`runner/`) in bubblewrap under limits and a per-task cgroup (`bwrap.py`, `process.py`, `cgroups.py`), read its
 signed report and grade it with swebench (`verdicts.py`, `grading.py`). A bounded pool (`pool_size` slots) runs
 tasks concurrently; each slot has its own uid.
 Anything that is not the patch's doing -- missing repository, git or disk failure, a sandbox that did not start, a
@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
 from services.sandbox import grading, verdicts
+from services.sandbox.bwrap import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
@@ -33,7 +34,6 @@ from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limit
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runner.protocol import KEY_BYTES
 from services.sandbox.runner.testpaths import is_protected
-from services.sandbox.sandbox import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.trusted import TrustedRunner, pytest_command
 from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
 from services.sandbox.workspace import InfraError, PatchError, TreeFull, TreeLimits, Workspace, remove_tree

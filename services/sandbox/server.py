@@ -31,8 +31,8 @@ from fleet.contracts.sandbox import TOKEN_ENV, SpecError, TaskSpec, Verdict, spe
 from fleet.entry import service_main
 from services.sandbox.computer.routes import ComputerRoutes
 from services.sandbox.executor import Executor
-from services.sandbox.session_routes import SessionRoutes
-from services.sandbox.sessions import SessionManager
+from services.sandbox.sessions.http import SessionRoutes
+from services.sandbox.sessions.manager import SessionManager
 
 if TYPE_CHECKING:
     from fleet.config import MasterConfig

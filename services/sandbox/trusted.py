@@ -8,7 +8,7 @@
 
 In the isolated mode (`sandbox.isolated_site`, default) the tests run on the base interpreter with `-S`: no
 site-packages at all, only the standard library, the runner packages and the tree, so no installed copy of a task's
-upstream package can stand in for the tree's (the sandbox also hides every site-packages folder, see `sandbox.py`).
+upstream package can stand in for the tree's (the sandbox also hides every site-packages folder, see `bwrap.py`).
 
 `pytest_command` recognises the task-set form of `test_command`, `[VAR=value ...] python -m pytest ARGS`, so that it
 runs through the runner like the default command; any other command runs as a shell command, graded by its exit

@@ -175,6 +175,38 @@ def _owner(name: str, modules: dict[str, Path], importer: str) -> str | None:
     return None
 
 
+GROUP_PROTOS = ("grpofleet.v1.common_pb2", "grpofleet.v1.replay_buffer_pb2")
+"""Generated code that spells a group (prompt, trajectory, verdict, scored group) or a replay-buffer message."""
+GROUP_PROTO_EDGES = {"rollout.servicer": "PushWeights' stream is made of common_pb2.WeightChunk messages"}
+"""Servicers of the trainer and rollout fleets that read generated code of their own calls, with why."""
+
+
+def test_only_the_buffer_client_converts_groups_for_the_trainer_and_the_rollout_workers() -> None:
+    """One vocabulary for a group: the trainer and the rollout workers speak fleet/contracts, and buffer_client
+    (buffer_client/wire.py) is the one place that turns it into protobuf and back."""
+    bad = []
+    for module, path in project_modules().items():
+        if unit_of(module) not in ("trainer", "rollout") or module in GROUP_PROTO_EDGES:
+            continue
+        bad += [f"{module} imports {name}" for name in imports_of(path)
+                if any(_under(name, proto) or name.startswith(proto + "_") for proto in GROUP_PROTOS)]
+    assert not bad, "\n".join(sorted(bad)) + "\n(convert in buffer_client/wire.py, speak fleet/contracts)"
+    assert set(GROUP_PROTO_EDGES) <= set(project_modules()), "GROUP_PROTO_EDGES names a module that is gone"
+
+
+CLIENTS = ("buffer_client", "sandbox_client")
+"""The clients of the services, for the fleets that call them."""
+
+
+def test_no_service_imports_a_client_of_the_services() -> None:
+    """`services/` is one floor's worth of servers and the runtime they share: a service never reaches up into the
+    clients written for its callers (what both ends need, like the Redis client settings, lives in
+    `services/runtime`)."""
+    bad = [f"{importer} imports {imported}" for importer, imported, src, dst in arrows()
+           if src.startswith("services.") and dst in CLIENTS]
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
 def test_every_floor_is_listed_in_the_architecture_doc() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     for name, units in FLOORS:

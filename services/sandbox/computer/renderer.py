@@ -1,6 +1,6 @@
 """One headless Chromium in bubblewrap, driven over its DevTools pipe: load a page, act, screenshot, evaluate.
 
-Isolation, outermost first (the same floors as a task's tests, `services/sandbox/sandbox.py`):
+Isolation, outermost first (the same floors as a task's tests, `services/sandbox/bwrap.py`):
   cgroup    the executor's per-task group when it has them (`sandbox.task_memory_mb`, `sandbox.max_processes`): the
             memory bound of the browser and all its processes together. There is no RLIMIT_AS: V8 reserves
             terabytes of address space it never touches, so an address-space limit only stops Chromium starting.

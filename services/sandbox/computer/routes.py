@@ -27,8 +27,8 @@ from aiohttp import web
 
 from services.sandbox.computer.sessions import ComputerSession, ComputerSessions
 from services.sandbox.computer.task import task_from_json
-from services.sandbox.session_routes import KindRoutes, _body, _owner_query, _text
-from services.sandbox.sessions import SessionManager
+from services.sandbox.sessions.http import KindRoutes, _body, _owner_query, _text
+from services.sandbox.sessions.manager import SessionManager
 
 
 def _info(s: ComputerSession) -> dict[str, Any]:

@@ -9,7 +9,7 @@
   failed, reward 1 or 0. The session is removed; a retry gets the same verdict.
 - **Infrastructure**: a renderer that exits, closes its pipe, crashes or misses `action_timeout_s` is removed at
   once; `act` answers 502 and `finish` an `infra_error` verdict, never `failed`.
-- **Bounds and ownership** are every session kind's (`services/sandbox/session_registry.py`): the code sessions'
+- **Bounds and ownership** are every session kind's (`services/sandbox/sessions/registry.py`): the code sessions'
   owner leases (one heartbeat, `POST /session/renew`, keeps both kinds alive; any request on a session renews
   too), and the same rule (`overdue`: owner lost, idle, lifetime; a browser still opening is not reaped). At most
   `sandbox.sessions.max_sessions` browsers at once. When the executor stops, every browser is killed; when it
@@ -29,12 +29,13 @@ from typing import Any
 
 from envs.computer_use.actions import Action, ActionError, Click, Done, Key, Scroll, Type, action_from_json
 from fleet.config.infra import SandboxConfig
+from services.sandbox.bwrap import UidRange
 from services.sandbox.cgroups import CgroupRoot
 from services.sandbox.computer.cdp import CdpError, RendererGone
 from services.sandbox.computer.renderer import Renderer, RendererSpec, find_chromium
 from services.sandbox.computer.task import ComputerTask
-from services.sandbox.sandbox import UidRange
-from services.sandbox.session_registry import (
+from services.sandbox.sessions.manager import SessionManager
+from services.sandbox.sessions.registry import (
     SessionError,
     SessionInfraError,
     SessionNotFound,
@@ -42,7 +43,6 @@ from services.sandbox.session_registry import (
     SessionRegistry,
     SessionsFull,
 )
-from services.sandbox.sessions import SessionManager
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0  # a cold browser start on a loaded 2-core host takes seconds, not a minute

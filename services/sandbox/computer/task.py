@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.sandbox.session_registry import SessionError
+from services.sandbox.sessions.registry import SessionError
 
 MAX_HTML = 1 << 20
 MAX_CHECK = 64 << 10

@@ -17,9 +17,11 @@ from rb_service_helpers import begin, prompt, scored
 
 from buffer_client import BufferClient
 from buffer_client.payloads import PayloadStore
+from buffer_client.wire import from_proto_group, to_proto_prompt
 from fleet.config import MasterConfig, load_config
 from fleet.contracts import scored_group
 from fleet.contracts.buffer import payload_key
+from fleet.contracts.groups import PromptGroup, ScoredGroup
 from services.replay_buffer.embedded import start_embedded_redis
 from services.runtime.outage import Outage, ServiceDown
 
@@ -35,6 +37,11 @@ def _client(rb: Any, *overrides: str) -> BufferClient:
     return BufferClient(cfg.services, cfg.redis, cfg.run.dir)
 
 
+def _scored(p: PromptGroup, version: int) -> ScoredGroup:
+    """`scored` for a leased group, as the worker hands it to the client (the contract's types)."""
+    return from_proto_group(scored(to_proto_prompt(p), version))
+
+
 async def _payload_keys(client: BufferClient) -> list[bytes]:
     return [k async for k in client.payloads.redis.scan_iter(match=f"{{{client.payloads.prefix}}}:payload:*")]
 
@@ -46,7 +53,7 @@ async def test_worker_submits_travel_through_redis_several_per_call_and_reach_th
         await c.call("EnqueuePrompts", groups=[prompt(f"g{i}") for i in range(6)])
         epoch = await begin(c, "w1")
         leases = (await client.lease("w1", 0, epoch, 6)).leases
-        sent = {x.group.group_id: scored(x.group, 0) for x in leases}
+        sent = {x.group.group_id: _scored(x.group, 0) for x in leases}
         calls: list[int] = []
         send = client._submitter._send
 
@@ -80,7 +87,7 @@ async def test_one_refused_group_of_a_batch_fails_alone(buffer) -> None:
         leases = (await client.lease("w1", 0, epoch, 3)).leases
         lease_ids = [x.lease_id for x in leases[:2]] + [f"1-0@{epoch}"]  # the last was never granted
         results = await asyncio.gather(
-            *(client.submit("w1", lid, scored(x.group, 0)) for lid, x in zip(lease_ids, leases, strict=True)),
+            *(client.submit("w1", lid, _scored(x.group, 0)) for lid, x in zip(lease_ids, leases, strict=True)),
             return_exceptions=True,
         )
         assert [type(r).__name__ for r in results] == ["SubmitOutcome", "SubmitOutcome", "AioRpcError"]
@@ -105,12 +112,12 @@ async def test_a_worker_whose_submit_is_refused_gives_the_lease_back(buffer) -> 
         await c.call("EnqueuePrompts", groups=[prompt("g"), prompt("h")])
         epoch = await begin(c, "w1")
         lg, lh = (await client.lease("w1", 0, epoch, 2)).leases
-        await worker._submit(lh, scored(lg.group, 0))  # g's group on h's lease: refused (lease of another group)
+        await worker._submit(lh, _scored(lg.group, 0))  # g's group on h's lease: refused (lease of another group)
         assert (worker.stats.groups_submitted, worker.stats.groups_released) == (0, 1)
         stats = await c.call("Stats")
         assert (stats.released, stats.leases_outstanding, stats.submitted) == (1, 1, 0)  # h goes back to the pool
         assert await _payload_keys(client) == []  # the refused bytes were freed
-        await worker._submit(lg, scored(lg.group, 0))
+        await worker._submit(lg, _scored(lg.group, 0))
         assert worker.stats.groups_submitted == 1
     finally:
         await client.close()
@@ -123,7 +130,7 @@ async def test_an_orphaned_payload_expires_and_a_submit_after_that_is_refused(bu
         await c.call("EnqueuePrompts", groups=[prompt("g")])
         epoch = await begin(c, "w1")
         (x,) = (await client.lease("w1", 0, epoch, 1)).leases
-        header, data = scored_group.encode(scored(x.group, 0))
+        header, data = scored_group.encode(scored(to_proto_prompt(x.group), 0))
         short = PayloadStore(client.payloads.url, client.payloads.prefix, Outage("redis", 5.0), ttl_ms=100)
         (key,) = await short.put([("g", data)])  # the worker dies here, before its submit
         await asyncio.sleep(0.5)
@@ -131,7 +138,7 @@ async def test_an_orphaned_payload_expires_and_a_submit_after_that_is_refused(bu
         with pytest.raises(aio.AioRpcError) as err:
             await c.call("SubmitGroup", worker_id="w1", lease_id=x.lease_id, header=header, payload_key=key)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "write it again" in err.value.details()
-        assert not (await client.submit("w1", x.lease_id, scored(x.group, 0))).duplicate  # the lease still held
+        assert not (await client.submit("w1", x.lease_id, _scored(x.group, 0))).duplicate  # the lease still held
         await short.close()
     finally:
         await client.close()
@@ -144,7 +151,7 @@ async def test_a_submit_may_name_only_a_payload_key_of_its_own_group(buffer) -> 
     await c.call("EnqueuePrompts", groups=[prompt("g"), prompt("h")])
     epoch = await begin(c, "w1")
     x, _ = (await c.call("LeasePrompts", worker_id="w1", weight_epoch=epoch, max_groups=2)).leases
-    header, data = scored_group.encode(scored(x.group, 0))
+    header, data = scored_group.encode(scored(to_proto_prompt(x.group), 0))
     for key in (f"{{{prefix}}}:status", payload_key(prefix, "h"), payload_key(prefix, "g")[:-8] + "NOT-HEX!"):
         with pytest.raises(aio.AioRpcError) as err:
             await c.call("SubmitGroup", worker_id="w1", lease_id=x.lease_id, header=header, payload_key=key)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from buffer_client.wire import to_proto_trajectory
 from envs.computer_use.env import ComputerUseEnvironment, make_computer_tasks
 from envs.computer_use.tasks import _gap
 from fleet.config import MasterConfig, parse_config
@@ -23,7 +24,6 @@ from fleet.tinyvlm import load_processor
 from fleet.vision import placeholder_runs
 from rollout.agent.computer import ComputerRunner
 from rollout.engine.base import Generation, SamplingSpec
-from rollout.wire import to_proto_trajectory
 from services.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.skipif(
@@ -81,7 +81,7 @@ async def test_an_episode_sees_screenshots_acts_once_per_turn_and_is_graded(serv
     prompt_ids = env.build_prompt(task, proc.tokenizer, 1536).token_ids
     group = PromptGroup(group_id="g", env_name="computer_use", prompt_token_ids=prompt_ids)
     try:
-        # As it goes on the wire: the edge (rollout/wire.py) keeps every token, span and image.
+        # As it goes on the wire: the buffer client's edge (buffer_client/wire.py) keeps every token, span and image.
         t = to_proto_trajectory(await runner.sample(group, env.task_to_payload(task), SamplingSpec(max_new_tokens=64),
                                                     0))
     finally:

@@ -50,7 +50,7 @@ class Env:
         verdict = await self.run(self.repo.spec(self.repo.gold))
         assert (verdict.status, verdict.resolution) == ("completed", "FULL")
         assert sandbox_pids() == []
-        # The sessions' own folder (`sessions-*`, services/sandbox/sessions.py) lives beside the task trees.
+        # The sessions' own folder (`sessions-*`, services/sandbox/sessions/manager.py) lives beside the task trees.
         assert self.cfg.work_root is not None
         assert [e for e in entries(self.cfg.work_root) if not e.startswith("sessions-")] == []
 

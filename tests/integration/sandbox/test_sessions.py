@@ -17,7 +17,7 @@ from fleet.config.infra import SandboxConfig, SandboxSessionConfig
 from fleet.contracts.sandbox import TaskSpec
 from sandbox_client.sessions import SessionClient, SessionToolError, SessionUnavailable
 from services.sandbox.server import SandboxServer
-from services.sandbox.sessions import Session, SessionManager
+from services.sandbox.sessions.manager import Session, SessionManager
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 from sandbox_helpers import CalcRepo
 from transformers import AutoTokenizer
 
+from buffer_client.wire import to_proto_trajectory
 from fleet.config import MasterConfig
 from fleet.contracts.groups import PromptGroup
 from fleet.tinymodel import ensure_tiny_model
@@ -20,7 +21,6 @@ from grpofleet.v1 import common_pb2
 from rollout.agent.runner import AgentRunner
 from rollout.engine.base import Generation, SamplingSpec
 from rollout.scoring import ScoringUnavailable
-from rollout.wire import to_proto_trajectory
 from services.sandbox.server import SandboxServer
 
 

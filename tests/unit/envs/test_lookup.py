@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
+from buffer_client.wire import to_proto_trajectory
 from envs.agent.parser import ToolCall
 from envs.lookup import LookupTools, make_lookup_tasks, score_episode
 from envs.registry import load_dataset, make_environment
@@ -21,7 +22,6 @@ from fleet.tinymodel import ensure_tiny_model
 from rollout.agent.local import LocalToolRunner
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
-from rollout.wire import to_proto_trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 from agent_helpers import ScriptedPolicy, call  # noqa: E402

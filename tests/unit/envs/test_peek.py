@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from buffer_client.wire import to_proto_trajectory
 from envs.agent.parser import ToolCall
 from envs.peek import CALL, QUESTION, TOOL_TOKENS, PeekTools, format_corpus, make_peek_tasks, score_answer
 from envs.registry import load_dataset, make_environment
@@ -25,7 +26,6 @@ from fleet.tinymodel import ensure_tiny_model
 from rollout.agent.local import LocalToolRunner
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
-from rollout.wire import to_proto_trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 from agent_helpers import ScriptedPolicy  # noqa: E402

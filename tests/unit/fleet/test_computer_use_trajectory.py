@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from buffer_client.wire import from_proto_group
 from fleet.contracts.scored_group import check_payload, header_of, submit_request
 from grpofleet.v1 import common_pb2
-from trainer.buffer import to_group
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
 
@@ -30,8 +30,8 @@ def test_a_trajectory_starting_with_an_observation_is_accepted_and_its_bytes_pas
     req = submit_request("w", "l", _group())
     check_payload(req.header, req.scored_group)  # what the buffer runs on SubmitGroup
     back = common_pb2.ScoredGroup.FromString(req.scored_group)  # Sample hands these bytes back unchanged
-    group = to_group(back)
-    assert group.trajectories[0].images == [(PNG, 1, 4), (PNG[::-1], 9, 4)]
+    group = from_proto_group(back)
+    assert [(im.png, im.start, im.length) for im in group.trajectories[0].images] == [(PNG, 1, 4), (PNG[::-1], 9, 4)]
 
 
 def test_a_generated_token_older_than_the_group_is_still_refused() -> None:

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from rb_store_helpers import read
 from redis.asyncio import Redis
 
-from services.replay_buffer import policy
+from services.replay_buffer import rules
 from services.replay_buffer.embedded import EmbeddedRedis
 from services.replay_buffer.models import PromptIn, ScoredIn, StoreSettings, WorkerRecord
 from services.replay_buffer.store import ReplayStore
@@ -66,7 +66,7 @@ class BufferMachine(RuleBasedStateMachine):
         res = self.run(self.store.lease(worker, version, self.epoch, n))
         for x in res.leases:
             target = self.targets[x.group_id]
-            assert policy.lease_eligible(target, self.floor, self.step, version, MAX_AGE), (x, version, self.step)
+            assert rules.lease_eligible(target, self.floor, self.step, version, MAX_AGE), (x, version, self.step)
             self.leases.append((x.lease_id, x.group_id, version))
 
     @precondition(lambda self: self.leases)
@@ -97,7 +97,7 @@ class BufferMachine(RuleBasedStateMachine):
         res = self.run(self.store.sample(self.step, n, 0, min(min_groups, n)))
         for payload in self.run(read(self.store, res)):
             gid, version = payload.decode().split("|")
-            assert policy.within_age(self.step, int(version), MAX_AGE), (gid, version, self.step)
+            assert rules.within_age(self.step, int(version), MAX_AGE), (gid, version, self.step)
             assert gid not in self.trained, f"{gid} trained twice (steps {self.trained[gid]} and {self.step})"
             self.trained[gid] = self.step
 

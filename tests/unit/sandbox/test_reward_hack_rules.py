@@ -12,7 +12,7 @@ import pytest
 from fleet.config.infra import SandboxConfig
 from services.sandbox.integrity import check_patch, is_compiled
 from services.sandbox.runner.testpaths import is_protected, is_test_path, is_testing_helper
-from services.sandbox.session_diff import SessionDiff, graded_paths
+from services.sandbox.sessions.diff import SessionDiff, graded_paths
 from services.sandbox.trusted import TrustedRunner
 
 # Where real projects keep the assertion helpers their tests import.

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fleet.config.infra import SandboxConfig
+from services.sandbox.bwrap import Interpreter, SandboxPolicy, UidRange
 from services.sandbox.process import TailBuffer, run_limited
-from services.sandbox.sandbox import Interpreter, SandboxPolicy, UidRange
 from services.sandbox.workspace import parse_numstat, read_regular, rename_sources, unquote_git_path
 
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainer_groups import group, traj
 
-from trainer.batch import Group, Trajectory, build_step_batch, plan_rank
+from fleet.contracts.groups import ScoredGroup
+from trainer.batch import build_step_batch, plan_rank
 from trainer.grpo import compute_advantages
 from trainer.logprobs import linear_logprobs, pack, unpack
 
 
-def _group(gid: str, rewards: list[float], lengths: list[int], version: int = 0, prompt: int = 5) -> Group:
-    trajs = [Trajectory(list(range(3, 3 + n)), [-1.0] * n, [version] * n, r) for r, n in zip(rewards, lengths,
+def _group(gid: str, rewards: list[float], lengths: list[int], version: int = 0, prompt: int = 5) -> ScoredGroup:
+    trajs = [traj(list(range(3, 3 + n)), [-1.0] * n, [version] * n, r) for r, n in zip(rewards, lengths,
                                                                                          strict=True)]
-    return Group(gid, list(range(10, 10 + prompt)), trajs, version)
+    return group(gid, list(range(10, 10 + prompt)), trajs, version)
 
 
 def test_advantages_come_from_compute_advantages_per_group() -> None:
@@ -37,8 +39,8 @@ def test_overlong_samples_are_clipped_and_bad_logprob_counts_masked() -> None:
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_every_sample_lands_on_exactly_one_rank_with_equal_micro_batch_counts(world: int) -> None:
     groups = [_group(str(i), [i % 2, 1, 0, 0.5], [1 + (7 * i + j) % 13 for j in range(4)]) for i in range(6)]
-    for k, traj in enumerate(t for g in groups for t in g.trajectories):
-        traj.response_ids[0] = 1000 + k  # a marker token per sample (no other token is >= 1000)
+    for k, t in enumerate(t for g in groups for t in g.trajectories):
+        t.response_token_ids[0] = 1000 + k  # a marker token per sample (no other token is >= 1000)
     batch = build_step_batch(groups, 0, leave_one_out=True, normalize=True, max_len=64)
     plans = [plan_rank(batch, global_batch=12, micro_batch=2, rank=r, world=world, row_tokens=64, packing=True)
              for r in range(world)]

@@ -1,7 +1,8 @@
 """A step whose verdicts all failed to measure the answers is warned about, naming the repos (trainer/grading.py).
 
 The groups take the path a real one takes: a verdict from the sandbox's own grader (or an infrastructure failure),
-the rollout worker's wire edge, the bytes the replay buffer stores, and the trainer's edge (`trainer.buffer.to_group`).
+the buffer client's encoding of the worker's group, the bytes the replay buffer stores, and its decoding for the
+trainer (`buffer_client/wire.py`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from collections.abc import Callable
 
 import pytest
 
+from buffer_client.wire import from_proto_group, to_proto_group
 from fleet.contracts.groups import PromptGroup, ScoredGroup, Trajectory
 from fleet.contracts.sandbox import TaskSpec, Verdict
 from grpofleet.v1 import common_pb2
-from rollout.wire import to_proto_group
-from trainer.batch import Group
-from trainer.buffer import to_group
 from trainer.data import ListSource, Task
-from trainer.grading import check_grading, ungraded_warning
+from trainer.grading import check_grading, grading, outcome, ungraded_warning
 
 REPOS = {"django__django-1": "django/django", "django__django-2": "django/django", "sympy__sympy-1": "sympy/sympy"}
 
@@ -40,11 +39,11 @@ VERDICTS = {
 }
 
 
-def _group(task_id: str, kinds: list[str], verdicts: dict[str, Callable[[], Verdict]] = VERDICTS) -> Group:
+def _group(task_id: str, kinds: list[str], verdicts: dict[str, Callable[[], Verdict]] = VERDICTS) -> ScoredGroup:
     """A scored group as the trainer receives it from the replay buffer."""
     trajs = [Trajectory([1, 2], [-0.1, -0.2], [3, 3], 0.0, verdicts[k](), "stop") for k in kinds]
     scored = ScoredGroup(PromptGroup(group_id=f"0:{task_id}", task_id=task_id, env_name="swe"), trajs, "w", 3, 3, 0)
-    return to_group(common_pb2.ScoredGroup.FromString(to_proto_group(scored).SerializeToString()))
+    return from_proto_group(common_pb2.ScoredGroup.FromString(to_proto_group(scored).SerializeToString()))
 
 
 def _source() -> ListSource:
@@ -53,7 +52,7 @@ def _source() -> ListSource:
 
 def test_the_graders_unreadable_log_reaches_the_trainer_as_not_gradable() -> None:
     group = _group("django__django-1", ["not_gradable", "graded", "infra_error"])
-    assert [t.grading for t in group.trajectories] == ["not_gradable", "graded", "infra_error"]
+    assert [grading(t.verdict) for t in group.trajectories] == ["not_gradable", "graded", "infra_error"]
 
 
 def test_a_step_of_only_infra_errors_is_warned_about_once_naming_each_repo(caplog: pytest.LogCaptureFixture) -> None:
@@ -98,7 +97,8 @@ def test_a_task_the_source_does_not_know_is_named_by_its_task_id() -> None:
 
 def test_each_verdict_kind_reaches_the_step_as_its_outcome_share_with_rollout_timings() -> None:
     """The FULL / PARTIAL / NO / not applied / infra breakdown of a step (`outcome/*`), through the wire."""
-    from trainer.batch import OUTCOMES, build_step_batch
+    from trainer.batch import build_step_batch
+    from trainer.grading import OUTCOMES
 
     verdicts = {**VERDICTS,
         "full": lambda: Verdict(status="completed", resolution="FULL", patch_applied=True, tests_passed=2),
@@ -109,7 +109,7 @@ def test_each_verdict_kind_reaches_the_step_as_its_outcome_share_with_rollout_ti
     }
     kinds = ["full", "partial", "graded", "not_applied", "format", "timeout", "not_gradable", "infra_error"]
     group = _group("django__django-1", kinds, verdicts)
-    assert [t.outcome for t in group.trajectories] == [
+    assert [outcome(t.verdict) for t in group.trajectories] == [
         "full", "partial", "no", "not_applied", "format_error", "timeout", "not_gradable", "infra_error"]
     stats = build_step_batch([group], 3, leave_one_out=True, normalize=True, max_len=64).stats
     assert sum(stats[f"outcome/{k}"] for k in OUTCOMES) == pytest.approx(1.0)

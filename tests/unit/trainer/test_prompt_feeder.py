@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from trainer.data import DataPosition, ListSource, PromptFeeder, PromptSpec, Task, validation_groups
+from fleet.contracts.groups import PromptGroup
+from trainer.data import DataPosition, ListSource, PromptFeeder, Task, validation_groups
 
 
 def _source(n: int = 10) -> ListSource:
@@ -17,10 +18,10 @@ class FakeBuffer:
     """EnqueuePrompts' contract: idempotent on group_id (a known id, in any state, is a duplicate)."""
 
     def __init__(self) -> None:
-        self.groups: dict[str, PromptSpec] = {}
+        self.groups: dict[str, PromptGroup] = {}
         self.duplicates = 0
 
-    def enqueue(self, specs: list[PromptSpec]) -> None:
+    def enqueue(self, specs: list[PromptGroup]) -> None:
         for s in specs:
             if s.group_id in self.groups:
                 assert self.groups[s.group_id].task_id == s.task_id, "same id must mean the same prompt"

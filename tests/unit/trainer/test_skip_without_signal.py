@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 from test_trainer_step import make_batch, single, synthetic_groups
 
-from trainer.batch import Group, build_step_batch
+from fleet.contracts.groups import ScoredGroup
+from trainer.batch import build_step_batch
 from trainer.model import build_policy, iter_full_state
 from trainer.step import StepRunner, make_optimizer
 
 
-def _flat(groups: list[Group]) -> list[Group]:
+def _flat(groups: list[ScoredGroup]) -> list[ScoredGroup]:
     for g in groups:
         for t in g.trajectories:
             t.reward = 1.0  # one reward per group: every advantage is exactly 0

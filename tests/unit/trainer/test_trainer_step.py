@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_groups import group, traj
 
 from fleet.config import MasterConfig
-from trainer.batch import Group, StepBatch, Trajectory, build_step_batch
+from fleet.contracts.groups import ScoredGroup
+from trainer.batch import StepBatch, build_step_batch
 from trainer.dist import Dist, DistEnv
 from trainer.model import build_policy, iter_full_state
 from trainer.step import StepRunner, make_optimizer
@@ -27,7 +29,8 @@ from trainer.step import StepRunner, make_optimizer
 PARAM_ATOL = 2.5e-7
 
 
-def synthetic_groups(seed: int, n_groups: int = 4, g: int = 4, vocab: int = 2048, version: int = 0) -> list[Group]:
+def synthetic_groups(seed: int, n_groups: int = 4, g: int = 4, vocab: int = 2048,
+                     version: int = 0) -> list[ScoredGroup]:
     """Random prompts/responses of varied lengths, binary rewards, recorded logprobs near the model's."""
     rng = random.Random(seed)
     groups = []
@@ -36,10 +39,10 @@ def synthetic_groups(seed: int, n_groups: int = 4, g: int = 4, vocab: int = 2048
         trajs = []
         for _ in range(g):
             n = rng.randint(1, 30)
-            trajs.append(Trajectory([rng.randrange(3, vocab) for _ in range(n)],
-                                    [-7.6 + rng.uniform(-0.3, 0.3) for _ in range(n)], [version] * n,
-                                    float(rng.random() < 0.5), "stop"))
-        groups.append(Group(f"0:{i}", prompt, trajs, version, 0))
+            trajs.append(traj([rng.randrange(3, vocab) for _ in range(n)],
+                              [-7.6 + rng.uniform(-0.3, 0.3) for _ in range(n)], [version] * n,
+                              float(rng.random() < 0.5), "stop"))
+        groups.append(group(f"0:{i}", prompt, trajs, version, 0))
     return groups
 
 

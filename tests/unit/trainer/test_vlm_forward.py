@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from trainer_groups import group, traj
 
 from fleet.config.policy import PolicyConfig
+from fleet.contracts.groups import Trajectory
 from fleet.paths import resolve_model
 from fleet.tinyvlm import load_processor
 from fleet.vision import ImageCodec, placeholder_runs
-from trainer.batch import Group, Trajectory, build_step_batch, plan_rank
+from trainer.batch import build_step_batch, plan_rank
 from trainer.dist import Dist, DistEnv
 from trainer.model import build_policy, forward_logprobs
 from trainer.vlm import attach_image_codec
@@ -45,37 +47,37 @@ def _episode(codec: ImageCodec, seed: int) -> tuple[list[int], Trajectory]:
     versions = [OBS] * len(obs) + [3] * len(gen1) + [OBS] * len(obs) + [4] * len(gen2)
     runs = placeholder_runs(resp, codec.image_token_id)
     pngs = [_png(seed), _png(seed + 1)]
-    traj = Trajectory(resp, [0.0 if v == OBS else -1.0 for v in versions], versions, float(seed % 2), "submitted",
-                      observation_spans=[(0, len(obs)), (len(obs) + len(gen1), len(obs))],
-                      images=[(p, s, n) for p, (s, n) in zip(pngs, runs, strict=True)])
-    return enc("<|im_start|>user\nclick the button<|im_end|>\n<|im_start|>assistant\n"), traj
+    episode = traj(resp, [0.0 if v == OBS else -1.0 for v in versions], versions, float(seed % 2), "submitted",
+                   observation_spans=[(0, len(obs)), (len(obs) + len(gen1), len(obs))],
+                   images=[(p, s, n) for p, (s, n) in zip(pngs, runs, strict=True)])
+    return enc("<|im_start|>user\nclick the button<|im_end|>\n<|im_start|>assistant\n"), episode
 
 
 def test_vlm_logprobs_match_transformers_and_image_tokens_are_masked(vlm: str) -> None:
     codec = ImageCodec(load_processor(vlm))
     prompt, t0 = _episode(codec, 0)
     _, t1 = _episode(codec, 5)
-    batch = build_step_batch([Group("g", prompt, [t0, t1], min_version=3)], 4, leave_one_out=False,
+    batch = build_step_batch([group("g", prompt, [t0, t1], min_version=3)], 4, leave_one_out=False,
                              normalize=False, max_len=1024)
     [[mb]] = plan_rank(batch, global_batch=2, micro_batch=2, rank=0, world=1, row_tokens=1024, packing=True)
     assert mb.packed.input_ids.shape[0] == 2, "one sample per row when images are in the micro-batch"
     assert len(mb.packed.images) == 4
-    image_slots = torch.tensor(t0.response_ids) == codec.image_token_id
-    assert mb.mask[0, : len(t0.response_ids)][image_slots].eq(0).all(), "image tokens are never trained"
+    image_slots = torch.tensor(t0.response_token_ids) == codec.image_token_id
+    assert mb.mask[0, : len(t0.response_token_ids)][image_slots].eq(0).all(), "image tokens are never trained"
     assert mb.mask[0].sum() == sum(v != OBS for v in t0.token_versions), "only generated tokens are trained"
 
     dist = Dist(DistEnv(0, 1, 0), torch.device("cpu"), timeout_s=60)
     policy = build_policy(PolicyConfig(model_name=vlm), vlm, dist)
     attach_image_codec([policy], vlm, vlm)
     with torch.no_grad():
-        ours = forward_logprobs(policy, mb.packed, torch.device("cpu"))[0, : len(t0.response_ids)]
+        ours = forward_logprobs(policy, mb.packed, torch.device("cpu"))[0, : len(t0.response_token_ids)]
         # transformers' own path: its processor's pixel values, its M-RoPE, full logits
-        ids = torch.tensor([prompt + t0.response_ids])
-        px = codec.image_processor(images=[Image.open(io.BytesIO(p)) for p, _, _ in t0.images], return_tensors="pt")
+        ids = torch.tensor([prompt + t0.response_token_ids])
+        px = codec.image_processor(images=[Image.open(io.BytesIO(im.png)) for im in t0.images], return_tensors="pt")
         logits = policy.lm(input_ids=ids, pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"],
                            mm_token_type_ids=(ids == codec.image_token_id).int()).logits
         ref = logits[0, len(prompt) - 1 : -1].log_softmax(-1).gather(1, ids[0, len(prompt):, None])[:, 0]
-    trained = mb.mask[0, : len(t0.response_ids)] > 0
+    trained = mb.mask[0, : len(t0.response_token_ids)] > 0
     assert torch.allclose(ours[trained], ref[trained], atol=1e-5)
     dist.close()
 
@@ -83,8 +85,8 @@ def test_vlm_logprobs_match_transformers_and_image_tokens_are_masked(vlm: str) -
 def test_a_cut_never_splits_an_image_run(vlm: str) -> None:
     codec = ImageCodec(load_processor(vlm))
     prompt, t = _episode(codec, 0)
-    second = t.images[1][1]
-    batch = build_step_batch([Group("g", prompt, [t], min_version=3)], 4, leave_one_out=False, normalize=False,
+    second = t.images[1].start
+    batch = build_step_batch([group("g", prompt, [t], min_version=3)], 4, leave_one_out=False, normalize=False,
                              max_len=len(prompt) + second + 10)
     s = batch.samples[0]
     assert len(s.response_ids) == second and len(s.images) == 1

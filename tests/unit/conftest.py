@@ -1,12 +1,19 @@
-"""Fixtures of the trainer's unit tests: the locally made tiny Qwen2 and small configs around it."""
+"""Fixtures of the unit tests that build a model (the trainer's, the weight transports'): the locally made tiny Qwen2,
+small configs around it, and a snapshot of its weights with the spec a rollout worker derives from its checkpoint."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from fleet.config import MasterConfig, parse_config
+from fleet.contracts.weights import WeightsId
+from rollout.engine.base import checkpoint_weight_spec
+from trainer.dist import Dist, DistEnv
+from trainer.model import build_policy
+from trainer.weights import gather_snapshot
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +38,13 @@ def make_cfg(tiny_model_path: str, tmp_path) -> Callable[..., MasterConfig]:  # 
         return parse_config({}, [*base, *overrides])
 
     return make
+
+
+@pytest.fixture
+def snapshot_and_spec(make_cfg):  # type: ignore[no-untyped-def]
+    cfg: MasterConfig = make_cfg()
+    policy = build_policy(cfg.policy, cfg.policy.model_name, Dist(DistEnv(0, 1, 0), torch.device("cpu"), 60))
+    snap = gather_snapshot(policy, torch.float32, keep=True, weights=WeightsId(2, 3))
+    assert snap is not None
+    spec, _ = checkpoint_weight_spec(cfg.policy.model_name, "float32")
+    return cfg, snap, {k: (v.shape, v.dtype) for k, v in spec.items()}

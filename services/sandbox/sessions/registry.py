@@ -1,4 +1,4 @@
-"""The bookkeeping every kind of executor session shares: code sessions (`sessions.py`) and computer sessions
+"""The bookkeeping every kind of executor session shares: code sessions (`manager.py`) and computer sessions
 (`computer/sessions.py`) each keep only what makes and runs their kind.
 
 - **Bounds**: at most `sandbox.sessions.max_sessions` of a kind (one slot each: a uid, a browser), and a session goes

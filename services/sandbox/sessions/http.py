@@ -33,9 +33,9 @@ from typing import Any, Generic, TypeVar
 from aiohttp import web
 
 from fleet.contracts.sandbox import SpecError, spec_from_json
-from services.sandbox.session_files import PathRefused
-from services.sandbox.session_registry import AgentInputError, SessionError, SessionRegistry, SessionsFull
-from services.sandbox.sessions import SessionManager
+from services.sandbox.sessions.files import PathRefused
+from services.sandbox.sessions.manager import SessionManager
+from services.sandbox.sessions.registry import AgentInputError, SessionError, SessionRegistry, SessionsFull
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 R = TypeVar("R", bound=SessionRegistry[Any])

@@ -1,6 +1,6 @@
 """Interactive sandbox sessions: a tree of a task's repository at `base_commit` that an agent runs commands in and
-edits, graded on `finish` exactly like a submitted patch (test files left out: session_diff.py). A task with an
-`image` gets its instance image's environment instead, with the same bounds and grading (sessions_image.py).
+edits, graded on `finish` exactly like a submitted patch (test files left out: diff.py). A task with an
+`image` gets its instance image's environment instead, with the same bounds and grading (image.py).
 
 - **Start**: the repository is checked out as for a task (alternates, ~20 ms), but its git metadata lives beside the
   tree (`root/git`), never inside it: the sandboxed commands see the files of `base_commit` and nothing else (no
@@ -14,7 +14,7 @@ edits, graded on `finish` exactly like a submitted patch (test files left out: s
   check and the task's test patch: nothing done to the session's tests or runner can count.
 - **Bounds and ownership**: at most `max_sessions`; a session goes when its owner stops renewing (`lease_s`), when
   it is idle (`idle_timeout_s`) or old (`max_lifetime_s`), and when the executor stops -- the registry every
-  session kind shares (`session_registry.py`). A new executor process removes the trees of a dead one (a flock
+  session kind shares (`registry.py`). A new executor process removes the trees of a dead one (a flock
   marks the live ones), so nothing outlives its executor.
 """
 
@@ -33,19 +33,19 @@ from typing import Any
 
 from fleet.config.infra import SandboxSessionConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
+from services.sandbox.bwrap import UidRange
 from services.sandbox.executor import Executor
 from services.sandbox.repos import RepoNotFound, resolve_repo
-from services.sandbox.sandbox import UidRange
-from services.sandbox.session_diff import SessionDiff, graded_paths, pathspecs
-from services.sandbox.session_files import read_tree_file, remove_dead_session_dirs, write_tree_file
-from services.sandbox.session_registry import (
+from services.sandbox.sessions.diff import SessionDiff, graded_paths, pathspecs
+from services.sandbox.sessions.files import read_tree_file, remove_dead_session_dirs, write_tree_file
+from services.sandbox.sessions.image import ImageSession, ImageSessionError, start_image_session
+from services.sandbox.sessions.registry import (
     SessionError,
     SessionInfraError,
     SessionNotFound,
     SessionRecord,
     SessionRegistry,
 )
-from services.sandbox.sessions_image import ImageSession, ImageSessionError, start_image_session
 from services.sandbox.workspace import InfraError, Workspace, git, git_capped, remove_tree
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class Session(SessionRecord):
     uid: int | None
     commit: str = ""
     execs: OrderedDict[str, asyncio.Future[ExecResult]] = field(default_factory=OrderedDict)
-    image: ImageSession | None = None  # the task's instance image (sessions_image.py); None: a tree here
+    image: ImageSession | None = None  # the task's instance image (image.py); None: a tree here
     finishing: asyncio.Future[dict[str, Any]] | None = None  # the one grading of its finish, once asked
 
     @property
@@ -274,7 +274,7 @@ class SessionManager(SessionRegistry[Session]):
         else:
             spec = TaskSpec(**{**session.spec.to_json(), "patch": d.patch})
             verdict = await self._track(session, self.executor.run(spec))
-        verdict.error = d.note(verdict.error)  # the test files left out (session_diff.py: why not refused)
+        verdict.error = d.note(verdict.error)  # the test files left out (diff.py: why not refused)
         result = {"session_id": sid, "patch": d.patch, "dropped_test_files": d.dropped, **verdict.to_json()}
         await self.delete(sid, "finished", result)
         return result

@@ -1,4 +1,4 @@
-"""The buffer's rules as pure functions (policy.py): the specification the Lua scripts implement."""
+"""The buffer's rules as pure functions (rules.py): the specification the Lua scripts implement."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleet.config import load_config
-from services.replay_buffer import policy
+from services.replay_buffer import rules
 from services.replay_buffer.models import StoreSettings
 
 steps = st.integers(min_value=0, max_value=10_000)
@@ -42,25 +42,25 @@ def test_a_leased_group_is_young_enough_for_every_step_it_can_train(
 ) -> None:
     """Whatever the worker generates has min_version >= version; the group trains no earlier than its effective
     target; so eligibility implies the age bound holds at the earliest step the group can train."""
-    if policy.lease_eligible(target, floor, step, version, max_age):
-        earliest = policy.effective_target(target, floor, step)
-        assert policy.within_age(earliest, version, max_age)
+    if rules.lease_eligible(target, floor, step, version, max_age):
+        earliest = rules.effective_target(target, floor, step)
+        assert rules.within_age(earliest, version, max_age)
 
 
 @given(target=steps, floor=steps, step=steps, version=steps, max_age=ages)
 def test_newer_weights_never_lose_eligibility(target: int, floor: int, step: int, version: int, max_age: int) -> None:
-    if policy.lease_eligible(target, floor, step, version, max_age):
-        assert policy.lease_eligible(target, floor, step, version + 1, max_age)
-        assert policy.lease_eligible(target, floor, step, version, max_age + 1)
+    if rules.lease_eligible(target, floor, step, version, max_age):
+        assert rules.lease_eligible(target, floor, step, version + 1, max_age)
+        assert rules.lease_eligible(target, floor, step, version, max_age + 1)
 
 
 def test_floor_and_current_step_retarget_old_groups() -> None:
-    assert policy.effective_target(3, 10, 0) == 10
-    assert policy.effective_target(3, 0, 7) == 7
-    assert policy.effective_target(12, 10, 7) == 12
+    assert rules.effective_target(3, 10, 0) == 10
+    assert rules.effective_target(3, 0, 7) == 7
+    assert rules.effective_target(12, 10, 7) == 12
     # A worker on version 8 with bound 1 cannot take a group whose step is already 10: its output would be evicted.
-    assert not policy.lease_eligible(3, 10, 0, 8, 1)
-    assert policy.lease_eligible(3, 10, 0, 9, 1)
+    assert not rules.lease_eligible(3, 10, 0, 8, 1)
+    assert rules.lease_eligible(3, 10, 0, 9, 1)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_floor_and_current_step_retarget_old_groups() -> None:
     ],
 )
 def test_starvation_reason(pending: int, outstanding: int, live: int, evicted: int, reason: str) -> None:
-    got = policy.starvation_reason(
+    got = rules.starvation_reason(
         prompts_pending=pending, leases_outstanding=outstanding, live_workers=live, evicted_now=evicted
     )
     assert got == reason
@@ -83,11 +83,11 @@ def test_starvation_reason(pending: int, outstanding: int, live: int, evicted: i
 
 @given(ms=st.integers(0, 2**63 - 1), seq=st.integers(0, 2**63 - 1), epoch=st.integers(0, 2**40))
 def test_lease_id_round_trip(ms: int, seq: int, epoch: int) -> None:
-    lease_id = policy.format_lease_id(f"{ms}-{seq}", epoch)
-    assert policy.parse_lease_id(lease_id) == (f"{ms}-{seq}", epoch)
+    lease_id = rules.format_lease_id(f"{ms}-{seq}", epoch)
+    assert rules.parse_lease_id(lease_id) == (f"{ms}-{seq}", epoch)
 
 
 @pytest.mark.parametrize("bad", ["", "abc", "1-0", "1-0@", "@3", "1@3", "1-0@x", "1-0@3@4", " 1-0@3"])
 def test_malformed_lease_ids_are_rejected(bad: str) -> None:
     with pytest.raises(ValueError, match="malformed lease id"):
-        policy.parse_lease_id(bad)
+        rules.parse_lease_id(bad)

@@ -29,8 +29,8 @@ from services.sandbox.images.pull import PullError
 from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.process import RunResult
-from services.sandbox.session_diff import SessionDiff, graded_paths, pathspecs
-from services.sandbox.session_files import PathRefused, tree_parts
+from services.sandbox.sessions.diff import SessionDiff, graded_paths, pathspecs
+from services.sandbox.sessions.files import PathRefused, tree_parts
 from services.sandbox.workspace import InfraError
 
 _GIT = "git -c safe.directory=* -c core.hooksPath=/dev/null -c core.fsmonitor=false"
@@ -139,7 +139,7 @@ class ImageSession:
             raise PathRefused(f"path: {rel!r} cannot be written: {result.stderr.text().strip()[-300:]}")
 
     async def diff(self, max_bytes: int) -> SessionDiff:
-        """The diff against the session's starting commit without its test files (session_diff.py), or why it
+        """The diff against the session's starting commit without its test files (diff.py), or why it
         cannot be graded."""
         add = f"cd {WORKDIR} && {_GIT} add --all --force -- . {_EXCLUDE} && "
         names = await self._sh(add + f"{_GIT} diff --cached --name-only -z --no-renames {shlex.quote(self.commit)}")
