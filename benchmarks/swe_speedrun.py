@@ -159,7 +159,8 @@ def grpo(args: argparse.Namespace) -> None:
     cmd += [f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
             f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
             f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
-            f"policy.optimizer.lr={args.lr}", "env.code.reward_mode=pass_rate", *args.overrides]
+            f"policy.optimizer.lr={args.lr}", "env.code.reward_mode=pass_rate",
+            f"sandbox.pool_size={max(2, (os.cpu_count() or 2) - 4)}", *args.overrides]
     log.info("%s", " ".join(cmd))
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     if rc:
@@ -208,24 +209,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--cpu", action="store_true", default=name == "smoke")
         s.add_argument("--rows-per-step", type=int, default=2 if name == "smoke" else 64)
         s.add_argument("--pretrain-steps", type=int, default=3 if name == "smoke" else 4000)
-        s.add_argument("--pretrain-seconds", type=float, default=330.0)
+        s.add_argument("--pretrain-seconds", type=float, default=200.0)
         s.add_argument("--pretrain-lr", type=float, default=1.5e-3)
         s.add_argument("--eval-rows", type=int, default=4 if name == "smoke" else 256)
         s.add_argument("--sft-examples", type=int, default=4 if name == "smoke" else None)
-        s.add_argument("--sft-epochs", type=float, default=1.0 if name == "smoke" else 3.0)
+        s.add_argument("--sft-epochs", type=float, default=1.0 if name == "smoke" else 15.0)
         s.add_argument("--sft-batch", type=int, default=2 if name == "smoke" else 32)
         s.add_argument("--sft-lr", type=float, default=5e-4)
-        s.add_argument("--sft-seconds", type=float, default=120.0)
+        s.add_argument("--sft-seconds", type=float, default=150.0)
         s.add_argument("--model", type=Path, default=None)
         s.add_argument("--sft-from-train", type=float, default=0.5)
         s.add_argument("--mode", choices=["sync", "async"], default="sync")
-        s.add_argument("--steps", type=int, default=1 if name == "smoke" else 20)
+        s.add_argument("--steps", type=int, default=1 if name == "smoke" else 40)
         s.add_argument("--prompts", type=int, default=2 if name == "smoke" else 16)
         s.add_argument("--generations", type=int, default=2 if name == "smoke" else 8)
-        s.add_argument("--val-period", type=int, default=1 if name == "smoke" else 5)
-        s.add_argument("--val-tasks", type=int, default=2 if name == "smoke" else 256)
-        s.add_argument("--lr", type=float, default=2e-5)
-        s.add_argument("--timeout", type=float, default=240.0 if name == "smoke" else 540.0)
+        s.add_argument("--val-period", type=int, default=1 if name == "smoke" else 20)
+        s.add_argument("--val-tasks", type=int, default=2 if name == "smoke" else 400)
+        s.add_argument("--lr", type=float, default=3e-5)
+        s.add_argument("--timeout", type=float, default=240.0 if name == "smoke" else 330.0)
         s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")
         s.add_argument("overrides", nargs="*", help="grpo: extra config overrides")
     return p.parse_args(argv)

@@ -1,0 +1,52 @@
+"""The speedrun's figure: pre-training loss, then GRPO's training reward, answer outcomes and held-out verdicts.
+
+    python benchmarks/speedrun/plot.py benchmarks/results/swe_speedrun docs/img/swe_speedrun.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(results: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 4, figsize=(20, 4.2))
+    pre = json.loads((results / "pretrain.json").read_text())
+    ax[0].plot([p["tokens"] / 1e6 for p in pre["curve"]], [p["loss"] for p in pre["curve"]])
+    ax[0].set(xlabel="tokens (M)", ylabel="loss (nats/token)",
+              title=f"pre-training: {pre['params'] / 1e6:.0f}M params, {pre['tokens_per_s'] / 1e3:.0f}k tok/s, "
+                    f"{pre['heldout_bits_per_byte']:.2f} bits/byte held out")
+    for mode, style in (("sync", "-"), ("async", "--")):
+        path = results / f"grpo_{mode}.json"
+        if not path.is_file():
+            continue
+        run = json.loads(path.read_text())
+        steps = [s["step"] for s in run["per_step"]]
+        ax[1].plot(steps, [s["reward_mean"] for s in run["per_step"]], style, label=mode)
+        for kind, color in (("format_error", "C3"), ("not_applied", "C1"), ("no", "C2"), ("full", "C0")):
+            ax[2].plot(steps, [s["outcome"].get(kind, 0.0) for s in run["per_step"]], style, color=color,
+                       label=f"{kind} ({mode})")
+        val = run["validation"]
+        vsteps = [v["val/step"] for v in val]
+        for kind, color in (("no_patch", "C3"), ("patch_not_applied", "C1"), ("tests_failed", "C2"),
+                            ("resolved", "C0")):
+            ax[3].plot(vsteps, [v[f"val/verdict/{kind}"] / v["val/tasks"] for v in val], style + "o", color=color,
+                       label=f"{kind} ({mode})")
+    ax[1].set(xlabel="GRPO step", ylabel="reward (pass rate)", title="training reward, 16x8 samples/step")
+    ax[2].set(xlabel="GRPO step", ylabel="share of answers", title="training answers by outcome")
+    ax[3].set(xlabel="GRPO step", ylabel="share of held-out tasks",
+              title=f"held-out repos, greedy ({int(val[0]['val/tasks'])} tasks)")
+    for a in ax[1:]:
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
