@@ -185,6 +185,7 @@ def smoke(args: argparse.Namespace) -> None:
     tasks = Path(args.tasks)
     if not (data / "tasks").exists():
         shutil.copytree(tasks, data / "tasks")
+        _ensure_validation(data / "tasks", args.val_tasks)
     counts = fixes.build(data / "tasks", data / "corpus" / "tokenizer", data / "sft.jsonl.xz",
                          max_prompt_length=MAX_PROMPT, context=CONTEXT)
     write(args.out, "prepare.json", {"sft_examples": counts})
@@ -193,6 +194,16 @@ def smoke(args: argparse.Namespace) -> None:
     sft(args)
     args.model = args.out / "models" / "sft"
     grpo(args)
+
+
+def _ensure_validation(tasks: Path, n: int) -> None:
+    """A toy set may have no validation split (it is drawn per function): hold out its last `n` training tasks."""
+    from envs.swe.taskset import read_split, write_jsonl
+
+    train, val = read_split(tasks, "train"), read_split(tasks, "validation")
+    if len(val) < n and len(train) > n:
+        write_jsonl(tasks / "validation.jsonl", [*val, *train[-(n - len(val)):]])
+        write_jsonl(tasks / "train.jsonl", train[: -(n - len(val))])
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
