@@ -94,7 +94,9 @@ def carry_sdists(recipe: Path, cache: Path, dest: Path) -> list[str]:
 def prepare(args: argparse.Namespace) -> None:
     """CPU, where pip reaches an index: the corpus and its tokenizer, and the task recipe's sdists."""
     t0 = time.perf_counter()
-    recipes = [ROOT / "launch/data/recipe.yaml", SPEEDRUN / "tasks.yaml", SPEEDRUN / "sft.yaml"]
+    # The GRPO task repositories (training and held out) are kept out of the corpus; the SFT repositories are not
+    # evaluated on, and their code in the corpus is no leak.
+    recipes = [ROOT / "launch/data/recipe.yaml", SPEEDRUN / "tasks.yaml"]
     figures: dict[str, Any] = {"corpus": corpus.run(DATA / "corpus", args.cache / "corpus-sdists", recipes,
                                                     locked=args.locked)}
     figures["sdists"] = carry_sdists(SPEEDRUN / "tasks.yaml", args.cache / "sdists", DATA / "sdists")

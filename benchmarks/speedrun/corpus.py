@@ -1,9 +1,10 @@
 """Stage 1 of the SWE speedrun (CPU): Python source from PyPI sdists, deduplicated, and a byte-level BPE on it.
 
-The projects are listed in `packages.txt`; any project that is also a task repository (a recipe names it) is left
-out, since those repositories are the evaluation. Sdists are fetched with pip (the host's index and find-links, as
-`grpo-fleet data build` fetches its own), one process per project so that a project whose metadata cannot be
-prepared here is skipped with a line saying so instead of failing the stage. `packages.lock` records the version and
+The projects are listed in `packages.txt`; any project that is also a GRPO task repository (`tasks.yaml` or the
+default recipe names it, training or held out) is left out, as are the candidates in `reserved.txt`. Sdists are
+fetched with pip (the host's index and find-links, as `grpo-fleet data build` fetches its own), one process per
+project so that a project whose metadata cannot be prepared here is skipped with a line saying so instead of
+failing the stage. `packages.lock` records the version and
 sha256 of every sdist used; with it, a later run fetches exactly those and refuses an archive that differs.
 
 Kept: `.py` members of each archive, UTF-8, at most `MAX_FILE_BYTES`, without minified or data-blob lines
@@ -303,8 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--locked", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    m = run(args.out, args.cache, [HERE.parents[1] / "launch/data/recipe.yaml", HERE / "tasks.yaml",
-                                   HERE / "sft.yaml"], locked=args.locked)
+    m = run(args.out, args.cache, [HERE.parents[1] / "launch/data/recipe.yaml", HERE / "tasks.yaml"],
+            locked=args.locked)
     print(json.dumps({k: v for k, v in m.items() if k != "bytes_per_package"}, indent=1))
 
 

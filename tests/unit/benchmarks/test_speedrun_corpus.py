@@ -1,0 +1,70 @@
+"""The speedrun corpus (benchmarks/speedrun/corpus.py) from real sdist archives (tar.gz with a top folder, as pip
+downloads them): only `.py` members, task repositories left out, duplicates dropped, the cap a content-hash sample."""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
+import corpus  # noqa: E402
+
+
+def sdist(tmp: Path, name: str, version: str, files: dict[str, str]) -> corpus.Sdist:
+    path = tmp / f"{name}-{version}.tar.gz"
+    with tarfile.open(path, "w:gz") as t:
+        for member, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}-{version}/{member}")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return corpus.Sdist(name, version, corpus._sha256(path), path)
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with lzma.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_only_python_files_of_non_task_projects_once_each(tmp_path: Path) -> None:
+    shared = "def vendored():\n    return 1\n"
+    a = sdist(tmp_path, "alpha", "1.0", {"alpha/core.py": "def f():\n    return 2\n", "alpha/_six.py": shared,
+                                         "README.md": "# not code\n", "alpha/blob.py": "x = '" + "a" * 1000 + "'\n"})
+    b = sdist(tmp_path, "beta", "2.0", {"beta/_six.py": shared.replace("1\n", "1   \n"),
+                                        "beta/util.py": "def g():\n    pass\n"})
+    task = sdist(tmp_path, "inflection", "0.5.1", {"inflection/__init__.py": "def camelize():\n    pass\n"})
+    out = tmp_path / "corpus"
+    counts = corpus.build([a, b, task], out, {"inflection"})
+    kept = rows(out / "train.jsonl.xz") + rows(out / "heldout.jsonl.xz")
+    paths = sorted(r["path"] for r in kept)
+    # The vendored copy counts once (trailing whitespace ignored); the minified line and the README are not code.
+    assert paths == ["alpha/_six.py", "alpha/core.py", "beta/util.py"]
+    assert counts["duplicates"] == 1 and counts["filtered"] == 1
+    assert not any(r["package"] == "inflection" for r in kept)
+
+
+def test_the_cap_keeps_a_hash_sample_that_fits(tmp_path: Path) -> None:
+    files = {f"m{i}.py": f"def f{i}():\n    return {i}\n" * 20 for i in range(60)}
+    one = sdist(tmp_path, "one", "1.0", {f"one/{k}": v for k, v in list(files.items())[:30]})
+    two = sdist(tmp_path, "two", "1.0", {f"two/{k}": v for k, v in list(files.items())[30:]})
+    full = corpus.build([one, two], tmp_path / "full", set())
+    cap = int(full["train_bytes"]) // 2
+    capped = corpus.build([one, two], tmp_path / "capped", set(), max_train_bytes=cap)
+    assert 0 < int(capped["train_bytes"]) <= cap and capped["train_bytes_before_cap"] == full["train_bytes"]
+    # A sample of both projects, and the same files whatever order the archives come in.
+    assert {r["package"] for r in rows(tmp_path / "capped" / "train.jsonl.xz")} == {"one", "two"}
+    corpus.build([two, one], tmp_path / "again", set(), max_train_bytes=cap)
+    assert rows(tmp_path / "capped" / "train.jsonl.xz") == rows(tmp_path / "again" / "train.jsonl.xz")
+
+
+def test_recipes_and_reserved_projects_are_kept_out(tmp_path: Path) -> None:
+    excluded = corpus.task_repo_packages([ROOT / "launch/data/recipe.yaml", ROOT / "benchmarks/speedrun/tasks.yaml"])
+    # GRPO's training and held-out repositories, their vendored dependencies and the reserved candidates.
+    assert {"toolz", "python-slugify", "text-unidecode", "voluptuous", "xmltodict", "more-itertools"} <= excluded
+    lock = corpus.read_lock()
+    assert lock and not set(lock) & excluded, "packages.lock pins a project that is now a task repository"
