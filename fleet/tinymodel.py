@@ -107,9 +107,7 @@ def corpus(seed: int = 0) -> Iterator[str]:
     yield from sources
     yield from _diffs(sources, rng, 400)
     yield from _arithmetic(rng, 4000)
-    for _ in range(20):  # so that role names and the template's layout become single tokens
-        for line in _ENGLISH:
-            yield f"{IM_START}system\n{_ENGLISH[4]}{IM_END}\n{IM_START}user\n{line}{IM_END}\n{IM_START}assistant\n"
+    yield from _template_lines()
 
 
 def _train_tokenizer(vocab_size: int, texts: Iterator[str] | None = None):  # -> PreTrainedTokenizerFast (lazy)
@@ -144,11 +142,15 @@ def _train_tokenizer(vocab_size: int, texts: Iterator[str] | None = None):  # ->
     )
 
 
-def _with_template(texts: Iterator[str]) -> Iterator[str]:
-    yield from texts
-    for _ in range(20):
+def _template_lines() -> Iterator[str]:
+    for _ in range(20):  # so that role names and the template's layout become single tokens
         for line in _ENGLISH:
             yield f"{IM_START}system\n{_ENGLISH[4]}{IM_END}\n{IM_START}user\n{line}{IM_END}\n{IM_START}assistant\n"
+
+
+def _with_template(texts: Iterator[str]) -> Iterator[str]:
+    yield from texts
+    yield from _template_lines()
 
 
 def _token_id(tok: Any, token: str) -> int:

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.data.sdist import sha256_file
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
@@ -81,14 +83,6 @@ def write_lock(sdists: Iterable[Sdist], path: Path = LOCK) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _version_of(archive: Path, package: str) -> str:
     stem = archive.name.removesuffix(".tar.gz").removesuffix(".zip").removesuffix(".tar.bz2")
     # `Name-1.2.3` with the project name spelled as the archive spells it (dashes, underscores or dots).
@@ -121,7 +115,7 @@ def fetch_one(package: str, cache: Path, pin: tuple[str, str] | None) -> Sdist |
             log.warning("corpus: skipping %s: pip download failed (%s)", want, failure[:200] or archives)
             return None
         archive = archives[0]
-        sha = _sha256(archive)
+        sha = sha256_file(archive)
         version = pin[0] if pin else _version_of(archive, package)
         if pin and sha != pin[1]:
             raise RuntimeError(f"packages.lock: {package}=={pin[0]} has sha256 {pin[1]}, the download has {sha}")

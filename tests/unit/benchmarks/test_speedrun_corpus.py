@@ -23,7 +23,7 @@ def sdist(tmp: Path, name: str, version: str, files: dict[str, str]) -> corpus.S
             info = tarfile.TarInfo(f"{name}-{version}/{member}")
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
-    return corpus.Sdist(name, version, corpus._sha256(path), path)
+    return corpus.Sdist(name, version, corpus.sha256_file(path), path)
 
 
 def rows(path: Path) -> list[dict[str, str]]:
