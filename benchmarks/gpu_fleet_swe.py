@@ -50,7 +50,7 @@ STEP_KEYS = {  # per-step figure -> metrics.jsonl key
     "generation_s_max": "rollout/generation_s_max", "generation_s_mean": "rollout/generation_s_mean",
     "scoring_s_max": "rollout/scoring_s_max", "scoring_s_mean": "rollout/scoring_s_mean",
     "samples": "data/samples", "response_len_mean": "data/response_len_mean", "reward_mean": "reward/mean",
-    "age_max": "age/max",
+    "age_max": "age/max", "zero_std_groups_frac": "data/zero_std_groups_frac",
 }
 
 
@@ -172,12 +172,14 @@ def main() -> int:
     trained = [json.loads(x) for x in trained_path.read_text().splitlines()] if trained_path.exists() else []
     ids = [g for t in trained for g in t["groups"]]
     steps = per_step(run_dir)
+    val_path = run_dir / "logs" / "validation_tasks.jsonl"
     report: dict[str, Any] = {
         "mode": args.mode, "cpu": args.cpu, "model": model, "params": n_params(model), "make_model_s": make_s,
         "config_overrides": ovr, "fleet": fleet, "accounting": acc,
         "trained_groups": {"steps": len(trained), "groups": len(ids), "unique": len(set(ids)),
                            "per_step": [len(t["groups"]) for t in trained]},
         "per_step": steps, "validation": validation_rounds(run_dir),
+        "validation_tasks": [json.loads(x) for x in val_path.read_text().splitlines()] if val_path.exists() else [],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

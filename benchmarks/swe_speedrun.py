@@ -1,6 +1,7 @@
 """SWE learning from nothing (issue 33): a code model made here, SFT on generated fixes, then GRPO through the fleet.
 
     python benchmarks/swe_speedrun.py prepare            # CPU, here: corpus, tokenizer, the task recipe's sdists
+    python benchmarks/swe_speedrun.py fixes [--sft-tasks DIR]  # CPU, here: SFT examples from the corpus (and tasks)
     python benchmarks/swe_speedrun.py pretrain --out DIR # GPU: a Qwen2 from random weights, pre-trained
     python benchmarks/swe_speedrun.py sft-examples --out DIR   # SFT examples from part of the training functions
     python benchmarks/swe_speedrun.py sft --out DIR      # GPU: SFT of DIR/models/base on them
@@ -29,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -105,6 +107,23 @@ def prepare(args: argparse.Namespace) -> None:
     write(args.out, "prepare.json", figures)
 
 
+def fixes_stage(args: argparse.Namespace) -> None:
+    """CPU, here: SFT examples that need no GPU and travel small: `--corpus-fixes N` mutations of the corpus's own
+    functions, and the tasks of a built SFT task set (`--sft-tasks DIR`, from `speedrun/sft.yaml`)."""
+    t0 = time.perf_counter()
+    tokenizer = args.data / "corpus" / "tokenizer"
+    figures: dict[str, Any] = {}
+    if args.corpus_fixes:
+        figures["corpus"] = fixes.corpus_examples(args.data / "corpus" / "train.jsonl.xz", tokenizer,
+                                                  args.data / "fixes" / "corpus.jsonl.xz", n=args.corpus_fixes,
+                                                  max_prompt_length=MAX_PROMPT, workers=args.workers)
+    if args.sft_tasks:
+        figures["sft_tasks"] = fixes.build(args.sft_tasks, tokenizer, args.data / "fixes" / "sft_tasks.jsonl.xz",
+                                           max_prompt_length=MAX_PROMPT, context=CONTEXT)
+    figures["seconds"] = time.perf_counter() - t0
+    write(args.out, "fixes.json", figures)
+
+
 def _device(args: argparse.Namespace) -> str:
     import torch
 
@@ -143,11 +162,22 @@ def sft_examples(args: argparse.Namespace) -> None:
 
 def sft(args: argparse.Namespace) -> None:
     models = args.out / "models"
-    examples = fixes.read(args.data / "sft.jsonl.xz")[: args.sft_examples]
+    # Task examples (statements written from failing tests, as GRPO's) count `--task-weight` times against the
+    # corpus's (statements that name the function).
+    tasks = [*fixes.read(args.data / "sft.jsonl.xz"),
+             *(fixes.read(args.data / "fixes" / "sft_tasks.jsonl.xz")
+               if (args.data / "fixes" / "sft_tasks.jsonl.xz").exists() else [])]
+    from_corpus = (fixes.read(args.data / "fixes" / "corpus.jsonl.xz")
+                   if (args.data / "fixes" / "corpus.jsonl.xz").exists() else [])
+    examples = [*tasks * args.task_weight, *from_corpus]
+    random.Random(0).shuffle(examples)
+    examples = examples[: args.sft_examples]
+    log.info("SFT on %d task examples (x%d) and %d corpus examples", len(tasks), args.task_weight, len(from_corpus))
     tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=args.sft_batch,
                    peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=_device(args), compile=not args.cpu,
                    row_tokens=MAX_PROMPT + MAX_NEW)
-    write(args.out, "sft.json", tuned)
+    write(args.out, "sft.json", {**tuned, "task_examples": len(tasks), "task_weight": args.task_weight,
+                                 "corpus_examples": len(from_corpus)})
 
 
 def grpo(args: argparse.Namespace) -> None:
@@ -167,6 +197,44 @@ def grpo(args: argparse.Namespace) -> None:
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     if rc:
         raise SystemExit(f"gpu_fleet_swe.py exited {rc}")
+    path = args.out / f"grpo_{args.mode}.json"
+    report = json.loads(path.read_text())
+    report["heldout"] = heldout_changes(report["validation_tasks"])
+    path.write_text(json.dumps(report, indent=1))
+    log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
+
+
+def paired_bootstrap(before: list[bool], after: list[bool], *, samples: int = 10_000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Change of the resolve rate from `before` to `after` (the same tasks, in order) with a 95% bootstrap interval:
+    tasks resampled with replacement, each keeping its own pair of outcomes."""
+    import random
+
+    n = len(before)
+    diffs = [int(a) - int(b) for b, a in zip(before, after, strict=True)]
+    if not n:
+        return 0.0, 0.0, 0.0
+    rng = random.Random(seed)
+    stats = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
+    return sum(diffs) / n, stats[int(0.025 * samples)], stats[int(0.975 * samples) - 1]
+
+
+def heldout_changes(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per validation round: resolved tasks, and the change since the first round with its 95% bootstrap interval
+    (infrastructure errors in either round leave the task out of the pair)."""
+    if not rounds:
+        return []
+    first = rounds[0]["verdicts"]
+    out = []
+    for r in rounds:
+        tasks = sorted(t for t, k in r["verdicts"].items()
+                       if k != "infra_error" and first.get(t, "infra_error") != "infra_error")
+        diff, lo, hi = paired_bootstrap([first[t] == "resolved" for t in tasks],
+                                        [r["verdicts"][t] == "resolved" for t in tasks])
+        out.append({"step": r["step"], "tasks": len(tasks),
+                    "resolved": sum(r["verdicts"][t] == "resolved" for t in tasks),
+                    "change": diff, "change_ci95": [lo, hi]})
+    return out
 
 
 def smoke(args: argparse.Namespace) -> None:
@@ -190,7 +258,10 @@ def smoke(args: argparse.Namespace) -> None:
         _ensure_validation(data / "tasks", args.val_tasks)
     counts = fixes.build(data / "tasks", data / "corpus" / "tokenizer", data / "sft.jsonl.xz",
                          max_prompt_length=MAX_PROMPT, context=CONTEXT)
-    write(args.out, "prepare.json", {"sft_examples": counts})
+    from_corpus = fixes.corpus_examples(data / "corpus" / "train.jsonl.xz", data / "corpus" / "tokenizer",
+                                        data / "fixes" / "corpus.jsonl.xz", n=4, max_prompt_length=MAX_PROMPT,
+                                        workers=1)
+    write(args.out, "prepare.json", {"sft_examples": counts, "corpus_examples": from_corpus})
     args.data = data
     pretrain(args)
     sft(args)
@@ -215,6 +286,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     pr.add_argument("--out", type=Path, default=DATA / "results")
     pr.add_argument("--cache", type=Path, default=Path(os.environ.get("GRPO_FLEET_CACHE", ROOT / ".cache")))
     pr.add_argument("--locked", action="store_true", help="fetch exactly the sdists of speedrun/packages.lock")
+    fx = sub.add_parser("fixes")
+    fx.add_argument("--out", type=Path, default=DATA / "results")
+    fx.add_argument("--data", type=Path, default=DATA)
+    fx.add_argument("--corpus-fixes", type=int, default=8000, help="examples from the corpus's functions")
+    fx.add_argument("--sft-tasks", type=Path, default=None, help="a task set built from speedrun/sft.yaml")
+    fx.add_argument("--workers", type=int, default=None)
     for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
@@ -222,14 +299,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--cpu", action="store_true", default=name == "smoke")
         s.add_argument("--rows-per-step", type=int, default=2 if name == "smoke" else 64)
         s.add_argument("--pretrain-steps", type=int, default=3 if name == "smoke" else 4000)
-        s.add_argument("--pretrain-seconds", type=float, default=200.0)
+        s.add_argument("--pretrain-seconds", type=float, default=360.0)
         s.add_argument("--pretrain-lr", type=float, default=1.5e-3)
         s.add_argument("--eval-rows", type=int, default=4 if name == "smoke" else 256)
         s.add_argument("--sft-examples", type=int, default=4 if name == "smoke" else None)
-        s.add_argument("--sft-epochs", type=float, default=1.0 if name == "smoke" else 15.0)
+        s.add_argument("--sft-epochs", type=float, default=1.0 if name == "smoke" else 3.0)
+        s.add_argument("--task-weight", type=int, default=2)
         s.add_argument("--sft-batch", type=int, default=2 if name == "smoke" else 32)
         s.add_argument("--sft-lr", type=float, default=5e-4)
-        s.add_argument("--sft-seconds", type=float, default=150.0)
+        s.add_argument("--sft-seconds", type=float, default=180.0)
         s.add_argument("--model", type=Path, default=None)
         s.add_argument("--sft-from-train", type=float, default=0.5)
         s.add_argument("--mode", choices=["sync", "async"], default="sync")
@@ -248,8 +326,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
-    stages = {"prepare": prepare, "pretrain": pretrain, "sft-examples": sft_examples, "sft": sft, "grpo": grpo,
-              "smoke": smoke}
+    stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "sft-examples": sft_examples,
+              "sft": sft, "grpo": grpo, "smoke": smoke}
     stages[args.stage](args)
 
 

@@ -28,7 +28,7 @@ from fleet.contracts.groups import ScoredGroup
 from services.runtime.server import GrpcService
 from trainer.data import PromptFeeder, TaskSource
 from trainer.status import TrainerState, start_status_service
-from trainer.validation import run_validation
+from trainer.validation import ValidationRound, run_validation
 from trainer.weights import WeightPusher
 from weightsync.base import PushResult
 from weightsync.factory import make_senders
@@ -232,10 +232,10 @@ class Coordinator:
             log.info("step %d waiting (%d/%d groups): %s", step, have, want, s.describe())
             self._last_report = (s.reason, now)
 
-    def validate(self, step: int) -> dict[str, float]:
+    def validate(self, step: int) -> ValidationRound:
         """A validation round with its verdict breakdown (trainer/validation.py)."""
         if self.val_source is None:
-            return {}
+            return ValidationRound({})
         return run_validation(self.call, self.buffer, self.val_source, self.cfg.grpo, step, self.stop_requested)
 
 

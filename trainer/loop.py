@@ -213,8 +213,12 @@ class TrainLoop:
         """A validation round of the weights after `weights_step` steps, logged at `log_step`; GetStatus keeps
         showing its metrics (verdict breakdown included) until the next round."""
         assert self.rank0 is not None
-        metrics = self.rank0.coordinator.validate(weights_step)
+        round_ = self.rank0.coordinator.validate(weights_step)
+        metrics = round_.metrics
         self.rank0.metrics.log(log_step, metrics)
+        if round_.verdicts:
+            with (self.rank0.log_dir / "validation_tasks.jsonl").open("a") as fh:
+                fh.write(json.dumps({"step": weights_step, "verdicts": round_.verdicts}) + "\n")
         self._last_validation = {k: v for k, v in metrics.items() if k.startswith("val/")}
         self.rank0.state.metrics = {**self.rank0.state.metrics, **self._last_validation}
 

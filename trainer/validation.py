@@ -2,7 +2,8 @@
 `grpo.val_temperature` (greedy by default), scored like training answers and never trained.
 
 A round reports `val/accuracy` = FULL resolutions / graded tasks, and the verdict of every task it asked for
-(`val/verdict/<kind>`, counts that add up to `val/tasks`): resolved, tests failed, patch did not apply, no patch,
+(`val/verdict/<kind>`, counts that add up to `val/tasks`; per task in the run's `validation_tasks.jsonl`, so that
+two rounds can be compared task by task): resolved, tests failed, patch did not apply, no patch,
 timeout, integrity refused, infrastructure error. Infrastructure failures never become verdicts (the worker retries
 them, then gives the lease back, and the buffer dead-letters a group after `replay_buffer.max_deliveries` leases):
 a task that is not back within `grpo.val_timeout_s` is counted as an infrastructure error and left out of the
@@ -20,6 +21,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from buffer_client import BufferClient
@@ -85,8 +87,15 @@ def summarize(trajectories: list[Trajectory], tasks: int) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class ValidationRound:
+    metrics: dict[str, float]
+    verdicts: dict[str, str] = field(default_factory=dict)
+    """task id -> its verdict bucket (`VERDICT_KINDS`): what a paired comparison of two rounds needs."""
+
+
 def run_validation(call: Call, buffer: BufferClient, source: TaskSource, g: GrpoConfig, step: int,
-                   stop_requested: Callable[[], bool]) -> dict[str, float]:
+                   stop_requested: Callable[[], bool]) -> ValidationRound:
     """Enqueue a round for `step` from `source`, wait for it (at most `grpo.val_timeout_s`), and summarise it."""
     t0 = time.monotonic()
     prompts = validation_groups(source, step, g.max_val_samples)
@@ -113,8 +122,13 @@ def run_validation(call: Call, buffer: BufferClient, source: TaskSource, g: Grpo
         log.error("validation at step %d: %d of %d tasks not back after %.0f s (grpo.val_timeout_s); counted as "
                   "infrastructure errors", step, len(wanted) - len(got), len(wanted), timeout_s)
     trajectories = [t for group in got.values() for t in group.trajectories[:1]]
-    return {**summarize(trajectories, len(wanted)), "val/step": float(step),
-            "timing/validation_s": time.monotonic() - t0}
+    verdicts = {p.task_id: "infra_error" for p in prompts}
+    for group in got.values():
+        for t in group.trajectories[:1]:
+            verdicts[group.prompt.task_id] = verdict_kind(t.verdict)
+    metrics = {**summarize(trajectories, len(wanted)), "val/step": float(step),
+               "timing/validation_s": time.monotonic() - t0}
+    return ValidationRound(metrics, verdicts)
 
 
 async def _sample(buffer: BufferClient, step: int, num_groups: int,

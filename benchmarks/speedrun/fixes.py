@@ -1,27 +1,45 @@
 """SFT examples of the SWE speedrun (CPU): generated fixes, as the policy will see and answer them in GRPO.
 
-Each example is a task of the SFT task set (`sft.yaml`, built by `grpo-fleet data build`: the builder's mutation
-kinds applied to packages outside the evaluation repositories, each bug validated by its failing tests, the problem
-statement written from them). Prompt: `envs.swe.prompt.build_prompt`, the project's single-shot SWE prompt in the
-speedrun tokenizer's chat template with the same context and budget GRPO uses. Completion: the fixing diff in one
-```diff fence, which is the answer format the prompt asks for (`envs/swe/patch.py` reads it back).
+Two sources. `build`: each example is a task of the SFT task set (`sft.yaml`, built by `grpo-fleet data build`:
+the builder's mutation kinds applied to packages outside the evaluation repositories, each bug validated by its
+failing tests, the problem statement written from them). Prompt: `envs.swe.prompt.build_prompt`, the project's
+single-shot SWE prompt in the speedrun tokenizer's chat template with the same context and budget GRPO uses.
+Completion: the fixing diff in one ```diff fence, which is the answer format the prompt asks for
+(`envs/swe/patch.py` reads it back).
 
 An example whose prompt does not show the lines the fix changes is left out (the counts say how many): a model
 cannot read the fix off code it was not shown, and training it to write such diffs anyway teaches it to invent
 context lines. (This reads the gold patch to choose training data; no prompt contains anything from it.)
+
+`corpus_examples`: the same mutation kinds (`launch/data/mutations.py`) applied to functions of the pre-training
+corpus, thousands of them in minutes, since nothing is run: no tests, so the statement names the function that
+misbehaves (an easier issue than a task's failing tests) and the code context is ranked the same way
+(`bm25_functions`) over the functions of the package's files next to it, the buggy one among them. They teach what
+a few hundred tasks cannot: the answer format, and copying context lines exactly from code never seen before.
+
+A completion never has git's `index` line: blob ids are nothing a model can read off its prompt, and `git apply`
+does not need them.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 import lzma
-from collections import Counter
-from pathlib import Path
+import os
+import random
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 
 def completion(patch: str) -> str:
-    return f"```diff\n{patch.rstrip()}\n```"
+    body = "\n".join(line for line in patch.rstrip().splitlines() if not line.startswith("index "))
+    return f"```diff\n{body}\n```"
 
 
 def removed_lines(patch: str) -> list[str]:
@@ -66,3 +84,194 @@ def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: 
 def read(path: Path) -> list[dict[str, str]]:
     with lzma.open(path, "rt") as f:
         return [json.loads(line) for line in f]
+
+
+# git's default hunk-header function line (no diff driver configured): the nearest line above the hunk that starts
+# with a letter, `_` or `$`, as `git diff` prints it for the tasks' gold patches.
+_FUNCNAME = re.compile(r"^[A-Za-z_$]")
+_MAX_FUNCNAME = 80
+
+
+def git_diff(path: str, old: str, new: str, context: int = 3) -> str:
+    """The text `git diff` prints for one modified file (`old` -> `new`), without the `index` line."""
+    a, b = old.splitlines(), new.splitlines()
+    out = [f"diff --git a/{path} b/{path}", f"--- a/{path}", f"+++ b/{path}"]
+    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(context):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        func = next((a[k] for k in range(i1 - 1, -1, -1) if _FUNCNAME.match(a[k])), "")
+        # git numbers an empty side from the line before it (`-0,0` for a file's start).
+        old_start, new_start = (i1 + 1 if i2 > i1 else i1), (j1 + 1 if j2 > j1 else j1)
+        out.append(f"@@ -{old_start},{i2 - i1} +{new_start},{j2 - j1} @@" + (f" {func[:_MAX_FUNCNAME]}".rstrip()
+                                                                            if func else ""))
+        for tag, x1, x2, y1, y2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[x1:x2]]
+                continue
+            out += ["-" + line for line in a[x1:x2]]
+            out += ["+" + line for line in b[y1:y2]]
+    return "\n".join(out) + "\n"
+
+
+_SYMPTOMS = (
+    "`{call}` returns wrong results.",
+    "`{call}` does not do what its code and docstring say it should.",
+    "There is a regression in {pkg}: `{call}` misbehaves.",
+    "I think `{call}` in {pkg} has a bug: its behaviour is wrong for ordinary inputs.",
+)
+_MAX_MODULE_BYTES = 60_000  # libcst parses a large module in seconds; big modules are few and alike
+_NEIGHBOURS = 6  # other files of the package's folder whose functions are ranked beside the buggy one's
+
+
+def _statement(seed: str, package: str, path: str, qualname: str) -> str:
+    call = f"{qualname}()"
+    h = int(hashlib.sha256(seed.encode()).hexdigest(), 16)
+    symptom = _SYMPTOMS[h % len(_SYMPTOMS)].format(call=call, pkg=package)
+    return f"{symptom} It is defined in `{path}`.\n\nPlease fix the library code so that `{call}` works again."
+
+
+_worker_tok: Any = None
+
+
+def _init_worker(tokenizer_dir: str) -> None:
+    global _worker_tok
+    from transformers import AutoTokenizer
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _worker_tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def _functions(text: str) -> list[tuple[str, int, int]]:
+    """(qualname, first line with decorators, last line) of a module's functions and methods (not nested ones)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    out: list[tuple[str, int, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                out.append((f"{prefix}{child.name}", start, child.end_lineno or child.lineno))
+
+    visit(tree, "")
+    return out
+
+
+def _mutate_function(text: str, path: str, start: int, end: int, rng: random.Random) -> tuple[str, str] | None:
+    """(buggy module, kind) with one site of the function at lines start..end rewritten, or None. libcst parses the
+    function alone, dedented (a whole module costs it ~0.4 s), and the result is spliced back."""
+    from launch.data.mutations import ModuleSites
+
+    lines = text.split("\n")
+    snippet = lines[start - 1:end]
+    ind = snippet[0][: len(snippet[0]) - len(snippet[0].lstrip())]
+    stripped = []
+    for line in snippet:
+        if line.startswith(ind):
+            stripped.append(line[len(ind):])
+        elif line.strip():
+            return None
+        else:
+            stripped.append(line)
+
+    def indent(body: list[str]) -> list[str]:
+        return [ind + line if line else line for line in body]
+
+    if indent(stripped) != snippet:  # a whitespace-only line shorter than the indent: not spliced back exactly
+        return None
+    try:
+        module = ModuleSites("\n".join(stripped) + "\n", path)
+    except Exception:  # noqa: BLE001 - libcst rejects some valid Python: no example from this function
+        return None
+    fn = next((f for f in module.functions if "." not in f.qualname and "#" not in f.qualname), None)
+    if fn is None or not fn.sites:
+        return None
+    kind = rng.choice(sorted(fn.sites))
+    mutated = module.mutate(fn.qualname, kind, rng.randrange(fn.sites[kind]))
+    if mutated is None:
+        return None
+    buggy = "\n".join([*lines[: start - 1], *indent(mutated.rstrip("\n").split("\n")), *lines[end:]])
+    try:
+        compile(buggy, path, "exec")
+    except (SyntaxError, ValueError):
+        return None
+    return buggy, kind
+
+
+def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str]) -> tuple[dict[str, str] | None, str]:
+    """One example from one corpus file, or None and why: a random function, kind and site, mutated; the fix is the
+    mutation undone."""
+    from envs.swe.prompt import render_prompt
+    from envs.swe.retrieval import function_docs, rank
+
+    package, path, text, neighbours, max_prompt_length, seed = job
+    rng = random.Random(seed)
+    functions = [f for f in _functions(text) if f[2] - f[1] < 150]
+    rng.shuffle(functions)
+    picked: tuple[str, str, str] | None = None
+    for qualname, start, end in functions[:3]:
+        mutated = _mutate_function(text, path, start, end, rng)
+        if mutated is not None:
+            picked = (qualname, *mutated)
+            break
+    if picked is None:
+        return None, "no_mutation"
+    qualname, buggy, kind = picked
+    statement = _statement(seed, package, path, qualname)
+    docs = function_docs([(path, buggy), *neighbours])
+    ranked = [(d.path, d.text) for d in rank(docs, statement, 12)]
+    prompt = render_prompt(statement, ranked, _worker_tok, max_prompt_length, name_omitted=False)
+    patch = git_diff(path, buggy, text)
+    if not fix_visible(prompt.text, patch):
+        return None, "fix_not_in_prompt"
+    return {"instance_id": f"corpus__{package}__{seed}", "repo": package, "bug_kind": kind, "prompt": prompt.text,
+            "completion": completion(patch)}, "examples"
+
+
+def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int) -> Iterator[tuple[Any, ...]]:
+    folders: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
+    for r in records:
+        folders[(r["package"], str(PurePosixPath(r["path"]).parent))].append(r)
+    rng = random.Random(seed)
+    order = list(range(len(records)))
+    rng.shuffle(order)
+    for i in order:
+        r = records[i]
+        if len(r["text"]) > _MAX_MODULE_BYTES or not r["text"].endswith("\n"):
+            continue
+        others = [o for o in folders[(r["package"], str(PurePosixPath(r["path"]).parent))] if o is not r]
+        rng.shuffle(others)
+        neighbours = [(o["path"], o["text"]) for o in others[:_NEIGHBOURS]]
+        yield r["package"], r["path"], r["text"], neighbours, max_prompt_length, f"{seed}-{i}"
+
+
+def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int, max_prompt_length: int,
+                    seed: int = 0, workers: int | None = None) -> dict[str, Any]:
+    """Write up to `n` examples from the corpus's files (one per file, in a seeded order) to `out` (JSONL, xz) as
+    `build` does; return the counts."""
+    with lzma.open(corpus_file, "rt") as f:
+        records = [json.loads(line) for line in f]
+    counts: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workers = workers or max(1, (os.cpu_count() or 2) - 1)
+    with lzma.open(out, "wt") as f, ProcessPoolExecutor(workers, initializer=_init_worker,
+                                                        initargs=(str(tokenizer_dir),)) as pool:
+        jobs = _jobs(records, max_prompt_length, seed)
+        while counts["examples"] < n:
+            batch = [j for _, j in zip(range(4 * workers), jobs, strict=False)]
+            if not batch:
+                break
+            for example, outcome in pool.map(_one_file, batch, chunksize=2):
+                counts["files"] += 1
+                counts[outcome] += 1
+                if example is not None and counts["examples"] <= n:
+                    kinds[example["bug_kind"]] += 1
+                    f.write(json.dumps(example) + "\n")
+    counts["examples"] = min(counts["examples"], n)
+    return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": "bm25_functions"}

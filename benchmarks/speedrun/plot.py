@@ -28,7 +28,10 @@ def main(results: Path, out: Path) -> None:
             continue
         run = json.loads(path.read_text())
         steps = [s["step"] for s in run["per_step"]]
-        ax[1].plot(steps, [s["reward_mean"] for s in run["per_step"]], style, label=mode)
+        ax[1].plot(steps, [s["reward_mean"] for s in run["per_step"]], style, color="C0", label=f"reward ({mode})")
+        if all(s.get("zero_std_groups_frac") is not None for s in run["per_step"]):
+            ax[1].plot(steps, [1.0 - s["zero_std_groups_frac"] for s in run["per_step"]], style, color="C4",
+                       label=f"groups with signal ({mode})")
         for kind, color in (("format_error", "C3"), ("not_applied", "C1"), ("no", "C2"), ("full", "C0")):
             ax[2].plot(steps, [s["outcome"].get(kind, 0.0) for s in run["per_step"]], style, color=color,
                        label=f"{kind} ({mode})")
@@ -38,7 +41,8 @@ def main(results: Path, out: Path) -> None:
                             ("resolved", "C0")):
             ax[3].plot(vsteps, [v[f"val/verdict/{kind}"] / v["val/tasks"] for v in val], style + "o", color=color,
                        label=f"{kind} ({mode})")
-    ax[1].set(xlabel="GRPO step", ylabel="reward (pass rate)", title="training reward, 16x8 samples/step")
+    ax[1].set(xlabel="GRPO step", ylabel="mean reward (pass rate) / share of groups",
+              title="training reward; groups whose rewards differ")
     ax[2].set(xlabel="GRPO step", ylabel="share of answers", title="training answers by outcome")
     ax[3].set(xlabel="GRPO step", ylabel="share of held-out tasks",
               title=f"held-out repos, greedy ({int(val[0]['val/tasks'])} tasks)")

@@ -91,30 +91,43 @@ def build_prompt(
     files = context_files(task, repos_root, context) if context != "none" else []
     # Files left out are named (a reader knows what exists); functions left out are not: a ranked selection of a
     # repository's functions is partial by nature, and a dozen names would take the budget of a function.
-    named = context == "bm25"
+    return render_prompt(statement_with_image_notes(task), files, tokenizer, max_prompt_length,
+                         name_omitted=context == "bm25", system_prompt=system_prompt, task_id=task.instance_id)
+
+
+def render_prompt(
+    statement: str,
+    files: list[tuple[str, str]],
+    tokenizer: Any,
+    max_prompt_length: int,
+    *,
+    name_omitted: bool,
+    system_prompt: str = SYSTEM_PROMPT,
+    task_id: str = "",
+) -> PromptResult:
+    """The prompt of a statement and its ranked context (files or functions, best first) within the budget: each
+    context entry in whole, greedily in rank order, or left out (and named when `name_omitted`)."""
     dropped: list[str] = []
-    statement = statement_with_image_notes(task)
-    text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], [p for p, _ in files if named]))
+    text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], [p for p, _ in files if name_omitted]))
     if len(ids) > max_prompt_length:
-        return _truncated_statement(task, tokenizer, max_prompt_length, system_prompt,
-                                    [p for p, _ in files if named])
+        return _truncated_statement(statement, task_id, tokenizer, max_prompt_length, system_prompt,
+                                    [p for p, _ in files if name_omitted])
     kept: list[tuple[str, str]] = []
     for i, (path, body) in enumerate(files):
         # Greedy in rank order: a file goes in whole if it fits next to those already in, else it is named only.
-        omitted = dropped + [p for p, _ in files[i + 1:]] if named else []
+        omitted = dropped + [p for p, _ in files[i + 1:]] if name_omitted else []
         _, trial_ids = _render(tokenizer, system_prompt, _user_message(statement, [*kept, (path, body)], omitted))
         if len(trial_ids) <= max_prompt_length:
             kept.append((path, body))
         else:
             dropped = [*dropped, path]
-    text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped if named else []))
+    text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped if name_omitted else []))
     return PromptResult(ids, text, [p for p, _ in kept], dropped)
 
 
 def _truncated_statement(
-    task: Task, tokenizer: Any, budget: int, system_prompt: str, dropped: list[str]
+    statement: str, task_id: str, tokenizer: Any, budget: int, system_prompt: str, dropped: list[str]
 ) -> PromptResult:
-    statement = statement_with_image_notes(task)
     lo, hi = 0, len(statement)
     best: tuple[str, list[int]] | None = None
     while lo <= hi:  # longest statement prefix (plus marker) that fits
@@ -125,6 +138,6 @@ def _truncated_statement(
         else:
             hi = mid - 1
     if best is None:
-        raise ValueError(f"max_prompt_length={budget} cannot hold even the instructions of task {task.instance_id}; "
+        raise ValueError(f"max_prompt_length={budget} cannot hold even the instructions of task {task_id}; "
                          "raise data.*.max_prompt_length")
     return PromptResult(best[1], best[0], [], dropped, statement_truncated=True)

@@ -12,6 +12,7 @@ import ast
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
@@ -119,15 +120,20 @@ def _functions(path: str, text: str) -> list[tuple[str, str]]:
     return out
 
 
-@lru_cache(maxsize=8)
-def _function_index(repo_path: str, commit: str) -> tuple[_Doc, ...]:
+def function_docs(files: Iterable[tuple[str, str]]) -> tuple[_Doc, ...]:
+    """The `bm25_functions` corpus of (path, text) source files: one document per function, labelled as shown."""
     docs = []
-    for f in _index(repo_path, commit):
-        if f.path.endswith(".py"):
-            for label, body in _functions(f.path, f.text):
+    for path, text in files:
+        if path.endswith(".py"):
+            for label, body in _functions(path, text):
                 words = tokens(label) + tokens(body)
                 docs.append(_Doc(label, body, Counter(words), len(words)))
     return tuple(docs)
+
+
+@lru_cache(maxsize=8)
+def _function_index(repo_path: str, commit: str) -> tuple[_Doc, ...]:
+    return function_docs((f.path, f.text) for f in _index(repo_path, commit))
 
 
 def retrieve_functions(repo: BareRepo, commit: str, statement: str, k: int = TOP_K_FUNCTIONS

@@ -24,6 +24,8 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
     prepared = json.loads((out / "prepare.json").read_text())["sft_examples"]
     assert prepared["examples"] >= 1 and prepared["examples"] + prepared.get("fix_not_in_prompt", 0) == \
         prepared["tasks"]
+    from_corpus = json.loads((out / "prepare.json").read_text())["corpus_examples"]
+    assert from_corpus["examples"] == 4 and from_corpus["files"] >= 4
     pre = json.loads((out / "pretrain.json").read_text())
     assert pre["steps"] >= 1 and math.isfinite(pre["heldout_bits_per_byte"]) and pre["heldout_bits_per_byte"] > 0
     sft = json.loads((out / "sft.json").read_text())
@@ -35,6 +37,9 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
     rounds = grpo["validation"]
     assert len(rounds) == 2 and all(r["val/tasks"] == 2 for r in rounds)
     assert [r["val/step"] for r in rounds] == [0.0, 1.0]
-    # Every validation task got exactly one verdict kind.
+    # Every validation task got exactly one verdict kind, and each round's verdicts are kept per task.
     for r in rounds:
         assert sum(v for k, v in r.items() if k.startswith("val/verdict/")) == r["val/tasks"]
+    per_task = grpo["validation_tasks"]
+    assert [r["step"] for r in per_task] == [0, 1] and all(len(r["verdicts"]) == 2 for r in per_task)
+    assert [h["step"] for h in grpo["heldout"]] == [0, 1] and grpo["heldout"][0]["change"] == 0.0

@@ -1,0 +1,93 @@
+"""SFT fixes from corpus code (benchmarks/speedrun/fixes.py) on real modules (the standard library's): a mutation
+spliced into one function and nowhere else, and a fixing diff that `git apply` takes back to the original."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
+import fixes  # noqa: E402
+
+from envs.swe.patch import extract_patch  # noqa: E402
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+MODULES = ["textwrap.py", "shlex.py", "fnmatch.py", "colorsys.py", "bisect.py", "calendar.py"]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def mutations(n_per_module: int = 6) -> list[tuple[str, str, str, int, int]]:
+    """(path, original, buggy, start, end) of seeded single-site mutations of real modules."""
+    out = []
+    for name in MODULES:
+        text = (STDLIB / name).read_text()
+        rng = random.Random(name)
+        functions = fixes._functions(text)
+        for _qualname, start, end in rng.sample(functions, min(len(functions), 4 * n_per_module)):
+            mutated = fixes._mutate_function(text, f"lib/{name}", start, end, rng)
+            if mutated is not None:
+                out.append((f"lib/{name}", text, mutated[0], start, end))
+            if sum(1 for m in out if m[0] == f"lib/{name}") == n_per_module:
+                break
+    return out
+
+
+@pytest.fixture(scope="module")
+def cases() -> list[tuple[str, str, str, int, int]]:
+    found = mutations()
+    assert len(found) >= 4 * len(MODULES), "too few mutable functions in the standard library modules"
+    return found
+
+
+def test_a_mutation_changes_only_its_own_function(cases: list[tuple[str, str, str, int, int]]) -> None:
+    for path, original, buggy, start, end in cases:
+        a, b = original.split("\n"), buggy.split("\n")
+        assert buggy != original, path
+        shift = len(b) - len(a)  # a removed statement shortens the function, nothing else
+        assert a[: start - 1] == b[: start - 1], (path, start)
+        assert a[end:] == b[end + shift:], (path, end)
+        compile(buggy, path, "exec")
+
+
+def test_the_fixing_diff_applies_with_git_and_restores_the_file(
+        cases: list[tuple[str, str, str, int, int]], tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    for i, (path, original, buggy, _, _) in enumerate(cases):
+        file = repo / path
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(buggy)
+        git(repo, "add", path)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"bug {i}")
+        # The completion as SFT shows it, read back as the sandbox reads an answer.
+        extracted = extract_patch(fixes.completion(fixes.git_diff(path, buggy, original)))
+        assert extracted.ok, extracted.detail
+        (repo / "fix.diff").write_text(extracted.patch)
+        git(repo, "apply", "fix.diff")
+        assert file.read_text() == original, path
+
+
+def test_the_diff_is_the_one_git_prints_without_the_index_line(tmp_path: Path) -> None:
+    original = (STDLIB / "colorsys.py").read_text()
+    buggy = original.replace("    if l <= 0.5:", "    if l > 0.5:", 1)
+    assert buggy != original
+    repo = tmp_path / "repo"
+    (repo / "lib").mkdir(parents=True)
+    git(repo, "init", "-q")
+    (repo / "lib" / "colorsys.py").write_text(buggy)
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "bug")
+    (repo / "lib" / "colorsys.py").write_text(original)
+    printed = "".join(line + "\n" for line in git(repo, "diff").splitlines() if not line.startswith("index "))
+    assert fixes.git_diff("lib/colorsys.py", buggy, original) == printed
+    assert "index " not in fixes.completion(git(repo, "diff"))
