@@ -175,7 +175,7 @@ def sft(args: argparse.Namespace) -> None:
     log.info("SFT on %d task examples (x%d) and %d corpus examples", len(tasks), args.task_weight, len(from_corpus))
     tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=args.sft_batch,
                    peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=_device(args), compile=not args.cpu,
-                   row_tokens=MAX_PROMPT + MAX_NEW)
+                   row_tokens=MAX_PROMPT + MAX_NEW, max_completion_tokens=MAX_NEW)
     write(args.out, "sft.json", {**tuned, "task_examples": len(tasks), "task_weight": args.task_weight,
                                  "corpus_examples": len(from_corpus)})
 

@@ -3,7 +3,7 @@
 # (it is given back 30 s after a call ends: issue the next call at once):
 #
 #   here:   bash benchmarks/gpu_fleet_swe.sh prepare && .venv/bin/python benchmarks/swe_speedrun.py prepare
-#           .venv/bin/python benchmarks/swe_speedrun.py fixes [--sft-tasks DIR]   # SFT examples, ~10 MB
+#           .venv/bin/python benchmarks/swe_speedrun.py fixes --corpus-fixes 0 --sft-tasks DIR  # optional
 #   there:  bash benchmarks/swe_speedrun.sh stash         # carry [".speedrun/corpus", ".speedrun/fixes"]
 #           bash benchmarks/swe_speedrun.sh base          # carry [".whl", ".gpu/deb", "grpofleet", ".speedrun/sdists"]
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
@@ -13,9 +13,10 @@
 # The corpus and the SFT examples travel in a call of their own: with the wheels (25 MB) and the tree (15 MB) they
 # would pass the 64 MiB a call may carry. What a call leaves in /tmp stays while the machine is warm.
 # `base`: the task set is built there (16 cores: `grpo-fleet data build`, 14 sandbox workers, from the carried sdists)
-# while the GPU pre-trains. `sft`: SFT examples cut from half of its training functions, with the carried ones, and
-# the base fine-tuned on them. Each call copies its figures (JSON) to $OUT; models stay in /tmp/speedrun (too large
-# to send back). Every call stays under the 600 s a call may run.
+# while the GPU pre-trains. `sft`: SFT examples cut from half of its training functions, the corpus's fixes made
+# there (`fixes`, one process per core), any carried ones, and the base fine-tuned on them. Each call copies its
+# figures (JSON) to $OUT; models stay in /tmp/speedrun (too large to send back). Every call stays under the 600 s a
+# call may run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/speedrun-out}
@@ -47,6 +48,12 @@ case "$stage" in
   sft)
     python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" 2>&1 | quiet
     cp "$WORK"/sft_examples.json "$OUT"/
+    # The corpus's fixes are made here (16 cores: ~1 min) unless they were carried.
+    if [ ! -f "$DATA/fixes/corpus.jsonl.xz" ]; then
+      python3 benchmarks/swe_speedrun.py fixes --data "$DATA" --out "$WORK" --corpus-fixes "${CORPUS_FIXES:-8000}" \
+        2>&1 | quiet
+      cp "$WORK"/fixes.json "$OUT"/
+    fi
     python3 benchmarks/swe_speedrun.py sft --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/sft.json "$OUT"/ ;;
   grpo)

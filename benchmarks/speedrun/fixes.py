@@ -30,11 +30,14 @@ import lzma
 import os
 import random
 import re
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from envs.swe.retrieval import is_test_path
 
 
 def completion(patch: str) -> str:
@@ -137,6 +140,7 @@ def _init_worker(tokenizer_dir: str) -> None:
     from transformers import AutoTokenizer
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.simplefilter("ignore", SyntaxWarning)  # compile() of old corpus code: `is` with a literal, etc.
     _worker_tok = AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
@@ -242,7 +246,8 @@ def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int) -> I
     rng.shuffle(order)
     for i in order:
         r = records[i]
-        if len(r["text"]) > _MAX_MODULE_BYTES or not r["text"].endswith("\n"):
+        # A test file's function is no library bug: the prompt says to leave the tests alone.
+        if len(r["text"]) > _MAX_MODULE_BYTES or not r["text"].endswith("\n") or is_test_path(r["path"]):
             continue
         others = [o for o in folders[(r["package"], str(PurePosixPath(r["path"]).parent))] if o is not r]
         rng.shuffle(others)

@@ -234,15 +234,20 @@ def save(s: TrainSetup, model_dir: Path, out: Path, *, note: str) -> None:
 
 
 def sft(model_dir: Path, examples: list[dict[str, str]], *, out: Path, epochs: float, batch: int, peak_lr: float,
-        max_seconds: float, device: str, compile: bool, row_tokens: int, seed: int = 0) -> dict[str, Any]:
-    """Fine-tune on (prompt, completion) pairs: the loss covers the completion tokens only."""
+        max_seconds: float, device: str, compile: bool, row_tokens: int, max_completion_tokens: int,
+        seed: int = 0) -> dict[str, Any]:
+    """Fine-tune on (prompt, completion) pairs: the loss covers the completion tokens only. A completion longer
+    than `max_completion_tokens` (with its end token) is left out: GRPO's generations stop there, unfinished."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts = tok([e["prompt"] for e in examples], add_special_tokens=False)["input_ids"]
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    completions = [[*ids, eos] for ids in tok([e["completion"] for e in examples], add_special_tokens=False)
-                   ["input_ids"]]
+    all_completions = [[*ids, eos] for ids in tok([e["completion"] for e in examples], add_special_tokens=False)
+                       ["input_ids"]]
+    keep = [i for i, c in enumerate(all_completions) if len(c) <= max_completion_tokens]
+    too_long = len(examples) - len(keep)
+    examples, completions = [examples[i] for i in keep], [all_completions[i] for i in keep]
+    prompts = tok([e["prompt"] for e in examples], add_special_tokens=False)["input_ids"]
     rng = random.Random(seed)
     order = list(range(len(examples)))
     steps = max(1, int(epochs * len(examples) / batch))
@@ -258,7 +263,7 @@ def sft(model_dir: Path, examples: list[dict[str, str]], *, out: Path, epochs: f
 
     stats = train(s, batches, steps=steps, peak_lr=peak_lr, warmup=max(1, steps // 20), row_tokens=row_tokens,
                   max_seconds=max_seconds, log_every=10)
-    stats.update(examples=len(examples), completion_tokens_mean=sum(map(len, completions)) / len(completions),
+    stats.update(examples=len(examples), completions_too_long=too_long, completion_tokens_mean=sum(map(len, completions)) / len(completions),
                  prompt_tokens_mean=sum(map(len, prompts)) / len(prompts))
     save(s, model_dir, out, note=f"SFT on {len(examples)} generated fixes: {json.dumps(_brief(stats))}")
     return stats
