@@ -4,19 +4,19 @@
 #
 #   here:   bash benchmarks/gpu_fleet_swe.sh prepare && .venv/bin/python benchmarks/swe_speedrun.py prepare
 #           .venv/bin/python benchmarks/swe_speedrun.py fixes --corpus-fixes 0 --sft-tasks DIR  # optional
-#   there:  bash benchmarks/swe_speedrun.sh stash         # carry [".speedrun/corpus", ".speedrun/fixes"]
+#   there:  bash benchmarks/swe_speedrun.sh stash   # carry [".speedrun/corpus"] (+ ".speedrun/fixes", ".speedrun/tasks")
 #           bash benchmarks/swe_speedrun.sh base          # carry [".whl", ".gpu/deb", "grpofleet", ".speedrun/sdists"]
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
 #           bash benchmarks/swe_speedrun.sh grpo sync
 #           bash benchmarks/swe_speedrun.sh grpo async
 #
-# The corpus and the SFT examples travel in a call of their own: with the wheels (25 MB) and the tree (15 MB) they
-# would pass the 64 MiB a call may carry. What a call leaves in /tmp stays while the machine is warm.
-# `base`: the task set is built there (16 cores: `grpo-fleet data build`, 14 sandbox workers, from the carried sdists)
-# while the GPU pre-trains. `sft`: SFT examples cut from half of its training functions, the corpus's fixes made
-# there (`fixes`, one process per core), any carried ones, and the base fine-tuned on them. Each call copies its
-# figures (JSON) to $OUT; models stay in /tmp/speedrun (too large to send back). Every call stays under the 600 s a
-# call may run.
+# The corpus (and optionally SFT examples or a task set made here) travels in a call of its own: with the wheels
+# (25 MB) and the tree (15 MB) it would pass the 64 MiB a call may carry. What a call leaves in /tmp stays while the
+# machine is warm. `base`: while the GPU pre-trains, the CPUs build the task set (16 cores: `grpo-fleet data build`,
+# 14 sandbox workers, from the carried sdists) unless it was carried, then make the corpus's fixes (`fixes`, 12
+# processes). `sft`: SFT examples cut from half of the task set's training functions, with the corpus's fixes and
+# any carried ones, and the base fine-tuned on them. Each call copies its figures (JSON) to $OUT; models stay in
+# /tmp/speedrun (too large to send back). Every call stays under the 600 s a call may run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/speedrun-out}
@@ -26,8 +26,11 @@ mkdir -p "$OUT" "$WORK" "$DATA"
 stage=${1:-}
 shift || true
 if [ "$stage" = stash ]; then
-  rm -rf "$DATA/corpus" "$DATA/fixes" && cp -r .speedrun/corpus "$DATA/" && du -sh "$DATA/corpus"
-  if [ -d .speedrun/fixes ]; then cp -r .speedrun/fixes "$DATA/" && du -sh "$DATA/fixes"; fi
+  rm -rf "$DATA/corpus" "$DATA/fixes" "$DATA/tasks" && cp -r .speedrun/corpus "$DATA/" && du -sh "$DATA/corpus"
+  for d in fixes tasks; do  # optional: SFT examples made here, a task set built here
+    if [ -d ".speedrun/$d" ]; then cp -r ".speedrun/$d" "$DATA/" && du -sh "$DATA/$d"; fi
+  done
+  python3 --version
   exit 0
 fi
 # shellcheck source=benchmarks/lent_gpu_env.sh
@@ -36,24 +39,28 @@ quiet() { grep --line-buffered -v "^ \|Writing\|Loading" || true; }
 case "$stage" in
   base)
     [ -f "$DATA/corpus/train.jsonl.xz" ] || cp -r .speedrun/corpus "$DATA/"
-    rm -rf "$DATA/tasks"
-    (timeout "${BUILD_TIMEOUT:-420}" python3 -m launch.cli data build --recipe benchmarks/speedrun/tasks.yaml --out "$DATA/tasks" \
-       --max-per-repo "${MAX_PER_REPO:-48}" --workers 14 --cache-dir .speedrun/sdists > "$WORK/build.log" 2>&1; \
-     echo "task build exited $?" >> "$WORK/build.log") &
+    # The CPUs' part, while the GPU pre-trains: the task set (unless it was carried), then the corpus's fixes.
+    (if [ ! -f "$DATA/tasks/train.jsonl" ]; then
+       timeout "${BUILD_TIMEOUT:-420}" python3 -m launch.cli data build --recipe benchmarks/speedrun/tasks.yaml \
+         --out "$DATA/tasks" --max-per-repo "${MAX_PER_REPO:-48}" --workers 14 --cache-dir .speedrun/sdists \
+         > "$WORK/build.log" 2>&1
+       echo "task build exited $?" >> "$WORK/build.log"
+     fi
+     if [ ! -f "$DATA/fixes/corpus.jsonl.xz" ]; then
+       python3 benchmarks/swe_speedrun.py fixes --data "$DATA" --out "$WORK" --workers 12 \
+         --corpus-fixes "${CORPUS_FIXES:-8000}" > "$WORK/fixes.log" 2>&1
+     fi) &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/pretrain.json "$OUT"/
     wait
-    grep "tasks from\|task build exited\|Error" "$WORK/build.log" > "$OUT/build.log" || true
-    tail -3 "$WORK/build.log" ;;
+    if [ -f "$WORK/build.log" ]; then
+      grep "tasks from\|task build exited\|Error" "$WORK/build.log" > "$OUT/build.log" || true
+    fi
+    if [ -f "$WORK/fixes.json" ]; then cp "$WORK/fixes.json" "$OUT"/; fi
+    tail -3 "$WORK/fixes.log" 2>/dev/null || true ;;
   sft)
     python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" 2>&1 | quiet
     cp "$WORK"/sft_examples.json "$OUT"/
-    # The corpus's fixes are made here (16 cores: ~1 min) unless they were carried.
-    if [ ! -f "$DATA/fixes/corpus.jsonl.xz" ]; then
-      python3 benchmarks/swe_speedrun.py fixes --data "$DATA" --out "$WORK" --corpus-fixes "${CORPUS_FIXES:-8000}" \
-        2>&1 | quiet
-      cp "$WORK"/fixes.json "$OUT"/
-    fi
     python3 benchmarks/swe_speedrun.py sft --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/sft.json "$OUT"/ ;;
   grpo)
