@@ -200,8 +200,24 @@ def grpo(args: argparse.Namespace) -> None:
     path = args.out / f"grpo_{args.mode}.json"
     report = json.loads(path.read_text())
     report["heldout"] = heldout_changes(report["validation_tasks"])
+    report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
+                                for r in report["validation_tasks"]]
     path.write_text(json.dumps(report, indent=1))
     log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
+
+
+def error_kinds(errors: dict[str, str], top: int = 12) -> dict[str, int]:
+    """How many tasks' verdict errors share a first line once paths and numbers are blanked (`error: patch failed:
+    PATH:N`): why patches do not apply, at a glance."""
+    import re
+    from collections import Counter
+
+    def kind(text: str) -> str:
+        first = (text.strip().splitlines() or [""])[0]
+        first = re.sub(r"[\w./-]*\.py\b", "PATH", first)
+        return re.sub(r"\d+", "N", first)[:120]
+
+    return dict(Counter(kind(e) for e in errors.values()).most_common(top))
 
 
 def paired_bootstrap(before: list[bool], after: list[bool], *, samples: int = 10_000,

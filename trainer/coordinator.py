@@ -236,7 +236,8 @@ class Coordinator:
         """A validation round with its verdict breakdown (trainer/validation.py)."""
         if self.val_source is None:
             return ValidationRound({})
-        return run_validation(self.call, self.buffer, self.val_source, self.cfg.grpo, step, self.stop_requested)
+        return run_validation(self.call, self.buffer, self.val_source, self.cfg.grpo, step, self.stop_requested,
+                              self.cfg.logger.val_answers_logged)
 
 
 def push_metrics(results: list[PushResult], seconds: float) -> dict[str, float]:

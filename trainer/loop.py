@@ -218,7 +218,8 @@ class TrainLoop:
         self.rank0.metrics.log(log_step, metrics)
         if round_.verdicts:
             with (self.rank0.log_dir / "validation_tasks.jsonl").open("a") as fh:
-                fh.write(json.dumps({"step": weights_step, "verdicts": round_.verdicts}) + "\n")
+                fh.write(json.dumps({"step": weights_step, "verdicts": round_.verdicts, "errors": round_.errors,
+                                     "answers": round_.answers}) + "\n")
         self._last_validation = {k: v for k, v in metrics.items() if k.startswith("val/")}
         self.rank0.state.metrics = {**self.rank0.state.metrics, **self._last_validation}
 

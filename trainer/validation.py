@@ -3,7 +3,8 @@
 
 A round reports `val/accuracy` = FULL resolutions / graded tasks, and the verdict of every task it asked for
 (`val/verdict/<kind>`, counts that add up to `val/tasks`; per task in the run's `validation_tasks.jsonl`, so that
-two rounds can be compared task by task): resolved, tests failed, patch did not apply, no patch,
+two rounds can be compared task by task, with each verdict's error and the first `logger.val_answers_logged`
+answers): resolved, tests failed, patch did not apply, no patch,
 timeout, integrity refused, infrastructure error. Infrastructure failures never become verdicts (the worker retries
 them, then gives the lease back, and the buffer dead-letters a group after `replay_buffer.max_deliveries` leases):
 a task that is not back within `grpo.val_timeout_s` is counted as an infrastructure error and left out of the
@@ -87,15 +88,22 @@ def summarize(trajectories: list[Trajectory], tasks: int) -> dict[str, float]:
     return out
 
 
+_MAX_ERROR_CHARS = 500
+
+
 @dataclass(frozen=True)
 class ValidationRound:
     metrics: dict[str, float]
     verdicts: dict[str, str] = field(default_factory=dict)
     """task id -> its verdict bucket (`VERDICT_KINDS`): what a paired comparison of two rounds needs."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """task id -> the verdict's error (why a patch did not apply, was refused...), where there is one."""
+    answers: dict[str, list[int]] = field(default_factory=dict)
+    """task id -> the answer's token ids, for the first `logger.val_answers_logged` tasks of the round."""
 
 
 def run_validation(call: Call, buffer: BufferClient, source: TaskSource, g: GrpoConfig, step: int,
-                   stop_requested: Callable[[], bool]) -> ValidationRound:
+                   stop_requested: Callable[[], bool], answers_logged: int = 0) -> ValidationRound:
     """Enqueue a round for `step` from `source`, wait for it (at most `grpo.val_timeout_s`), and summarise it."""
     t0 = time.monotonic()
     prompts = validation_groups(source, step, g.max_val_samples)
@@ -123,12 +131,20 @@ def run_validation(call: Call, buffer: BufferClient, source: TaskSource, g: Grpo
                   "infrastructure errors", step, len(wanted) - len(got), len(wanted), timeout_s)
     trajectories = [t for group in got.values() for t in group.trajectories[:1]]
     verdicts = {p.task_id: "infra_error" for p in prompts}
+    errors: dict[str, str] = {}
+    answers: dict[str, list[int]] = {}
+    logged = {p.task_id for p in prompts[:answers_logged]}
     for group in got.values():
         for t in group.trajectories[:1]:
-            verdicts[group.prompt.task_id] = verdict_kind(t.verdict)
+            task = group.prompt.task_id
+            verdicts[task] = verdict_kind(t.verdict)
+            if t.verdict.error:
+                errors[task] = t.verdict.error[:_MAX_ERROR_CHARS]
+            if task in logged:
+                answers[task] = list(t.response_token_ids)
     metrics = {**summarize(trajectories, len(wanted)), "val/step": float(step),
                "timing/validation_s": time.monotonic() - t0}
-    return ValidationRound(metrics, verdicts)
+    return ValidationRound(metrics, verdicts, errors, answers)
 
 
 async def _sample(buffer: BufferClient, step: int, num_groups: int,

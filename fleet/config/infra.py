@@ -263,6 +263,9 @@ class LoggerConfig(Section):
     """Log level of every process."""
     progress_bar: bool = True
     """Show a tqdm progress bar on trainer rank 0 (step, reward, tokens/s, buffer state)."""
+    val_answers_logged: int = Field(16, ge=0)
+    """Validation rounds: the answers (token ids) of this many tasks go to `validation_tasks.jsonl` beside every
+    task's verdict and error, so a round that resolves nothing can be read answer by answer."""
 
 
 class ClusterConfig(Section):

@@ -42,4 +42,8 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         assert sum(v for k, v in r.items() if k.startswith("val/verdict/")) == r["val/tasks"]
     per_task = grpo["validation_tasks"]
     assert [r["step"] for r in per_task] == [0, 1] and all(len(r["verdicts"]) == 2 for r in per_task)
+    # The answers of the first `logger.val_answers_logged` (16) tasks are kept, as token ids.
+    assert all(len(r["answers"]) == 2 and all(isinstance(t, int) for a in r["answers"].values() for t in a)
+               for r in per_task)
+    assert all(set(r["errors"]) <= set(r["verdicts"]) for r in per_task)
     assert [h["step"] for h in grpo["heldout"]] == [0, 1] and grpo["heldout"][0]["change"] == 0.0

@@ -37,3 +37,9 @@ def test_swapped_outcomes_cancel_in_the_change_but_widen_the_interval() -> None:
     after = round_(5, ["no_patch"] * 10 + ["resolved"] * 10)
     (_, second) = swe_speedrun.heldout_changes([before, after])
     assert second["change"] == 0.0 and second["change_ci95"][0] < -0.2 and second["change_ci95"][1] > 0.2
+
+
+def test_verdict_errors_are_grouped_by_their_first_line_with_paths_and_numbers_blanked() -> None:
+    errors = {"a": "error: patch failed: voluptuous/validators.py:123\nerror: voluptuous/validators.py: patch does "
+                   "not apply", "b": "error: patch failed: schema/__init__.py:9", "c": "corrupt patch at line 14"}
+    assert swe_speedrun.error_kinds(errors) == {"error: patch failed: PATH:N": 2, "corrupt patch at line N": 1}
