@@ -263,7 +263,8 @@ def sft(model_dir: Path, examples: list[dict[str, str]], *, out: Path, epochs: f
 
     stats = train(s, batches, steps=steps, peak_lr=peak_lr, warmup=max(1, steps // 20), row_tokens=row_tokens,
                   max_seconds=max_seconds, log_every=10)
-    stats.update(examples=len(examples), completions_too_long=too_long, completion_tokens_mean=sum(map(len, completions)) / len(completions),
+    stats.update(examples=len(examples), completions_too_long=too_long,
+                 completion_tokens_mean=sum(map(len, completions)) / len(completions),
                  prompt_tokens_mean=sum(map(len, prompts)) / len(prompts))
     save(s, model_dir, out, note=f"SFT on {len(examples)} generated fixes: {json.dumps(_brief(stats))}")
     return stats
