@@ -26,7 +26,7 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy launch fleet services trainer rollout buffer_client sandbox_client envs weightsync
+	$(VENV)/bin/mypy launch fleet services trainer rollout buffer_client sandbox_client envs weightsync workshop
 
 run: setup
 	$(VENV)/bin/grpo-fleet up --config $(CONFIG)

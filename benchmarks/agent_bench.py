@@ -106,12 +106,12 @@ async def bench_episodes(args: argparse.Namespace, spec: TaskSpec, work: Path) -
 
     from envs.agent.chat import ChatFormat
     from envs.agent.tools import TOOL_SPECS, ToolBox
-    from fleet.tinymodel import ensure_tiny_model
     from rollout.agent.episode import EpisodeLimits, run_episode
     from rollout.engine import make_engine
     from rollout.engine.base import SamplingSpec
     from sandbox_client.sessions import SessionClient
     from services.sandbox.server import SandboxServer
+    from workshop.tinymodel import ensure_tiny_model
 
     model = ensure_tiny_model(Path(".cache/models/tiny-qwen2"))
     cfg = MasterConfig()

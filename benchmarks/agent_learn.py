@@ -69,7 +69,7 @@ def pretrain(out: Path, steps: int, tool_frac: float, batch: int = 32, lr: float
 
     from envs.agent.chat import ChatFormat
     from envs.lookup import LookupEnvironment, make_lookup_tasks
-    from fleet.paths import resolve_model
+    from workshop.resolve import resolve_model
 
     if lookup is None:
         from fleet.config.env import LookupEnvConfig

@@ -10,7 +10,7 @@ different steps and the next group joins as the previous one drains), temperatur
 `--prompt` random token ids. tokens/s = generated tokens over a measuring window that starts after a warm-up (the
 first groups, graph captures); prefill is inside the window, as it is in a run.
 
-Models: random-weight Qwen2 shapes made locally (fleet.tinymodel), bf16 on CUDA, float32 on CPU:
+Models: random-weight Qwen2 shapes made locally (workshop.tinymodel), bf16 on CUDA, float32 on CPU:
 100m = hidden 768, 12 layers, 12 heads, 4 KV heads, MLP 2048, vocab 32768 (~101M parameters);
 0.5b = Qwen2.5-0.5B's shape, vocab 151936 (494M).
 Also recorded: the greedy agreement of the two engines on 8 prompts (token-exact in float32 on CPU, see
@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fleet.paths import cache_dir  # noqa: E402
-from fleet.tinymodel import ensure_tiny_model, make_qwen2_like  # noqa: E402
 from rollout.engine import GenerationEngine, SamplingSpec  # noqa: E402
+from workshop.tinymodel import ensure_tiny_model, make_qwen2_like  # noqa: E402
 
 SHAPES = {  # hidden, layers, heads, kv_heads, intermediate, vocab
     "100m": (768, 12, 12, 4, 2048, 32768),

@@ -1,7 +1,7 @@
 """Generation engines: tokens/s with and without periodic weight pushes, and update latency vs model size.
 
 Run: `python benchmarks/engine_bench.py [--sizes tiny,50m,0.5b] [--backend vllm] [--duration 20]`.
-Writes `benchmarks/results/engine.json`. Models are random-weight Qwen2 shapes made locally (fleet.tinymodel) and
+Writes `benchmarks/results/engine.json`. Models are random-weight Qwen2 shapes made locally (workshop.tinymodel) and
 cached under `fleet.paths.cache_dir()/models`. Every update pushes a full tensor set in the served dtype (float32),
 in-flight, without KV recompute, as the default async config does. `memcpy_GBps` (one torch clone of the same bytes,
 measured in the same run) is the floor a load could reach; `load_GBps` is what the engine achieved.
@@ -24,8 +24,8 @@ import torch
 from safetensors.torch import load_file
 
 from fleet.paths import cache_dir
-from fleet.tinymodel import ensure_tiny_model, make_qwen2_like
 from rollout.engine import GenerationEngine, SamplingSpec
+from workshop.tinymodel import ensure_tiny_model, make_qwen2_like
 
 log = logging.getLogger("engine_bench")
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"

@@ -61,8 +61,8 @@ def parse() -> argparse.Namespace:
 
 
 def make_model(cpu: bool) -> tuple[str, int]:
-    from fleet.paths import resolve_model
-    from fleet.tinymodel import make_qwen2_like
+    from workshop.resolve import resolve_model
+    from workshop.tinymodel import make_qwen2_like
 
     tiny = resolve_model("tiny-qwen2")
     if cpu:

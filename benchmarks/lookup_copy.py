@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/agent_bench.py copy --from-model .cache/models/tiny-qwen2-lookup \
         --base .cache/models/tiny-qwen2-lookup-random --pre2-steps 60 --steps 80 [--lr 3e-4] [--max-s 600]
 
-1. **Base** (`fleet/pretrain.py`): `tiny-qwen2` trained on `lookup` episodes rendered as the agent loop renders
+1. **Base** (`workshop/pretrain.py`): `tiny-qwen2` trained on `lookup` episodes rendered as the agent loop renders
    them (the prompt, a `lookup` call with the question's key, the observation, an `answer` call) whose answer is a
    **random** digit, independent of the observation: it knows the format and not the copy (greedy success on
    held-out episodes at chance, 1/10). Two stages, each folder reused: the first (120 steps of 32 at lr 3e-3 from
@@ -226,7 +226,7 @@ def peek_base(out: Path, steps: int, batch: int, lr: float, direct_frac: float =
 
     from envs.peek import TOOL_TOKENS
     from envs.peek import format_corpus as peek_corpus
-    from fleet.pretrain import ensure_format_model
+    from workshop.pretrain import ensure_format_model
 
     extra = (f"-echo{echo_frac:g}" if echo_frac else "") + (f"-copy{copy_frac:g}" if copy_frac else "")
     corpus = functools.partial(peek_corpus, direct_frac=direct_frac, echo_frac=echo_frac, copy_frac=copy_frac)
@@ -244,7 +244,7 @@ def peek_tooluse_base(out: Path, copy_steps: int = 200, rare_steps: int = 60, di
 
     from envs.peek import TOOL_TOKENS
     from envs.peek import format_corpus as peek_corpus
-    from fleet.pretrain import ensure_format_model
+    from workshop.pretrain import ensure_format_model
 
     copy = ensure_format_model(out.with_name(out.name + "-stage1"), functools.partial(peek_corpus, copy_frac=1.0),
                                name="peek-episodes-copied-answer", steps=copy_steps, batch=64, lr=3e-4,
@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envs.agent.chat import ChatFormat
-    from fleet.pretrain import ensure_format_model
+    from workshop.pretrain import ensure_format_model
 
     torch.set_num_threads(args.threads)  # one core: the machine is shared
     torch.manual_seed(args.seed)

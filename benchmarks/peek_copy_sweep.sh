@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-}:$PWD
 BASE=.cache/models/tiny-qwen2-peek-format  # 150 steps x 64 episodes at lr 2e-3, random answers (the fleet demo's)
 
-base() {  # base DIR STEPS LR ECHO_FRAC: another pre-training of the format (fleet/pretrain.py), on CPU
+base() {  # base DIR STEPS LR ECHO_FRAC: another pre-training of the format (workshop/pretrain.py), on CPU
     python3 -c "import sys, pathlib, torch; torch.set_num_threads(4); sys.path.insert(0, 'benchmarks'); import lookup_copy
 lookup_copy.peek_base(pathlib.Path('$1'), $2, 64, $3, 0.0, $4)"
 }

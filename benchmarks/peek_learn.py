@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/agent_bench.py peek [--max-s 900] [--pretrain-only] [overrides...]
 
-1. **Base** (`lookup_copy.peek_base`, `fleet/pretrain.py`): `tiny-qwen2` (random weights) with `<tool_call>` /
+1. **Base** (`lookup_copy.peek_base`, `workshop/pretrain.py`): `tiny-qwen2` (random weights) with `<tool_call>` /
    `</tool_call>` added as single tokens (as in real Qwen tokenizers), pre-trained `--pre-steps` AdamW steps of
    `--pre-batch` peek episodes whose answer is a **random** digit, independent of the tool's result: it calls the
    tool and answers a digit, right at chance (1/10). Its greedy rates on the held-out tasks are measured here too.

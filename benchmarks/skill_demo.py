@@ -9,7 +9,7 @@
 
 Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
 one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
-on the answer format with random answers (`fleet/pretrain.py`), learns "Largest digit of 3 1 4 1 2?" (`--task
+on the answer format with random answers (`workshop/pretrain.py`), learns "Largest digit of 3 1 4 1 2?" (`--task
 digits`: "First digit of 4 7 1 9 2?") from a binary reward. The measure is the fleet's own validation
 (`grpo.val_period`): greedy answers to 200 held-out lists. Sync and async runs of one seed use the same grpo.seed
 (data order, sampling) and the same number of samples per step.
@@ -61,7 +61,7 @@ def pretrain(task: str) -> Path:
     `envs.digits.chance`, 1/10 and 1/8)."""
     sys.path.insert(0, str(ROOT))
     from envs.digits import format_corpus, max_format_corpus
-    from fleet.pretrain import ensure_format_model
+    from workshop.pretrain import ensure_format_model
 
     corpus = {"digits": format_corpus, "digits_max": max_format_corpus}[task]
     return ensure_format_model(base_model(task), corpus, name=task)

@@ -76,7 +76,7 @@ def task(kind: str, rng: random.Random, n: int = 5) -> tuple[str, int]:
 
 
 def make_model(args: argparse.Namespace) -> Path:
-    from fleet.tinymodel import ensure_tiny_model, make_qwen2_like
+    from workshop.tinymodel import ensure_tiny_model, make_qwen2_like
 
     base = ensure_tiny_model(Path(args.cache) / "tiny-0", seed=0)
     if not args.shape:

@@ -9,7 +9,7 @@ random, and no answer that ignores the list scores more than 1/10 (`first`) or 1
 accuracy measures the skill, not memory. `max` is the demo's task: the answer depends on the list as a bag of
 digits, which a tiny model's first, nearly uniform attention already carries; `first` needs attention to become
 position-selective first, and a standalone GRPO sketch sat at chance for 60-130 steps before it did.
-`format_corpus` is the text that teaches the format with random answers (`fleet/pretrain.py` trains on it), so
+`format_corpus` is the text that teaches the format with random answers (`workshop/pretrain.py` trains on it), so
 whatever the model knows about the answer beyond chance it learned from the reward.
 
 Scoring: the completion must be the answer and nothing else: one integer (no whitespace around it), then the end of

@@ -55,7 +55,7 @@ TOOL_SPECS: list[dict[str, Any]] = [
 # token is in every training sequence (~32 tokens of an episode's ~58).
 COMPACT_TOOLS = " read() gives."
 TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
-"""Single tokens in Qwen 2.5 / 3 tokenizers; `fleet.pretrain.ensure_format_model(extra_tokens=)` adds them to the
+"""Single tokens in Qwen 2.5 / 3 tokenizers; `workshop.pretrain.ensure_format_model(extra_tokens=)` adds them to the
 tiny model's tokenizer for this environment's base (the shared `tiny-qwen2` stays as it is)."""
 CALL = '<tool_call>{"name": "read"}</tool_call>'
 _ONE_DIGIT = re.compile(r"\d")
@@ -81,7 +81,7 @@ def load_peek_dataset(cfg: DatasetConfig, *, seed: int = 0, **_: Any) -> TaskDat
 
 def format_corpus(seed: int, direct_frac: float = 0.0, echo_frac: float = 0.0,
                   copy_frac: float = 0.0) -> Iterator[list[dict[str, str]]]:
-    """Episodes in the format with a **random** answer, independent of the observation (`fleet/pretrain.py` trains
+    """Episodes in the format with a **random** answer, independent of the observation (`workshop/pretrain.py` trains
     the base on them: it learns the call and the answer's shape, nothing about which digit is right).
     `direct_frac`: the share that answers at once, without the tool. `echo_frac`: the share replaced by a chat
     with no tool in which the user names a digit and the answer repeats it ("Repeat the digit 7." -> "7"): a

@@ -52,7 +52,7 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from fleet.paths import resolve_model
+    from workshop.resolve import resolve_model
 
     model = resolve_model(cfg.policy.model_name)
     tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model)  # 3.

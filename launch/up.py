@@ -14,10 +14,11 @@ from fleet.config import MasterConfig
 from fleet.config.infra import RolloutConfig
 from fleet.config.loader import write_resolved
 from fleet.logs import setup_logging
-from fleet.paths import ROOT, resolve_model, run_dir
+from fleet.paths import ROOT, run_dir
 from fleet.progress import waiting
 from launch.supervisor import FleetFailed, Supervisor
 from launch.topology import Ports, ProcessSpec, check_cpu_affinity, embedded_redis_process, fleet_processes
+from workshop.resolve import resolve_model
 
 log = logging.getLogger(__name__)
 

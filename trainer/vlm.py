@@ -1,7 +1,7 @@
 """The trainer's forward over a computer-use micro-batch: screenshots in, the decoder's hidden states out.
 
 A row's screenshots come as the PNG bytes the engine was given (the trajectory carries them); `ImageCodec` turns
-them into pixel values with the same processor the rollout side used (fleet/vision.py), so pi_theta and pi_old see
+them into pixel values with the same processor the rollout side used (workshop/vision.py), so pi_theta and pi_old see
 the pixels pi_gen saw and the IS correction covers the tokens generated after an image too. Positions are Qwen2-VL's
 M-RoPE (temporal, height, width per token), computed by the model from the image grid and the placeholder tokens:
 rows hold one sample each (sequence packing is off for micro-batches with images: the model's position rule sees a
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fleet.vision import ImageCodec
+from workshop.vision import ImageCodec
 
 
 def vision_hidden(lm: Any, codec: ImageCodec | None, input_ids: torch.Tensor,
@@ -39,7 +39,7 @@ def vision_hidden(lm: Any, codec: ImageCodec | None, input_ids: torch.Tensor,
 def attach_image_codec(modules: list[Any], model_path: str, processor_path: str) -> None:
     """Give the policy (and reference) modules of a vision-language `model_path` the processor's image side, loaded
     from `processor_path` (`policy.tokenizer.name` or the model folder: the rollout workers load the same one)."""
-    from fleet.tinyvlm import is_vision_model, load_processor
+    from workshop.tinyvlm import is_vision_model, load_processor
 
     if not is_vision_model(model_path):
         return

@@ -227,7 +227,7 @@ def read_texts(path: Path) -> Iterator[str]:
 def train_tokenizer(corpus: Path, out: Path, *, vocab_size: int = VOCAB_SIZE, max_bytes: int = 80_000_000) -> Path:
     """A byte-level BPE (Qwen2's pre-tokenizer split, the project's chat template and special tokens) trained on up
     to `max_bytes` of the training corpus; saved as an HF tokenizer folder at `out`."""
-    from fleet.tinymodel import _save_tokenizer, _train_tokenizer
+    from workshop.tinymodel import _save_tokenizer, _train_tokenizer
 
     def texts() -> Iterator[str]:
         seen = 0

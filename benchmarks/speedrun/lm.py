@@ -37,7 +37,7 @@ def make_model(tokenizer_dir: Path, out: Path, shape: dict[str, int], *, max_pos
     """A randomly initialised Qwen2 of `shape` with the corpus tokenizer, saved (fp32) at `out`."""
     from transformers import AutoTokenizer
 
-    from fleet.tinymodel import ENDOFTEXT, IM_END, _save_model, _token_id
+    from workshop.tinymodel import ENDOFTEXT, IM_END, _save_model, _token_id
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     out.mkdir(parents=True, exist_ok=True)

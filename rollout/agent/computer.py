@@ -30,13 +30,13 @@ from envs.agent.tools import Observation
 from envs.computer_use.actions import ActionError, Done, parse_action
 from fleet.contracts.groups import PromptGroup, Trajectory, TrajectoryImage
 from fleet.contracts.sandbox import Verdict
-from fleet.vision import ImageCodec
 from rollout.agent.episode import Episode, run_episode
 from rollout.agent.runner import _trajectory, limits_from_config
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import ScoringUnavailable, reward_for
 from sandbox_client.computer import ActionRejected, ComputerClient, ComputerSession, ComputerVerdict
 from sandbox_client.results import SandboxUnavailable
+from workshop.vision import ImageCodec
 
 if TYPE_CHECKING:
     from fleet.config.env import EnvConfig

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fleet.vision import collapse_placeholders, decode_png, placeholder_runs
+from workshop.vision import collapse_placeholders, decode_png, placeholder_runs
 
 
 def image_token_id(model_path: str | Path) -> int:
@@ -34,7 +34,7 @@ def image_inputs(model_path: str | Path, max_images: int,
                  engine_kwargs: dict[str, Any]) -> tuple[int | None, dict[int, float] | None]:
     """(image token, logit bias) of a VLM served with up to `max_images` images per prompt ((None, None) when 0),
     its engine arguments added to `engine_kwargs`: screenshots only, no video (its processor needs torchvision,
-    fleet/vlm_compat.py). The bias bans the vision tokens from sampling: a generated `<|image_pad|>` would read as
+    workshop/vlm_compat.py). The bias bans the vision tokens from sampling: a generated `<|image_pad|>` would read as
     an image placeholder in the next turn's context (a random-weight model emits them). Log-probs stay raw (before
     any bias), so pi_gen is the model's; the banned tokens' mass is what the IS weights then miss."""
     if max_images <= 0:

@@ -18,7 +18,7 @@ from trainer.weights import gather_snapshot
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
-    from fleet.paths import resolve_model
+    from workshop.resolve import resolve_model
 
     return resolve_model("tiny-qwen2")
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("launch", "fleet", "services", "trainer", "rollout", "buffer_client", "sandbox_client", "envs",
-            "weightsync")
+            "weightsync", "workshop")
 
 # Lowest first. A unit is a package or subpackage; a module belongs to the longest unit that prefixes it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("contracts and config", ("grpofleet", "fleet")),
-    ("shared wire code", ("services.runtime", "weightsync", "buffer_client", "sandbox_client", "envs")),
+    ("shared wire code", ("services.runtime", "weightsync", "buffer_client", "sandbox_client", "envs", "workshop")),
     ("fleets", ("trainer", "rollout", "services.replay_buffer", "services.sandbox")),
     ("launch", ("launch",)),
 ]

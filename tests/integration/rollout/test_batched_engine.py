@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from fleet.tinymodel import ensure_tiny_model
 from rollout.engine import Generation, SamplingSpec
 from rollout.engine.hf_batched import BatchedHfEngine
 from rollout.engine.hf_engine import HfEngine
+from workshop.tinymodel import ensure_tiny_model
 
 TOL = 1e-4
 FORCED = 1234

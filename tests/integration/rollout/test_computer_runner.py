@@ -19,12 +19,12 @@ from fleet.config import MasterConfig, parse_config
 from fleet.config.env import ComputerUseEnvConfig
 from fleet.config.infra import SandboxConfig, SandboxSessionConfig
 from fleet.contracts.groups import PromptGroup
-from fleet.paths import resolve_model
-from fleet.tinyvlm import load_processor
-from fleet.vision import placeholder_runs
 from rollout.agent.computer import ComputerRunner
 from rollout.engine.base import Generation, SamplingSpec
 from services.sandbox.server import SandboxServer
+from workshop.resolve import resolve_model
+from workshop.tinyvlm import load_processor
+from workshop.vision import placeholder_runs
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0 or shutil.which("chromium") is None,

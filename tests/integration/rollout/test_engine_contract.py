@@ -22,9 +22,9 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
-from fleet.tinymodel import ensure_tiny_model
 from rollout.engine import GenerationEngine, SamplingSpec, StaleVersionError, WeightMismatchError
 from rollout.engine.base import StagedWeights
+from workshop.tinymodel import ensure_tiny_model
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

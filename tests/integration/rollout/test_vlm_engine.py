@@ -11,10 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from fleet.paths import resolve_model
-from fleet.tinyvlm import load_processor
-from fleet.vision import ImageCodec
 from rollout.engine.base import SamplingSpec
+from workshop.resolve import resolve_model
+from workshop.tinyvlm import load_processor
+from workshop.vision import ImageCodec
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

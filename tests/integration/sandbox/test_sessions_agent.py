@@ -16,12 +16,12 @@ from transformers import AutoTokenizer
 from buffer_client.wire import to_proto_trajectory
 from fleet.config import MasterConfig
 from fleet.contracts.groups import PromptGroup
-from fleet.tinymodel import ensure_tiny_model
 from grpofleet.v1 import common_pb2
 from rollout.agent.runner import AgentRunner
 from rollout.engine.base import Generation, SamplingSpec
 from rollout.scoring import ScoringUnavailable
 from services.sandbox.server import SandboxServer
+from workshop.tinymodel import ensure_tiny_model
 
 
 def _call(name: str, **arguments: object) -> str:

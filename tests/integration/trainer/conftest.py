@@ -31,6 +31,6 @@ def fake_rollout() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
-    from fleet.paths import resolve_model
+    from workshop.resolve import resolve_model
 
     return resolve_model("tiny-qwen2")

@@ -53,7 +53,7 @@ def test_viewport_must_be_whole_qwen2_vl_patches(viewport: list[int]) -> None:
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
 
-    from fleet.tinymodel import ensure_tiny_model
+    from workshop.tinymodel import ensure_tiny_model
 
     path: Path = ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
     return AutoTokenizer.from_pretrained(path)

@@ -18,10 +18,10 @@ from envs.registry import load_dataset, make_environment
 from fleet.config import MasterConfig
 from fleet.config.env import DatasetConfig, EnvConfig, LookupEnvConfig
 from fleet.contracts.groups import PromptGroup
-from fleet.tinymodel import ensure_tiny_model
 from rollout.agent.local import LocalToolRunner
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
+from workshop.tinymodel import ensure_tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 from agent_helpers import ScriptedPolicy, call  # noqa: E402

@@ -22,10 +22,10 @@ from envs.registry import load_dataset, make_environment
 from fleet.config import MasterConfig
 from fleet.config.env import DatasetConfig
 from fleet.contracts.groups import PromptGroup
-from fleet.tinymodel import ensure_tiny_model
 from rollout.agent.local import LocalToolRunner
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
+from workshop.tinymodel import ensure_tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 from agent_helpers import ScriptedPolicy  # noqa: E402
@@ -34,7 +34,7 @@ from agent_helpers import ScriptedPolicy  # noqa: E402
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
-    tok.add_tokens(TOOL_TOKENS)  # as the base model's tokenizer has them (fleet.pretrain extra_tokens)
+    tok.add_tokens(TOOL_TOKENS)  # as the base model's tokenizer has them (workshop.pretrain extra_tokens)
     return tok
 
 
@@ -170,7 +170,7 @@ def test_the_tool_use_corpus_copies_when_it_reads_and_seldom_reads() -> None:
 def test_the_base_model_gets_tool_tokens_as_single_kept_tokens(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from fleet.pretrain import ensure_format_model
+    from workshop.pretrain import ensure_format_model
 
     out = ensure_format_model(tmp_path / "base", format_corpus, name="peek", steps=1, batch=2,
                               extra_tokens=TOOL_TOKENS)

@@ -12,9 +12,9 @@ from transformers import AutoTokenizer
 
 from envs.agent.chat import ChatFormat
 from envs.agent.tools import TOOL_SPECS, ToolBox
-from fleet.tinymodel import ensure_tiny_model
 from rollout.agent.episode import OBSERVATION_VERSION, Episode, EpisodeLimits, run_episode
 from rollout.engine.base import SamplingSpec
+from workshop.tinymodel import ensure_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from fleet.config import parse_config
-from fleet.tinymodel import ensure_tiny_model
 from rollout.engine import (
     SamplingSpec,
     TensorSpec,
@@ -23,6 +22,7 @@ from rollout.engine.base import spans_to_versions
 from rollout.engine.hf_batched import BatchedHfEngine
 from rollout.engine.hf_engine import HfEngine, sample_next
 from rollout.engine.vllm_engine import VllmEngine
+from workshop.tinymodel import ensure_tiny_model
 
 SPEC = {"a.weight": TensorSpec((2, 3), "float32"), "b.bias": TensorSpec((3,), "float32")}
 GOOD = {"a.weight": torch.zeros(2, 3), "b.bias": torch.zeros(3)}

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleet.tinymodel import ensure_tiny_model
 from rollout.engine import Generation, GenerationEngine, SamplingSpec, StaleVersionError, UpdateStats
 from rollout.engine.base import StagedWeights
+from workshop.tinymodel import ensure_tiny_model
 
 
 class RecordingEngine(GenerationEngine):

@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from fleet.config import parse_config
-from fleet.tinymodel import ensure_tiny_model
 from rollout.server import advertised_host, episode_runners, worker_id
+from workshop.tinymodel import ensure_tiny_model
 
 
 @pytest.fixture(scope="module")

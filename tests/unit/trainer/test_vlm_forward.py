@@ -13,13 +13,13 @@ from trainer_groups import group, traj
 
 from fleet.config.policy import PolicyConfig
 from fleet.contracts.groups import Trajectory
-from fleet.paths import resolve_model
-from fleet.tinyvlm import load_processor
-from fleet.vision import ImageCodec, placeholder_runs
 from trainer.batch import build_step_batch, plan_rank
 from trainer.dist import Dist, DistEnv
 from trainer.model import build_policy, forward_logprobs
 from trainer.vlm import attach_image_codec
+from workshop.resolve import resolve_model
+from workshop.tinyvlm import load_processor
+from workshop.vision import ImageCodec, placeholder_runs
 
 OBS = -1
 

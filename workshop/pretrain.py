@@ -4,12 +4,12 @@ Real GRPO runs start from a pretrained base that already writes in the expected 
 model does not, and a demo that starts from one mostly shows the format being learned. `ensure_format_model` trains
 `tiny-qwen2` (next-token loss on the whole chat text) on an environment's *format corpus*: its questions with
 answers drawn at random, independent of the question (e.g. `envs.digits.format_corpus`; the caller passes it in:
-`fleet/` does not import `envs/`). The result answers in the format and at chance level, so whatever it learns
+`workshop/` does not import `envs/`). The result answers in the format and at chance level, so whatever it learns
 beyond chance in GRPO it learned from the reward.
 
     python benchmarks/skill_demo.py pretrain     # .cache/models/tiny-qwen2-digits-format
 
-Built in a temporary sibling and renamed into place (as `fleet.tinymodel` does); an existing folder is reused.
+Built in a temporary sibling and renamed into place (as `workshop.tinymodel` does); an existing folder is reused.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from fleet.paths import tiny_model_dir
-from fleet.tinymodel import _build_atomically, ensure_tiny_model
+from workshop.tinymodel import _build_atomically, ensure_tiny_model
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
         start = (f" from {init.name}" if init is not None else "") + (f" +tokens {list(extra_tokens)}"
                                                                       if extra_tokens else "")
         (tmp / "PRETRAIN.txt").write_text(f"corpus={name} steps={steps} batch={batch} lr={lr} seed={seed}{start}: "
-                                          "the format with random answers (fleet/pretrain.py)\n")
+                                          "the format with random answers (workshop/pretrain.py)\n")
 
     return _build_atomically(out, build)
 

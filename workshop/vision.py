@@ -3,7 +3,7 @@
 A trajectory carries each screenshot as its PNG bytes and the span of its placeholder run (`<|image_pad|>` x N) in
 the token sequence. Both sides turn the bytes into pixel values with one function, `ImageCodec.pixel_inputs` (PIL
 decode, RGB, the model's own image processor), so the trainer's forward sees exactly the pixels the engine saw;
-`tests/unit/fleet/test_vision.py` holds that. N follows from the image size and the processor's patch/merge sizes
+`tests/unit/workshop/test_vision.py` holds that. N follows from the image size and the processor's patch/merge sizes
 (`num_tokens`): 224x224 with Qwen2-VL's 14 px patches merged 2x2 is 64.
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleet.tinymodel import IM_END, ensure_tiny_model, make_qwen2_like
+from workshop.tinymodel import IM_END, ensure_tiny_model, make_qwen2_like
 
 
 def digest(folder: Path) -> dict[str, str]:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet.tinymodel import ENDOFTEXT, IM_END, TINY_VOCAB_SIZE, _build_atomically, _save_tokenizer, _token_id
+from workshop.tinymodel import ENDOFTEXT, IM_END, TINY_VOCAB_SIZE, _build_atomically, _save_tokenizer, _token_id
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ VLM_CHAT_TEMPLATE = (
 def _vlm_tokenizer(tokenizer_from: Path | None) -> Any:
     from transformers import AutoTokenizer
 
-    from fleet.tinymodel import _train_tokenizer
+    from workshop.tinymodel import _train_tokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_from) if tokenizer_from else _train_tokenizer(TINY_VOCAB_SIZE)
     tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
@@ -153,7 +153,7 @@ def load_processor(path: str | Path) -> Any:
     backend so no torchvision is needed; the same call on the trainer and the rollout side."""
     from transformers import AutoProcessor
 
-    from fleet import vlm_compat
+    from workshop import vlm_compat
 
     vlm_compat.install()
     return AutoProcessor.from_pretrained(str(path))

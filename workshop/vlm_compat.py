@@ -7,7 +7,7 @@ load `NoVideoProcessor`, a stand-in that refuses videos by name. The image proce
 numpy backend (`Qwen2VLImageProcessorPil`), so pixel values are exactly what transformers computes.
 
 `install()` must run in every process that builds the processor: ours (trainer, rollout worker) and vLLM's engine
-core, where `fleet.vllm_plugin` runs it (vLLM's `general_plugins` entry point). With torchvision present it does
+core, where vLLM's `general_plugins` entry point (pyproject.toml) runs it. With torchvision present it does
 nothing.
 """
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from fleet.tinymodel import ensure_tiny_model
-from fleet.tinyvlm import MAX_PIXELS, ensure_tiny_vlm, is_vision_model, load_processor
-from fleet.vision import ImageCodec, collapse_placeholders, decode_png, placeholder_runs
+from workshop.tinymodel import ensure_tiny_model
+from workshop.tinyvlm import MAX_PIXELS, ensure_tiny_vlm, is_vision_model, load_processor
+from workshop.vision import ImageCodec, collapse_placeholders, decode_png, placeholder_runs
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from envs.digits import format_corpus
-from fleet.pretrain import ensure_format_model
+from workshop.pretrain import ensure_format_model
 
 
 def test_format_model_is_built_once_and_loads(tmp_path):
