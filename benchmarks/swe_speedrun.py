@@ -116,10 +116,12 @@ def fixes_stage(args: argparse.Namespace) -> None:
     if args.corpus_fixes:
         figures["corpus"] = fixes.corpus_examples(args.data / "corpus" / "train.jsonl.xz", tokenizer,
                                                   args.data / "fixes" / "corpus.jsonl.xz", n=args.corpus_fixes,
-                                                  max_prompt_length=MAX_PROMPT, workers=args.workers)
+                                                  max_prompt_length=MAX_PROMPT, workers=args.workers,
+                                                  context_lines=args.diff_context)
     if args.sft_tasks:
         figures["sft_tasks"] = fixes.build(args.sft_tasks, tokenizer, args.data / "fixes" / "sft_tasks.jsonl.xz",
-                                           max_prompt_length=MAX_PROMPT, context=CONTEXT)
+                                           max_prompt_length=MAX_PROMPT, context=CONTEXT,
+                                           context_lines=args.diff_context)
     figures["seconds"] = time.perf_counter() - t0
     write(args.out, "fixes.json", figures)
 
@@ -156,7 +158,7 @@ def sft_examples(args: argparse.Namespace) -> None:
     figures["sft_split"] = split_for_sft(args.data / "tasks", args.sft_from_train)
     figures["sft_examples"] = fixes.build(args.data / "tasks", args.data / "corpus" / "tokenizer",
                                           args.data / "sft.jsonl.xz", max_prompt_length=MAX_PROMPT,
-                                          context=CONTEXT, splits=("sft",))
+                                          context=CONTEXT, splits=("sft",), context_lines=args.diff_context)
     write(args.out, "sft_examples.json", figures)
 
 
@@ -308,6 +310,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     fx.add_argument("--corpus-fixes", type=int, default=8000, help="examples from the corpus's functions")
     fx.add_argument("--sft-tasks", type=Path, default=None, help="a task set built from speedrun/sft.yaml")
     fx.add_argument("--workers", type=int, default=None)
+    fx.add_argument("--diff-context", type=int, default=3, help="context lines around each change of an SFT diff")
     for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
@@ -321,6 +324,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--sft-examples", type=int, default=4 if name == "smoke" else None)
         s.add_argument("--sft-epochs", type=float, default=1.0 if name == "smoke" else 3.0)
         s.add_argument("--task-weight", type=int, default=2)
+        s.add_argument("--diff-context", type=int, default=3, help="sft-examples: context lines of an SFT diff")
         s.add_argument("--sft-batch", type=int, default=2 if name == "smoke" else 32)
         s.add_argument("--sft-lr", type=float, default=5e-4)
         s.add_argument("--sft-seconds", type=float, default=180.0)

@@ -39,9 +39,48 @@ from typing import Any
 
 from envs.swe.retrieval import is_test_path
 
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)$")
 
-def completion(patch: str) -> str:
-    body = "\n".join(line for line in patch.rstrip().splitlines() if not line.startswith("index "))
+
+def trim_context(patch: str, lines: int) -> str:
+    """`patch` with at most `lines` context lines before the first and after the last change of each hunk, the
+    hunk headers renumbered: what `git diff -U<lines>` prints for a single change. Fewer lines to copy exactly is
+    fewer ways for a small model's diff not to apply; context between two changes of a hunk stays."""
+    if lines < 1:
+        raise ValueError(f"context lines must be >= 1 (a diff without context needs --unidiff-zero), got {lines}")
+    text = patch.rstrip("\n").split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        m = _HUNK.match(text[i])
+        if not m:
+            out.append(text[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(text) and not _HUNK.match(text[j]) and not text[j].startswith(("diff --git ", "--- ")):
+            j += 1
+        body = text[i + 1:j]
+        changed = [k for k, line in enumerate(body) if line[:1] in "+-"]
+        lo, hi = (max(0, changed[0] - lines), min(len(body), changed[-1] + 1 + lines)) if changed else (0, len(body))
+        if hi < len(body) and body[hi].startswith("\\"):  # "\ No newline at end of file" belongs to its line
+            hi += 1
+        kept = body[lo:hi]
+        old = sum(1 for line in kept if line[:1] in " -")
+        new = sum(1 for line in kept if line[:1] in " +")
+        out.append(f"@@ -{int(m.group(1)) + lo},{old} +{int(m.group(2)) + lo},{new} @@{m.group(3)}")
+        out.extend(kept)
+        i = j
+    return "\n".join(out) + "\n"
+
+
+def completion(patch: str, context_lines: int = 3) -> str:
+    """The SFT target: the diff in one ```diff fence, without git's `index` line, with at most `context_lines` lines
+    of context around each hunk's changes."""
+    # rstrip("\n") only: a diff may end with a blank context line (" "), and a hunk that loses its last context
+    # line is read by `git apply` as one that must match at the end of the file.
+    body = "\n".join(line for line in trim_context(patch, context_lines).rstrip("\n").splitlines()
+                     if not line.startswith("index "))
     return f"```diff\n{body}\n```"
 
 
@@ -57,7 +96,7 @@ def fix_visible(prompt_text: str, patch: str) -> bool:
 
 
 def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: int, context: str,
-          splits: tuple[str, ...] = ("train", "validation")) -> dict[str, Any]:
+          splits: tuple[str, ...] = ("train", "validation"), context_lines: int = 3) -> dict[str, Any]:
     """Write `out` (JSONL, xz) of {"instance_id", "repo", "bug_kind", "prompt", "completion"}; return the counts."""
     from transformers import AutoTokenizer
 
@@ -80,8 +119,9 @@ def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: 
                 kind = str(task.metadata.get("bug_kind", ""))
                 kinds[kind] += 1
                 f.write(json.dumps({"instance_id": task.instance_id, "repo": task.repo, "bug_kind": kind,
-                                    "prompt": r.text, "completion": completion(task.patch)}) + "\n")
-    return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": context}
+                                    "prompt": r.text, "completion": completion(task.patch, context_lines)}) + "\n")
+    return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": context,
+            "context_lines": context_lines}
 
 
 def read(path: Path) -> list[dict[str, str]]:
@@ -207,13 +247,14 @@ def _mutate_function(text: str, path: str, start: int, end: int, rng: random.Ran
     return buggy, kind
 
 
-def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str]) -> tuple[dict[str, str] | None, str]:
+def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int]
+              ) -> tuple[dict[str, str] | None, str]:
     """One example from one corpus file, or None and why: a random function, kind and site, mutated; the fix is the
     mutation undone."""
     from envs.swe.prompt import render_prompt
     from envs.swe.retrieval import function_docs, rank
 
-    package, path, text, neighbours, max_prompt_length, seed = job
+    package, path, text, neighbours, max_prompt_length, seed, context_lines = job
     rng = random.Random(seed)
     functions = [f for f in _functions(text) if f[2] - f[1] < 150]
     rng.shuffle(functions)
@@ -230,14 +271,15 @@ def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str]) -> tup
     docs = function_docs([(path, buggy), *neighbours])
     ranked = [(d.path, d.text) for d in rank(docs, statement, 12)]
     prompt = render_prompt(statement, ranked, _worker_tok, max_prompt_length, name_omitted=False)
-    patch = git_diff(path, buggy, text)
+    patch = git_diff(path, buggy, text, context_lines)
     if not fix_visible(prompt.text, patch):
         return None, "fix_not_in_prompt"
     return {"instance_id": f"corpus__{package}__{seed}", "repo": package, "bug_kind": kind, "prompt": prompt.text,
-            "completion": completion(patch)}, "examples"
+            "completion": completion(patch, context_lines)}, "examples"
 
 
-def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int) -> Iterator[tuple[Any, ...]]:
+def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int,
+          context_lines: int = 3) -> Iterator[tuple[Any, ...]]:
     folders: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
     for r in records:
         folders[(r["package"], str(PurePosixPath(r["path"]).parent))].append(r)
@@ -252,11 +294,11 @@ def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int) -> I
         others = [o for o in folders[(r["package"], str(PurePosixPath(r["path"]).parent))] if o is not r]
         rng.shuffle(others)
         neighbours = [(o["path"], o["text"]) for o in others[:_NEIGHBOURS]]
-        yield r["package"], r["path"], r["text"], neighbours, max_prompt_length, f"{seed}-{i}"
+        yield r["package"], r["path"], r["text"], neighbours, max_prompt_length, f"{seed}-{i}", context_lines
 
 
 def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int, max_prompt_length: int,
-                    seed: int = 0, workers: int | None = None) -> dict[str, Any]:
+                    seed: int = 0, workers: int | None = None, context_lines: int = 3) -> dict[str, Any]:
     """Write up to `n` examples from the corpus's files (one per file, in a seeded order) to `out` (JSONL, xz) as
     `build` does; return the counts."""
     with lzma.open(corpus_file, "rt") as f:
@@ -267,7 +309,7 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     with lzma.open(out, "wt") as f, ProcessPoolExecutor(workers, initializer=_init_worker,
                                                         initargs=(str(tokenizer_dir),)) as pool:
-        jobs = _jobs(records, max_prompt_length, seed)
+        jobs = _jobs(records, max_prompt_length, seed, context_lines)
         while counts["examples"] < n:
             batch = [j for _, j in zip(range(4 * workers), jobs, strict=False)]
             if not batch:
@@ -279,4 +321,5 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
                     kinds[example["bug_kind"]] += 1
                     f.write(json.dumps(example) + "\n")
     counts["examples"] = min(counts["examples"], n)
-    return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": "bm25_functions"}
+    return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": "bm25_functions",
+            "context_lines": context_lines}

@@ -91,3 +91,32 @@ def test_the_diff_is_the_one_git_prints_without_the_index_line(tmp_path: Path) -
     printed = "".join(line + "\n" for line in git(repo, "diff").splitlines() if not line.startswith("index "))
     assert fixes.git_diff("lib/colorsys.py", buggy, original) == printed
     assert "index " not in fixes.completion(git(repo, "diff"))
+
+
+def test_a_diff_trimmed_to_one_context_line_is_gits_own_and_still_applies(
+        cases: list[tuple[str, str, str, int, int]], tmp_path: Path) -> None:
+    original = (STDLIB / "colorsys.py").read_text()
+    buggy = original.replace("    if l <= 0.5:", "    if l > 0.5:", 1)
+    repo = tmp_path / "repo"
+    (repo / "lib").mkdir(parents=True)
+    git(repo, "init", "-q")
+    (repo / "lib" / "colorsys.py").write_text(buggy)
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "bug")
+    (repo / "lib" / "colorsys.py").write_text(original)
+    u1 = "".join(line + "\n" for line in git(repo, "diff", "-U1").splitlines() if not line.startswith("index "))
+    assert fixes.trim_context(fixes.git_diff("lib/colorsys.py", buggy, original), 1) == u1
+    assert fixes.git_diff("lib/colorsys.py", buggy, original, context=1) == u1
+    # Every seeded mutation's fix, trimmed to one line of context, takes the buggy file back to the original.
+    for i, (path, orig, bug, _, _) in enumerate(cases):
+        file = repo / path
+        file.write_text(bug)
+        git(repo, "add", path)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"bug {i}")
+        extracted = extract_patch(fixes.completion(fixes.git_diff(path, bug, orig), context_lines=1))
+        assert extracted.ok, extracted.detail
+        (repo / "fix.diff").write_text(extracted.patch)
+        git(repo, "apply", "fix.diff")
+        assert file.read_text() == orig, path
+    with pytest.raises(ValueError, match="context lines must be >= 1"):
+        fixes.trim_context(u1, 0)
