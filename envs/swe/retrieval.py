@@ -136,9 +136,35 @@ def _function_index(repo_path: str, commit: str) -> tuple[_Doc, ...]:
     return function_docs((f.path, f.text) for f in _index(repo_path, commit))
 
 
+_TEST_ID = re.compile(r"([\w./-]+\.py)::([\w:]+)")
+_MAX_NAMED_TESTS = 5
+
+
+def named_tests(repo: BareRepo, commit: str, statement: str) -> list[str]:
+    """Source of the tests the statement names (`path::Class::test` ids, as a failing-test report lists them) that
+    exist at `commit`, the first few: what a developer reads first to see which code a failure goes through. Only
+    the statement and the checkout are read; a test that is not in the checkout (SWE-bench adds its FAIL_TO_PASS
+    tests with the hidden test patch) simply adds nothing."""
+    ids = [(path, name) for path, name in dict.fromkeys(_TEST_ID.findall(statement)) if is_test_path(path)]
+    ids = ids[:_MAX_NAMED_TESTS]
+    if not ids:
+        return []
+    texts = repo.read_files(commit, sorted({path for path, _ in ids}))
+    out = []
+    for path, name in ids:
+        wanted = name.replace("::", ".")
+        for label, body in _functions(path, texts.get(path, "")):
+            if label.split(" ", 1)[1] == wanted:
+                out.append(body)
+                break
+    return out
+
+
 def retrieve_functions(repo: BareRepo, commit: str, statement: str, k: int = TOP_K_FUNCTIONS
                        ) -> list[tuple[str, str]]:
     """(label, source) of the k functions at `commit` that best match `statement`, best first: the `bm25_functions`
-    context, for budgets too small for whole files (a small model's). Same query, same corpus, same BM25 as
-    `retrieve`, at the granularity of functions: still nothing from the gold patch."""
-    return [(d.path, d.text) for d in rank(_function_index(str(Path(repo.path).resolve()), commit), statement, k)]
+    context, for budgets too small for whole files (a small model's). Same corpus and BM25 as `retrieve`, at the
+    granularity of functions; the query is the statement and the source of the tests it names (`named_tests`):
+    still nothing from the gold patch."""
+    query = "\n".join([statement, *named_tests(repo, commit, statement)])
+    return [(d.path, d.text) for d in rank(_function_index(str(Path(repo.path).resolve()), commit), query, k)]

@@ -1,0 +1,73 @@
+"""`bm25_functions` retrieval reads the tests a statement names (as the builder's failing-test statements list
+them) from the checkout and adds their source to the query: the function a failing test goes through ranks higher
+than on the statement's words alone, and a named test that is not in the checkout adds nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from envs.swe.gitrepo import BareRepo
+from envs.swe.retrieval import named_tests, retrieve_functions
+
+LIB = '''def normalize_weights(values):
+    total = sum(values)
+    return [v / total for v in values]
+
+
+def parse_duration(text):
+    hours, _, minutes = text.partition(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def duration_label(minutes):
+    return f"{minutes // 60}h{minutes % 60:02d}"
+'''
+TESTS = '''from pkg.core import normalize_weights
+
+
+class TestBalance:
+    def test_shares_are_fractions(self):
+        assert sum(normalize_weights([1, 3])) == 1.0
+'''
+STATEMENT = """There is a regression in pkg: tests that should pass are failing.
+
+This test fails:
+- `tests/test_core.py::TestBalance::test_shares_are_fractions`
+- `tests/test_gone.py::test_not_in_the_checkout`
+
+Output of the failing test (trimmed):
+
+```
+TestBalance.test_shares_are_fractions
+E   assert 0.5 == 1.0
+```
+Durations print fine and parse fine, a duration label too.
+"""
+
+
+def repo(tmp_path: Path) -> tuple[BareRepo, str]:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "tests").mkdir()
+    (src / "pkg" / "core.py").write_text(LIB)
+    (src / "tests" / "test_core.py").write_text(TESTS)
+    bare = BareRepo.create(tmp_path / "pkg.git")
+    return bare, bare.commit_directory(src, "pkg 1.0")
+
+
+def test_the_named_tests_source_is_read_from_the_checkout_and_missing_ones_add_nothing(tmp_path: Path) -> None:
+    bare, commit = repo(tmp_path)
+    bodies = named_tests(bare, commit, STATEMENT)
+    assert bodies == ["    def test_shares_are_fractions(self):\n        assert sum(normalize_weights([1, 3])) == 1.0"]
+    assert named_tests(bare, commit, "No test is named here.") == []
+
+
+def test_the_function_a_failing_test_calls_ranks_first(tmp_path: Path) -> None:
+    bare, commit = repo(tmp_path)
+    ranked = [label for label, _ in retrieve_functions(bare, commit, STATEMENT)]
+    assert ranked[0] == "pkg/core.py:1 normalize_weights"
+    # On the statement's words alone (the test's source not in the checkout), the durations come first.
+    alone = [label for label, _ in retrieve_functions(bare, commit, STATEMENT.replace("test_core.py", "test_x.py"))]
+    assert alone[0] != "pkg/core.py:1 normalize_weights"
+    # Test files are never context, named or not.
+    assert not any(label.startswith("tests/") for label in ranked)
