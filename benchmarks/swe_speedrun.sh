@@ -66,8 +66,11 @@ case "$stage" in
   grpo)
     mode=${1:-sync}
     shift || true
+    status=0
     python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "$WORK/models/sft" \
-      --out "$WORK" "$@" 2>&1 | grep -v "^ " | tail -40
-    cp "$WORK/grpo_$mode.json" "$OUT"/ ;;
+      --out "$WORK" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
+    # Copied whatever the outcome: a fleet that ran out of time still reports the steps and rounds it finished.
+    if [ -f "$WORK/grpo_$mode.json" ]; then cp "$WORK/grpo_$mode.json" "$OUT"/; fi
+    exit "$status" ;;
   *) echo "usage: $0 stash|base|sft|grpo sync|async [options]" >&2; exit 2 ;;
 esac
