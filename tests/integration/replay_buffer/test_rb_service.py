@@ -78,19 +78,21 @@ async def test_groups_past_the_bound_are_dead_lettered_with_reason(buffer) -> No
 async def test_a_live_workers_heartbeat_keeps_its_lease_past_the_timeout_and_its_death_frees_it(buffer) -> None:
     # A group that grades for longer than the lease timeout (SWE-bench tasks run up to 30 minutes) stays with the
     # worker that heartbeats; once the heartbeats stop, it goes back within the timeout.
-    rb = await buffer("replay_buffer.lease_timeout_s=0.3")
+    # A heartbeat every 0.2 s against a 1 s timeout: a 5x margin, so a loaded CI machine's stalls of a few hundred
+    # milliseconds between two calls do not expire the lease (a 0.3 s timeout against 0.1 s heartbeats did).
+    rb = await buffer("replay_buffer.lease_timeout_s=1.0")
     c = rb.client()
     await c.call("EnqueuePrompts", groups=[prompt("g")])
     epoch = await begin(c, "slow", "w2")
     (held,) = (await lease(c, "slow", 0, epoch)).leases
-    for _ in range(12):  # 1.2 s: four lease timeouts
+    for _ in range(15):  # 3 s: three lease timeouts
         await c.call("Heartbeat", worker=worker("slow", 0, epoch))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         assert (await lease(c, "w2", 0, epoch)).reason == "queue_empty"
     assert not (await submit(c, "slow", held.lease_id, scored(held.group, 0))).duplicate
     await c.call("EnqueuePrompts", groups=[prompt("h")])
     (orphan,) = (await lease(c, "slow", 0, epoch)).leases  # and then "slow" dies: no more heartbeats
-    for _ in range(50):
+    for _ in range(200):  # up to 10 s for a 1 s timeout
         again = (await lease(c, "w2", 0, epoch)).leases
         if again:
             break
