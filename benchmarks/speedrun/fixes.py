@@ -37,9 +37,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from envs.swe.retrieval import is_test_path
-
-_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)$")
+from envs.swe.patch import HUNK_HEADER
+from envs.swe.retrieval import function_spans, is_test_path
 
 
 def trim_context(patch: str, lines: int) -> str:
@@ -52,13 +51,13 @@ def trim_context(patch: str, lines: int) -> str:
     out: list[str] = []
     i = 0
     while i < len(text):
-        m = _HUNK.match(text[i])
+        m = HUNK_HEADER.match(text[i])
         if not m:
             out.append(text[i])
             i += 1
             continue
         j = i + 1
-        while j < len(text) and not _HUNK.match(text[j]) and not text[j].startswith(("diff --git ", "--- ")):
+        while j < len(text) and not HUNK_HEADER.match(text[j]) and not text[j].startswith(("diff --git ", "--- ")):
             j += 1
         body = text[i + 1:j]
         changed = [k for k, line in enumerate(body) if line[:1] in "+-"]
@@ -68,7 +67,7 @@ def trim_context(patch: str, lines: int) -> str:
         kept = body[lo:hi]
         old = sum(1 for line in kept if line[:1] in " -")
         new = sum(1 for line in kept if line[:1] in " +")
-        out.append(f"@@ -{int(m.group(1)) + lo},{old} +{int(m.group(2)) + lo},{new} @@{m.group(3)}")
+        out.append(f"@@ -{int(m.group(1)) + lo},{old} +{int(m.group(3)) + lo},{new} @@{m.group(5)}")
         out.extend(kept)
         i = j
     return "\n".join(out) + "\n"
@@ -184,28 +183,6 @@ def _init_worker(tokenizer_dir: str) -> None:
     _worker_tok = AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
-def _functions(text: str) -> list[tuple[str, int, int]]:
-    """(qualname, first line with decorators, last line) of a module's functions and methods (not nested ones)."""
-    import ast
-
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return []
-    out: list[tuple[str, int, int]] = []
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
-            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                out.append((f"{prefix}{child.name}", start, child.end_lineno or child.lineno))
-
-    visit(tree, "")
-    return out
-
-
 def _mutate_function(text: str, path: str, start: int, end: int, rng: random.Random) -> tuple[str, str] | None:
     """(buggy module, kind) with one site of the function at lines start..end rewritten, or None. libcst parses the
     function alone, dedented (a whole module costs it ~0.4 s), and the result is spliced back."""
@@ -256,7 +233,7 @@ def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int]
 
     package, path, text, neighbours, max_prompt_length, seed, context_lines = job
     rng = random.Random(seed)
-    functions = [f for f in _functions(text) if f[2] - f[1] < 150]
+    functions = [f for f in function_spans(text) if f[2] - f[1] < 150]
     rng.shuffle(functions)
     picked: tuple[str, str, str] | None = None
     for qualname, start, end in functions[:3]:
@@ -315,11 +292,12 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
             if not batch:
                 break
             for example, outcome in pool.map(_one_file, batch, chunksize=2):
+                if example is not None and counts["examples"] >= n:
+                    break  # the batch's last files are not counted: their examples are not kept
                 counts["files"] += 1
                 counts[outcome] += 1
-                if example is not None and counts["examples"] <= n:
+                if example is not None:
                     kinds[example["bug_kind"]] += 1
                     f.write(json.dumps(example) + "\n")
-    counts["examples"] = min(counts["examples"], n)
     return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": "bm25_functions",
             "context_lines": context_lines}

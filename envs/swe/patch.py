@@ -46,7 +46,7 @@ class _Block:
 
 _FENCE_OPEN = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*$")
 _DIFF_LANGS = {"diff", "patch", "udiff"}
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
+HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 
 
 def _looks_like_diff(text: str) -> bool:
@@ -159,7 +159,7 @@ def normalize_diff(text: str, *, lenient_tail: bool = False) -> str:
         elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
             out += [line, lines[i + 1]]
             files, i = files + 1, i + 2
-        elif _HUNK.match(line):
+        elif HUNK_HEADER.match(line):
             if not files:
                 raise MalformedDiff(f"hunk before any ---/+++ file header: {line!r}")
             i = _hunk(lines, i, out)
@@ -176,13 +176,13 @@ def normalize_diff(text: str, *, lenient_tail: bool = False) -> str:
 
 
 def _hunk(lines: list[str], i: int, out: list[str]) -> int:
-    m = _HUNK.match(lines[i])
+    m = HUNK_HEADER.match(lines[i])
     assert m is not None
     body: list[str] = []
     j = i + 1
     while j < len(lines):
         line = lines[j]
-        if line.startswith(("--- ", "diff --git ")) or _HUNK.match(line):
+        if line.startswith(("--- ", "diff --git ")) or HUNK_HEADER.match(line):
             break
         if line == "":
             # Models (and editors) drop the single space of an empty context line.

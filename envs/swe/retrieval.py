@@ -95,16 +95,14 @@ def retrieve(repo: BareRepo, commit: str, statement: str, k: int = TOP_K) -> lis
     return [(d.path, d.text) for d in rank(_index(str(Path(repo.path).resolve()), commit), statement, k)]
 
 
-def _functions(path: str, text: str) -> list[tuple[str, str]]:
-    """(label, source) of every function and method of a module, decorators included; a nested function stays
-    inside its parent. The label names the file, the qualified name and the first line, as the prompt shows it:
-    `pkg/mod.py:120 Class.method`. A module that does not parse (Python 2 leftovers) has none."""
+def function_spans(text: str) -> list[tuple[str, int, int]]:
+    """(qualified name, first line with decorators, last line) of every function and method of a module; a nested
+    function stays inside its parent. A module that does not parse (Python 2 leftovers) has none."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return []
-    lines = text.splitlines()
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, int, int]] = []
 
     def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
@@ -112,12 +110,18 @@ def _functions(path: str, text: str) -> list[tuple[str, str]]:
                 visit(child, f"{prefix}{child.name}.")
             elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                end = child.end_lineno or child.lineno
-                if end - start < _MAX_FUNCTION_LINES:
-                    out.append((f"{path}:{start} {prefix}{child.name}", "\n".join(lines[start - 1:end])))
+                out.append((f"{prefix}{child.name}", start, child.end_lineno or child.lineno))
 
     visit(tree, "")
     return out
+
+
+def _functions(path: str, text: str) -> list[tuple[str, str]]:
+    """(label, source) of the module's functions shorter than `_MAX_FUNCTION_LINES`. The label names the file, the
+    first line and the qualified name, as the prompt shows it: `pkg/mod.py:120 Class.method`."""
+    lines = text.splitlines()
+    return [(f"{path}:{start} {qualname}", "\n".join(lines[start - 1:end]))
+            for qualname, start, end in function_spans(text) if end - start < _MAX_FUNCTION_LINES]
 
 
 def function_docs(files: Iterable[tuple[str, str]]) -> tuple[_Doc, ...]:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import fixes  # noqa: E402
 
 from envs.swe.patch import extract_patch  # noqa: E402
+from envs.swe.retrieval import function_spans  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 MODULES = ["textwrap.py", "shlex.py", "fnmatch.py", "colorsys.py", "bisect.py", "calendar.py"]
@@ -25,13 +26,42 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
+def commit_bug(repo: Path, path: str, buggy: str) -> Path:
+    """`buggy` committed at `path` in `repo` (made on first use); the file's path."""
+    if not (repo / ".git").is_dir():
+        repo.mkdir(parents=True, exist_ok=True)
+        git(repo, "init", "-q")
+    file = repo / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(buggy)
+    git(repo, "add", path)
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"bug in {path}")
+    return file
+
+
+def apply_fix(repo: Path, completion: str) -> None:
+    """The completion read back as the sandbox reads an answer, then `git apply`."""
+    extracted = extract_patch(completion)
+    assert extracted.ok, extracted.detail
+    (repo / "fix.diff").write_text(extracted.patch)
+    git(repo, "apply", "fix.diff")
+
+
+def printed_by_git(repo: Path, *args: str) -> str:
+    return "".join(line + "\n" for line in git(repo, "diff", *args).splitlines() if not line.startswith("index "))
+
+
+COLORSYS = (STDLIB / "colorsys.py").read_text()
+COLORSYS_BUG = COLORSYS.replace("    if l <= 0.5:", "    if l > 0.5:", 1)
+
+
 def mutations(n_per_module: int = 6) -> list[tuple[str, str, str, int, int]]:
     """(path, original, buggy, start, end) of seeded single-site mutations of real modules."""
     out = []
     for name in MODULES:
         text = (STDLIB / name).read_text()
         rng = random.Random(name)
-        functions = fixes._functions(text)
+        functions = function_spans(text)
         for _qualname, start, end in rng.sample(functions, min(len(functions), 4 * n_per_module)):
             mutated = fixes._mutate_function(text, f"lib/{name}", start, end, rng)
             if mutated is not None:
@@ -61,62 +91,32 @@ def test_a_mutation_changes_only_its_own_function(cases: list[tuple[str, str, st
 def test_the_fixing_diff_applies_with_git_and_restores_the_file(
         cases: list[tuple[str, str, str, int, int]], tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    for i, (path, original, buggy, _, _) in enumerate(cases):
-        file = repo / path
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(buggy)
-        git(repo, "add", path)
-        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"bug {i}")
+    for path, original, buggy, _, _ in cases:
+        file = commit_bug(repo, path, buggy)
         # The completion as SFT shows it, read back as the sandbox reads an answer.
-        extracted = extract_patch(fixes.completion(fixes.git_diff(path, buggy, original)))
-        assert extracted.ok, extracted.detail
-        (repo / "fix.diff").write_text(extracted.patch)
-        git(repo, "apply", "fix.diff")
+        apply_fix(repo, fixes.completion(fixes.git_diff(path, buggy, original)))
         assert file.read_text() == original, path
 
 
 def test_the_diff_is_the_one_git_prints_without_the_index_line(tmp_path: Path) -> None:
-    original = (STDLIB / "colorsys.py").read_text()
-    buggy = original.replace("    if l <= 0.5:", "    if l > 0.5:", 1)
-    assert buggy != original
+    assert COLORSYS_BUG != COLORSYS
     repo = tmp_path / "repo"
-    (repo / "lib").mkdir(parents=True)
-    git(repo, "init", "-q")
-    (repo / "lib" / "colorsys.py").write_text(buggy)
-    git(repo, "add", ".")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "bug")
-    (repo / "lib" / "colorsys.py").write_text(original)
-    printed = "".join(line + "\n" for line in git(repo, "diff").splitlines() if not line.startswith("index "))
-    assert fixes.git_diff("lib/colorsys.py", buggy, original) == printed
+    commit_bug(repo, "lib/colorsys.py", COLORSYS_BUG).write_text(COLORSYS)
+    assert fixes.git_diff("lib/colorsys.py", COLORSYS_BUG, COLORSYS) == printed_by_git(repo)
     assert "index " not in fixes.completion(git(repo, "diff"))
 
 
 def test_a_diff_trimmed_to_one_context_line_is_gits_own_and_still_applies(
         cases: list[tuple[str, str, str, int, int]], tmp_path: Path) -> None:
-    original = (STDLIB / "colorsys.py").read_text()
-    buggy = original.replace("    if l <= 0.5:", "    if l > 0.5:", 1)
     repo = tmp_path / "repo"
-    (repo / "lib").mkdir(parents=True)
-    git(repo, "init", "-q")
-    (repo / "lib" / "colorsys.py").write_text(buggy)
-    git(repo, "add", ".")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "bug")
-    (repo / "lib" / "colorsys.py").write_text(original)
-    u1 = "".join(line + "\n" for line in git(repo, "diff", "-U1").splitlines() if not line.startswith("index "))
-    assert fixes.trim_context(fixes.git_diff("lib/colorsys.py", buggy, original), 1) == u1
-    assert fixes.git_diff("lib/colorsys.py", buggy, original, context=1) == u1
+    commit_bug(repo, "lib/colorsys.py", COLORSYS_BUG).write_text(COLORSYS)
+    u1 = printed_by_git(repo, "-U1")
+    assert fixes.trim_context(fixes.git_diff("lib/colorsys.py", COLORSYS_BUG, COLORSYS), 1) == u1
+    assert fixes.git_diff("lib/colorsys.py", COLORSYS_BUG, COLORSYS, context=1) == u1
     # Every seeded mutation's fix, trimmed to one line of context, takes the buggy file back to the original.
-    for i, (path, orig, bug, _, _) in enumerate(cases):
-        file = repo / path
-        file.write_text(bug)
-        git(repo, "add", path)
-        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"bug {i}")
-        extracted = extract_patch(fixes.completion(fixes.git_diff(path, bug, orig), context_lines=1))
-        assert extracted.ok, extracted.detail
-        (repo / "fix.diff").write_text(extracted.patch)
-        git(repo, "apply", "fix.diff")
+    for path, orig, bug, _, _ in cases:
+        file = commit_bug(repo, path, bug)
+        apply_fix(repo, fixes.completion(fixes.git_diff(path, bug, orig), context_lines=1))
         assert file.read_text() == orig, path
     with pytest.raises(ValueError, match="context lines must be >= 1"):
         fixes.trim_context(u1, 0)
