@@ -6,6 +6,7 @@
     python benchmarks/swe_speedrun.py sft-examples --out DIR   # SFT examples from part of the training functions
     python benchmarks/swe_speedrun.py sft --out DIR      # GPU: SFT of DIR/models/base on them
     python benchmarks/swe_speedrun.py grpo --mode sync --model DIR/sft --out DIR   # GPU: GRPO through the fleet
+    python benchmarks/swe_speedrun.py diagnose --report DIR/grpo_sync.json   # why the held-out answers fail
     python benchmarks/swe_speedrun.py smoke --out DIR    # every stage at toy size on CPU (the wiring; CI runs it)
 
 On the lent H200 the GPU stages run in consecutive calls while the machine stays warm (`speedrun.sh`). Stages:
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import corpus  # noqa: E402
+import diagnose  # noqa: E402
 import fixes  # noqa: E402
 import lm  # noqa: E402
 
@@ -101,7 +103,9 @@ def prepare(args: argparse.Namespace) -> None:
     recipes = [ROOT / "launch/data/recipe.yaml", SPEEDRUN / "tasks.yaml"]
     figures: dict[str, Any] = {"corpus": corpus.run(DATA / "corpus", args.cache / "corpus-sdists", recipes,
                                                     locked=args.locked)}
-    figures["sdists"] = carry_sdists(SPEEDRUN / "tasks.yaml", args.cache / "sdists", DATA / "sdists")
+    # Both recipes' sdists travel: the GPU host's CPUs can build either set while its GPU pre-trains.
+    figures["sdists"] = [name for recipe in ("tasks.yaml", "sft.yaml")
+                         for name in carry_sdists(SPEEDRUN / recipe, args.cache / "sdists", DATA / "sdists")]
     figures["seconds"] = time.perf_counter() - t0
     figures["carry_bytes"] = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file() and "results" not in f.parts)
     write(args.out, "prepare.json", figures)
@@ -117,9 +121,9 @@ def fixes_stage(args: argparse.Namespace) -> None:
         figures["corpus"] = fixes.corpus_examples(args.data / "corpus" / "train.jsonl.xz", tokenizer,
                                                   args.data / "fixes" / "corpus.jsonl.xz", n=args.corpus_fixes,
                                                   max_prompt_length=MAX_PROMPT, workers=args.workers,
-                                                  context_lines=args.diff_context)
+                                                  context_lines=args.diff_context, per_file=args.per_file)
     if args.sft_tasks:
-        figures["sft_tasks"] = fixes.build(args.sft_tasks, tokenizer, args.data / "fixes" / "sft_tasks.jsonl.xz",
+        figures["sft_tasks"] = fixes.build(args.sft_tasks, tokenizer, args.data / "fixes" / f"{args.name}.jsonl.xz",
                                            max_prompt_length=MAX_PROMPT, context=CONTEXT,
                                            context_lines=args.diff_context)
     figures["seconds"] = time.perf_counter() - t0
@@ -166,9 +170,12 @@ def sft(args: argparse.Namespace) -> None:
     models = args.out / "models"
     # Task examples (statements written from failing tests, as GRPO's) count `--task-weight` times against the
     # corpus's (statements that name the function).
-    tasks = [*fixes.read(args.data / "sft.jsonl.xz"),
-             *(fixes.read(args.data / "fixes" / "sft_tasks.jsonl.xz")
-               if (args.data / "fixes" / "sft_tasks.jsonl.xz").exists() else [])]
+    # SFT task sets built here and there (`fixes --sft-tasks DIR --name sft_tasks*`) overlap: the builder picks the
+    # same bugs first whatever --max-per-repo, so each task counts once.
+    by_id = {e["instance_id"]: e for path in [args.data / "sft.jsonl.xz",
+                                              *sorted((args.data / "fixes").glob("sft_tasks*.jsonl.xz"))]
+             if path.exists() for e in fixes.read(path)}
+    tasks = list(by_id.values())
     from_corpus = (fixes.read(args.data / "fixes" / "corpus.jsonl.xz")
                    if (args.data / "fixes" / "corpus.jsonl.xz").exists() else [])
     examples = [*tasks * args.task_weight, *from_corpus]
@@ -194,6 +201,7 @@ def grpo(args: argparse.Namespace) -> None:
             f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
             f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
             f"policy.optimizer.lr={args.lr}", "env.code.reward_mode=pass_rate",
+            f"logger.val_answers_logged={args.val_tasks}",
             f"sandbox.pool_size={max(2, (os.cpu_count() or 2) - 4)}", *args.overrides]
     log.info("%s", " ".join(cmd))
     rc = subprocess.run(cmd, cwd=ROOT).returncode
@@ -203,10 +211,40 @@ def grpo(args: argparse.Namespace) -> None:
         report["heldout"] = heldout_changes(report["validation_tasks"])
         report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
                                     for r in report["validation_tasks"]]
+        report["diagnosis"] = diagnose_rounds(report["validation_tasks"], args.data)
         path.write_text(json.dumps(report, indent=1))
         log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
+        for r in report["diagnosis"]:
+            log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
     if rc:
         raise SystemExit(f"gpu_fleet_swe.py exited {rc}")
+
+
+def diagnose_rounds(rounds: list[dict[str, Any]], data: Path) -> list[dict[str, Any]]:
+    """`speedrun/diagnose.py` over the rounds' logged answers, with the prompts they answered (rebuilt as GRPO
+    builds them) to tell a line copied from elsewhere in the prompt from one made up."""
+    from transformers import AutoTokenizer
+
+    from envs.swe.prompt import build_prompt
+    from envs.swe.taskset import read_split
+
+    ids = {t for r in rounds for t in r.get("answers", {})}
+    if not ids:
+        return []
+    tasks = {t.instance_id: t for split in ("train", "validation") for t in read_split(data / "tasks", split)
+             if t.instance_id in ids}
+    tok = AutoTokenizer.from_pretrained(data / "corpus" / "tokenizer")
+    prompts = {i: build_prompt(t, tok, MAX_PROMPT, CONTEXT, repos_root=data / "tasks" / "repos").text
+               for i, t in tasks.items()}
+    return diagnose.round_table(rounds, tasks, tok, data / "tasks" / "repos", prompts)
+
+
+def diagnose_stage(args: argparse.Namespace) -> None:
+    """Diagnose the logged held-out answers of a GRPO report (`--report`), here or where it ran."""
+    report = json.loads(args.report.read_text())
+    report["diagnosis"] = diagnose_rounds(report["validation_tasks"], args.data)
+    write(args.out, args.report.name.replace("grpo_", "diagnosis_"),
+          {"report": str(args.report), "diagnosis": report["diagnosis"]})
 
 
 def error_kinds(errors: dict[str, str], top: int = 12) -> dict[str, int]:
@@ -310,8 +348,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     fx.add_argument("--data", type=Path, default=DATA)
     fx.add_argument("--corpus-fixes", type=int, default=8000, help="examples from the corpus's functions")
     fx.add_argument("--sft-tasks", type=Path, default=None, help="a task set built from speedrun/sft.yaml")
+    fx.add_argument("--per-file", type=int, default=1, help="corpus fixes: at most this many per file")
+    fx.add_argument("--name", default="sft_tasks", help="--sft-tasks: examples go to fixes/NAME.jsonl.xz")
     fx.add_argument("--workers", type=int, default=None)
     fx.add_argument("--diff-context", type=int, default=3, help="context lines around each change of an SFT diff")
+    dg = sub.add_parser("diagnose")
+    dg.add_argument("--report", type=Path, required=True, help="a grpo_<mode>.json with logged answers")
+    dg.add_argument("--data", type=Path, default=DATA)
+    dg.add_argument("--out", type=Path, default=DATA / "results")
     for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
@@ -349,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
     stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "sft-examples": sft_examples,
-              "sft": sft, "grpo": grpo, "smoke": smoke}
+              "sft": sft, "grpo": grpo, "smoke": smoke, "diagnose": diagnose_stage}
     stages[args.stage](args)
 
 

@@ -6,6 +6,7 @@
 #           .venv/bin/python benchmarks/swe_speedrun.py fixes --corpus-fixes 0 --sft-tasks DIR  # optional
 #   there:  bash benchmarks/swe_speedrun.sh stash   # carry [".speedrun/corpus"] (+ ".speedrun/fixes", ".speedrun/tasks")
 #           bash benchmarks/swe_speedrun.sh base          # carry [".whl", ".gpu/deb", "grpofleet", ".speedrun/sdists"]
+#                                                         # (+ ".speedrun/tasks" where stash had no room for it)
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
 #           bash benchmarks/swe_speedrun.sh grpo sync
 #           bash benchmarks/swe_speedrun.sh grpo async
@@ -35,10 +36,15 @@ if [ "$stage" = stash ]; then
 fi
 # shellcheck source=benchmarks/lent_gpu_env.sh
 source benchmarks/lent_gpu_env.sh
+# Context lines of an SFT diff (git diff -U<N>): fewer lines to copy exactly; the corpus's fixes made here must match.
+DIFF_CONTEXT=${DIFF_CONTEXT:-1}
 quiet() { grep --line-buffered -v "^ \|Writing\|Loading" || true; }
 case "$stage" in
   base)
     [ -f "$DATA/corpus/train.jsonl.xz" ] || cp -r .speedrun/corpus "$DATA/"
+    for d in fixes tasks; do  # what `stash` had no room for may travel with this call
+      if [ -d ".speedrun/$d" ] && [ ! -e "$DATA/$d" ]; then cp -r ".speedrun/$d" "$DATA/"; fi
+    done
     # The CPUs' part, while the GPU pre-trains: the task set (unless it was carried), then the corpus's fixes.
     (if [ ! -f "$DATA/tasks/train.jsonl" ]; then
        timeout "${BUILD_TIMEOUT:-420}" python3 -m launch.cli data build --recipe benchmarks/speedrun/tasks.yaml \
@@ -48,19 +54,34 @@ case "$stage" in
      fi
      if [ ! -f "$DATA/fixes/corpus.jsonl.xz" ]; then
        python3 benchmarks/swe_speedrun.py fixes --data "$DATA" --out "$WORK" --workers 12 \
-         --corpus-fixes "${CORPUS_FIXES:-8000}" > "$WORK/fixes.log" 2>&1
+         --corpus-fixes "${CORPUS_FIXES:-8000}" --diff-context "$DIFF_CONTEXT" > "$WORK/fixes.log" 2>&1
+     fi
+     # Then the SFT task set (sft.yaml), larger than the one built on two cores: `sft` makes examples of it.
+     if [ "${SFT_PER_REPO:-0}" -gt 0 ] && [ ! -f "$DATA/sft-tasks/train.jsonl" ]; then
+       timeout "${SFT_BUILD_TIMEOUT:-330}" python3 -m launch.cli data build --recipe benchmarks/speedrun/sft.yaml \
+         --out "$DATA/sft-tasks" --max-per-repo "$SFT_PER_REPO" --workers 14 --cache-dir .speedrun/sdists \
+         > "$WORK/sft-build.log" 2>&1
+       echo "sft task build exited $?" >> "$WORK/sft-build.log"
      fi) &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/pretrain.json "$OUT"/
     wait
-    if [ -f "$WORK/build.log" ]; then
-      grep "tasks from\|task build exited\|Error" "$WORK/build.log" > "$OUT/build.log" || true
-    fi
+    for log in build sft-build; do
+      if [ -f "$WORK/$log.log" ]; then
+        grep "tasks from\|task build exited\|built \|Error" "$WORK/$log.log" > "$OUT/$log.log" || true
+      fi
+    done
     if [ -f "$WORK/fixes.json" ]; then cp "$WORK/fixes.json" "$OUT"/; fi
     tail -3 "$WORK/fixes.log" 2>/dev/null || true ;;
   sft)
-    python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" 2>&1 | quiet
+    python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" --diff-context "$DIFF_CONTEXT" \
+      2>&1 | quiet
     cp "$WORK"/sft_examples.json "$OUT"/
+    if [ -f "$DATA/sft-tasks/train.jsonl" ]; then  # built by `base`
+      python3 benchmarks/swe_speedrun.py fixes --data "$DATA" --out "$WORK" --corpus-fixes 0 \
+        --sft-tasks "$DATA/sft-tasks" --name sft_tasks_built --diff-context "$DIFF_CONTEXT" 2>&1 | quiet
+      cp "$WORK"/fixes.json "$OUT"/sft_tasks_built.json
+    fi
     python3 benchmarks/swe_speedrun.py sft --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/sft.json "$OUT"/ ;;
   grpo)

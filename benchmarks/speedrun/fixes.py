@@ -256,28 +256,33 @@ def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int]
 
 
 def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int,
-          context_lines: int = 3) -> Iterator[tuple[Any, ...]]:
+          context_lines: int = 3, per_file: int = 1) -> Iterator[tuple[Any, ...]]:
+    """One job per library file in a seeded order; `per_file` passes over them, each pass drawing other functions
+    (the seed differs), so that a corpus smaller than `n` files still gives `n` examples."""
     folders: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
     for r in records:
         folders[(r["package"], str(PurePosixPath(r["path"]).parent))].append(r)
     rng = random.Random(seed)
     order = list(range(len(records)))
     rng.shuffle(order)
-    for i in order:
-        r = records[i]
-        # A test file's function is no library bug: the prompt says to leave the tests alone.
-        if len(r["text"]) > _MAX_MODULE_BYTES or not r["text"].endswith("\n") or is_test_path(r["path"]):
-            continue
-        others = [o for o in folders[(r["package"], str(PurePosixPath(r["path"]).parent))] if o is not r]
-        rng.shuffle(others)
-        neighbours = [(o["path"], o["text"]) for o in others[:_NEIGHBOURS]]
-        yield r["package"], r["path"], r["text"], neighbours, max_prompt_length, f"{seed}-{i}", context_lines
+    for k in range(per_file):
+        for i in order:
+            r = records[i]
+            # A test file's function is no library bug: the prompt says to leave the tests alone.
+            if len(r["text"]) > _MAX_MODULE_BYTES or not r["text"].endswith("\n") or is_test_path(r["path"]):
+                continue
+            others = [o for o in folders[(r["package"], str(PurePosixPath(r["path"]).parent))] if o is not r]
+            rng.shuffle(others)
+            neighbours = [(o["path"], o["text"]) for o in others[:_NEIGHBOURS]]
+            job_seed = f"{seed}-{i}" if k == 0 else f"{seed}-{i}-{k}"
+            yield r["package"], r["path"], r["text"], neighbours, max_prompt_length, job_seed, context_lines
 
 
 def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int, max_prompt_length: int,
-                    seed: int = 0, workers: int | None = None, context_lines: int = 3) -> dict[str, Any]:
-    """Write up to `n` examples from the corpus's files (one per file, in a seeded order) to `out` (JSONL, xz) as
-    `build` does; return the counts."""
+                    seed: int = 0, workers: int | None = None, context_lines: int = 3,
+                    per_file: int = 1) -> dict[str, Any]:
+    """Write up to `n` examples from the corpus's files (up to `per_file` per file, in a seeded order) to `out`
+    (JSONL, xz) as `build` does; return the counts."""
     with lzma.open(corpus_file, "rt") as f:
         records = [json.loads(line) for line in f]
     counts: Counter[str] = Counter()
@@ -286,7 +291,7 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     with lzma.open(out, "wt") as f, ProcessPoolExecutor(workers, initializer=_init_worker,
                                                         initargs=(str(tokenizer_dir),)) as pool:
-        jobs = _jobs(records, max_prompt_length, seed, context_lines)
+        jobs = _jobs(records, max_prompt_length, seed, context_lines, per_file)
         while counts["examples"] < n:
             batch = [j for _, j in zip(range(4 * workers), jobs, strict=False)]
             if not batch:
@@ -300,4 +305,4 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
                     kinds[example["bug_kind"]] += 1
                     f.write(json.dumps(example) + "\n")
     return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": "bm25_functions",
-            "context_lines": context_lines}
+            "context_lines": context_lines, "per_file": per_file}

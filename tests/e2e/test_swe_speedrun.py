@@ -42,8 +42,11 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         assert sum(v for k, v in r.items() if k.startswith("val/verdict/")) == r["val/tasks"]
     per_task = grpo["validation_tasks"]
     assert [r["step"] for r in per_task] == [0, 1] and all(len(r["verdicts"]) == 2 for r in per_task)
-    # The answers of the first `logger.val_answers_logged` (16) tasks are kept, as token ids.
+    # The answers of the first `logger.val_answers_logged` tasks (the speedrun logs them all) are kept, as token ids.
     assert all(len(r["answers"]) == 2 and all(isinstance(t, int) for a in r["answers"].values() for t in a)
                for r in per_task)
     assert all(set(r["errors"]) <= set(r["verdicts"]) for r in per_task)
     assert [h["step"] for h in grpo["heldout"]] == [0, 1] and grpo["heldout"][0]["change"] == 0.0
+    # Every logged answer is diagnosed against its task's code (speedrun/diagnose.py), one kind each.
+    assert [d["step"] for d in grpo["diagnosis"]] == [0, 1]
+    assert all(sum(d["kinds"].values()) == d["answers"] == 2 for d in grpo["diagnosis"])

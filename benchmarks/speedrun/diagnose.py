@@ -1,0 +1,164 @@
+"""Why held-out answers fail (issue 33): each logged validation answer read against its task's code.
+
+The sandbox's verdict says *that* a patch did not apply; this says *why*, per hunk, from the file at the task's base
+commit, and whether the answer went for the bug at all:
+
+  format       the answer held no usable diff (`missing`, `malformed`, `truncated`: `envs.swe.patch`)
+  path         a file the diff names does not exist at the base commit
+  invented     a context or removed line is nowhere in the file (`in_prompt`: it is in the prompt, so it was
+               copied from another function or file; otherwise the model made it up)
+  whitespace   every line is in the file once whitespace is ignored, but not as written
+  scattered    every line is in the file, but not as one block (a line skipped, repeated or reordered)
+  anchored     each hunk's old side is a block of the file: the hunk applies there
+
+and, for every diff: whether it edits the gold patch's file, removes the line(s) the gold patch removes, writes the
+line(s) the gold patch adds, and changes nothing (`no_op`: its + lines equal its - lines).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.swe.patch import HUNK_HEADER, extract_patch
+
+KINDS = ("format", "path", "invented", "whitespace", "scattered", "anchored")
+
+
+@dataclass(frozen=True)
+class Hunk:
+    path: str
+    old: list[str]  # context and removed lines, in order
+    removed: list[str]
+    added: list[str]
+
+
+@dataclass
+class Diagnosis:
+    kind: str
+    detail: str = ""
+    in_prompt: bool | None = None  # for `invented`: the first invented line is in the prompt
+    gold_file: bool = False
+    gold_removed: bool = False
+    gold_added: bool = False
+    no_op: bool = False
+    hunks: int = 0
+
+
+def hunks(patch: str) -> list[Hunk]:
+    """The hunks of a normalised unified diff (`extract_patch(...).patch`), each with its file's path."""
+    out: list[Hunk] = []
+    path = ""
+    current: Hunk | None = None
+    for line in patch.splitlines():
+        if line.startswith("+++ "):
+            target = line[4:].strip()
+            path = target[2:] if target.startswith("b/") else target
+            current = None
+        elif line.startswith("--- ") and current is None:
+            continue
+        elif HUNK_HEADER.match(line):
+            current = Hunk(path, [], [], [])
+            out.append(current)
+        elif current is not None and line[:1] in (" ", "-", "+"):
+            body = line[1:]
+            if line[0] == " ":
+                current.old.append(body)
+            elif line[0] == "-":
+                current.old.append(body)
+                current.removed.append(body)
+            else:
+                current.added.append(body)
+    return out
+
+
+def _contains_block(lines: list[str], block: list[str]) -> bool:
+    n = len(block)
+    return n == 0 or any(lines[i:i + n] == block for i in range(len(lines) - n + 1))
+
+
+def _hunk_kind(file_lines: list[str], hunk: Hunk) -> tuple[str, str]:
+    """(kind, the first line at fault) of one hunk against its file's lines."""
+    have = set(file_lines)
+    missing = [line for line in hunk.old if line not in have]
+    if missing:
+        stripped = {line.strip() for line in file_lines}
+        if all(line.strip() in stripped for line in missing):
+            return "whitespace", missing[0]
+        return "invented", next(line for line in missing if line.strip() not in stripped)
+    if not _contains_block(file_lines, hunk.old):
+        return "scattered", hunk.old[0] if hunk.old else ""
+    return "anchored", ""
+
+
+def diagnose(answer: str, gold_patch: str, read_file: Any, prompt: str = "") -> Diagnosis:
+    """`read_file(path)` -> the file's text at the base commit, or None where there is none."""
+    extracted = extract_patch(answer)
+    if not extracted.ok:
+        return Diagnosis("format", extracted.status)
+    mine, gold = hunks(extracted.patch), hunks(gold_patch)
+    gold_paths = {h.path for h in gold}
+    gold_removed = [line for h in gold for line in h.removed]
+    gold_added = [line for h in gold for line in h.added]
+    my_removed = {line.strip() for h in mine for line in h.removed}
+    my_added = {line.strip() for h in mine for line in h.added}
+    d = Diagnosis("anchored", hunks=len(mine),
+                  gold_file=any(h.path in gold_paths for h in mine),
+                  gold_removed=bool(gold_removed) and all(line.strip() in my_removed for line in gold_removed),
+                  gold_added=bool(gold_added) and all(line.strip() in my_added for line in gold_added),
+                  no_op=all(h.removed == h.added for h in mine))
+    worst = KINDS.index("anchored")
+    for h in mine:
+        text = read_file(h.path)
+        if text is None:
+            kind, detail = "path", h.path
+        else:
+            kind, detail = _hunk_kind(text.split("\n"), h)
+        if KINDS.index(kind) < worst:
+            worst, d.detail = KINDS.index(kind), detail
+            d.in_prompt = (detail in prompt) if kind == "invented" and prompt else None
+    d.kind = KINDS[worst]
+    return d
+
+
+def git_reader(git_dir: Path, commit: str) -> Any:
+    def read(path: str) -> str | None:
+        shown = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "blob", f"{commit}:{path}"],
+                               capture_output=True, text=True, check=False)
+        return shown.stdout if shown.returncode == 0 else None
+
+    return read
+
+
+def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: Any, repos: Path,
+                prompts: dict[str, str] | None = None, examples: int = 3) -> list[dict[str, Any]]:
+    """Per validation round with logged answers (`validation_tasks` of gpu_fleet_swe.py's report): the kinds, how
+    each kind was scored, the gold-patch flags, and a few answers of each kind."""
+    out = []
+    for r in rounds:
+        answers: dict[str, list[int]] = r.get("answers", {})
+        if not answers:
+            continue
+        kinds: Counter[str] = Counter()
+        by_verdict: Counter[str] = Counter()
+        flags: Counter[str] = Counter()
+        samples: dict[str, list[dict[str, Any]]] = {}
+        for task_id, ids in sorted(answers.items()):
+            task = tasks[task_id]
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            prompt = (prompts or {}).get(task_id, "")
+            d = diagnose(text, task.patch, git_reader(repos / f"{task.repo}.git", task.base_commit), prompt)
+            kind = d.kind if d.kind != "invented" or d.in_prompt is None else (
+                "invented_from_prompt" if d.in_prompt else "invented_elsewhere")
+            kinds[kind] += 1
+            by_verdict[f"{kind}/{r['verdicts'].get(task_id, '?')}"] += 1
+            for name in ("gold_file", "gold_removed", "gold_added", "no_op"):
+                flags[name] += int(getattr(d, name))
+            if len(samples.setdefault(kind, [])) < examples:
+                samples[kind].append({"task": task_id, "detail": d.detail, "answer": text[-1200:]})
+        out.append({"step": r["step"], "answers": len(answers), "kinds": dict(kinds.most_common()),
+                    "kinds_by_verdict": dict(sorted(by_verdict.items())), "gold": dict(flags), "examples": samples})
+    return out
