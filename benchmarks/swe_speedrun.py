@@ -200,7 +200,7 @@ def grpo(args: argparse.Namespace) -> None:
     cmd += [f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
             f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
             f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
-            f"policy.optimizer.lr={args.lr}", "env.code.reward_mode=pass_rate",
+            f"policy.optimizer.lr={args.lr}", f"env.code.reward_mode={args.reward_mode}",
             f"logger.val_answers_logged={args.val_tasks}",
             f"sandbox.pool_size={max(2, (os.cpu_count() or 2) - 4)}", *args.overrides]
     log.info("%s", " ".join(cmd))
@@ -382,6 +382,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--val-period", type=int, default=1 if name == "smoke" else 20)
         s.add_argument("--val-tasks", type=int, default=2 if name == "smoke" else 400)
         s.add_argument("--lr", type=float, default=3e-5)
+        # pass_rate pays a patch that changes nothing its PASS_TO_PASS share, and GRPO learned exactly that here
+        # (docs/swe-learning.md): only progress on the failing tests is credited.
+        s.add_argument("--reward-mode", choices=["binary", "pass_rate", "fail_to_pass"], default="fail_to_pass")
         s.add_argument("--timeout", type=float, default=240.0 if name == "smoke" else 540.0,
                        help="seconds the fleet may run (a device call may run 600)")
         s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from fleet.contracts.sandbox import Verdict
-
-RewardMode = Literal["binary", "pass_rate"]
+from fleet.contracts.sandbox import RewardMode, Verdict
 
 
 def _pass_rate(verdict: Verdict) -> float:
@@ -18,6 +14,23 @@ def _pass_rate(verdict: Verdict) -> float:
         return ok / total if total else float(verdict.resolution == "FULL")
     ran = verdict.tests_passed + verdict.tests_failed
     return verdict.tests_passed / ran if ran else float(verdict.resolution == "FULL")
+
+
+def _part(report: dict[str, dict[str, list[str]]], name: str) -> tuple[int, int]:
+    part = report.get(name, {})
+    ok = len(part.get("success", []))
+    return ok, ok + len(part.get("failure", []))
+
+
+def _fail_to_pass(verdict: Verdict) -> float:
+    """FAIL_TO_PASS passing x PASS_TO_PASS still passing: the code as it was scores 0 (its FAIL_TO_PASS tests fail),
+    whatever share of the suite already passed."""
+    report = verdict.report or {}
+    fixed, broken = _part(report, "FAIL_TO_PASS")
+    kept, kept_total = _part(report, "PASS_TO_PASS")
+    if not broken:  # no per-test lists: nothing to give partial credit for
+        return float(verdict.resolution == "FULL")
+    return fixed / broken * (kept / kept_total if kept_total else 1.0)
 
 
 def reward_from_verdict(verdict: Verdict, mode: RewardMode = "binary", format_error_reward: float = 0.0, *,
@@ -32,13 +45,14 @@ def reward_from_verdict(verdict: Verdict, mode: RewardMode = "binary", format_er
       honest outcome so that a cheat that is caught never pays;
     - timeout: 0;
     - completed: binary -> 1.0 iff resolution is FULL; pass_rate -> fraction of FAIL_TO_PASS + PASS_TO_PASS tests that
-      pass (without those lists, of the tests that ran).
+      pass (without those lists, of the tests that ran); fail_to_pass -> fraction of FAIL_TO_PASS tests that pass
+      times the fraction of PASS_TO_PASS tests still passing (without the lists, as binary).
     An `infra_error` (or unfinished) verdict raises ValueError: infrastructure failures are never scored.
     """
     if verdict.status in ("infra_error", "pending", "running"):
         raise ValueError(f"cannot score a {verdict.status} verdict ({verdict.error[:200]}): retry the task instead")
-    if mode not in ("binary", "pass_rate"):
-        raise ValueError(f"env.code.reward_mode must be 'binary' or 'pass_rate', got {mode!r}")
+    if mode not in ("binary", "pass_rate", "fail_to_pass"):
+        raise ValueError(f"env.code.reward_mode must be 'binary', 'pass_rate' or 'fail_to_pass', got {mode!r}")
     if verdict.status == "refused":
         return min(0.0, format_error_reward)
     if verdict.status == "integrity_violation":
@@ -49,4 +63,6 @@ def reward_from_verdict(verdict: Verdict, mode: RewardMode = "binary", format_er
         return 0.0
     if mode == "binary":
         return 1.0 if verdict.resolution == "FULL" else 0.0
+    if mode == "fail_to_pass":
+        return _fail_to_pass(verdict)
     return _pass_rate(verdict)

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from fleet.config.base import Section
-from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S
+from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S, RewardMode
 
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -44,8 +44,11 @@ class CodeEnvConfig(Section):
     """Agent-mode budgets and prompt."""
     sandbox_urls: list[str] = Field(default_factory=lambda: ["http://localhost:9090"])
     """Sandbox executors; the client spreads tasks over them (least outstanding first)."""
-    reward_mode: Literal["binary", "pass_rate"] = "binary"
-    """binary: 1 for a FULL resolution, else 0. pass_rate: fraction of FAIL_TO_PASS + PASS_TO_PASS tests passing."""
+    reward_mode: RewardMode = "binary"
+    """binary: 1 for a FULL resolution, else 0. pass_rate: fraction of FAIL_TO_PASS + PASS_TO_PASS tests passing (a
+    patch that changes nothing earns the PASS_TO_PASS share, and a policy learns to write such patches).
+    fail_to_pass: fraction of FAIL_TO_PASS tests passing times the fraction of PASS_TO_PASS tests still passing, so
+    the unchanged code scores 0 and partial credit is only for progress on the bug."""
     integrity_check: bool = True
     """Refuse patches that touch test files or files of the test patch."""
     task_timeout: float = Field(DEFAULT_TASK_TIMEOUT_S, gt=0)
@@ -148,7 +151,7 @@ class EnvConfig(Section):
     """A multi-turn tool environment (agent episodes, tools run in the rollout worker): the answer is a value only
     the `lookup` tool returns (envs/lookup.py; budgets from `env.code.agent`)."""
 
-    def reward_settings(self, env_name: str) -> tuple[Literal["binary", "pass_rate"], float]:
+    def reward_settings(self, env_name: str) -> tuple[RewardMode, float]:
         """(reward mode, format-error reward) of an environment: its own section if it has one, else `env.code`."""
         section: CodeEnvConfig | ArithEnvConfig | LookupEnvConfig = \
             self.arith if env_name == "arith" else self.lookup if env_name == "lookup" else self.code

@@ -23,6 +23,8 @@ TaskStatus = Literal[
     "integrity_violation"
 ]
 ResolutionName = Literal["FULL", "PARTIAL", "NO"]
+RewardMode = Literal["binary", "pass_rate", "fail_to_pass"]
+"""How a completed verdict becomes a reward (`sandbox_client.reward_from_verdict`, `env.code.reward_mode`)."""
 TOKEN_ENV = "GRPO_FLEET_SANDBOX_TOKEN"
 """Environment variable holding the bearer token, read by the executor and the client when the config has none."""
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "not_applied", "refused", "timeout", "infra_error",

@@ -52,3 +52,28 @@ def test_infrastructure_failures_are_never_scored(status: str) -> None:
 def test_unknown_mode_is_an_error() -> None:
     with pytest.raises(ValueError, match="reward_mode"):
         reward_from_verdict(_done("FULL"), "best")  # type: ignore[arg-type]
+
+
+# The unchanged code: its FAIL_TO_PASS tests fail, the rest of the suite passes (as a patch that changes nothing).
+UNCHANGED = {"FAIL_TO_PASS": {"success": [], "failure": ["t::f1", "t::f2"]},
+             "PASS_TO_PASS": {"success": [f"t::p{i}" for i in range(8)], "failure": []}}
+
+
+def test_a_patch_that_changes_nothing_earns_the_suite_under_pass_rate_and_nothing_under_fail_to_pass() -> None:
+    assert reward_from_verdict(_done("NO", report=UNCHANGED), "pass_rate") == pytest.approx(0.8)
+    assert reward_from_verdict(_done("NO", report=UNCHANGED), "fail_to_pass") == 0.0
+
+
+def test_fail_to_pass_credits_progress_on_the_bug_scaled_by_what_still_passes() -> None:
+    half = {"FAIL_TO_PASS": {"success": ["t::f1"], "failure": ["t::f2"]}, "PASS_TO_PASS": UNCHANGED["PASS_TO_PASS"]}
+    assert reward_from_verdict(_done("PARTIAL", report=half), "fail_to_pass") == pytest.approx(0.5)
+    fixed_but_broke = {"FAIL_TO_PASS": {"success": ["t::f1", "t::f2"], "failure": []},
+                       "PASS_TO_PASS": {"success": ["t::p0", "t::p1", "t::p2"], "failure": ["t::p3"]}}
+    assert reward_from_verdict(_done("PARTIAL", report=fixed_but_broke), "fail_to_pass") == pytest.approx(0.75)
+    full = {"FAIL_TO_PASS": {"success": ["t::f1", "t::f2"], "failure": []}, "PASS_TO_PASS": {}}
+    assert reward_from_verdict(_done("FULL", report=full), "fail_to_pass") == 1.0
+
+
+def test_fail_to_pass_without_lists_is_binary() -> None:
+    assert reward_from_verdict(_done("NO", tests_passed=9, tests_failed=1), "fail_to_pass") == 0.0
+    assert reward_from_verdict(_done("FULL", tests_passed=10), "fail_to_pass") == 1.0
