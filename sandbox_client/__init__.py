@@ -2,7 +2,7 @@
 `SandboxResult` in which an infrastructure failure (`infra_error`) can never be mistaken for a failed patch.
 `reward_from_verdict` is the project's only verdict -> reward mapping."""
 
-from fleet.contracts.sandbox import TaskSpec, Verdict
+from fleet.contracts.sandbox import RewardMode, TaskSpec, Verdict
 from sandbox_client.client import SandboxClient
 from sandbox_client.endpoints import EndpointState
 from sandbox_client.results import (
@@ -12,7 +12,7 @@ from sandbox_client.results import (
     SandboxResult,
     SandboxUnavailable,
 )
-from sandbox_client.reward import RewardMode, reward_from_verdict
+from sandbox_client.reward import reward_from_verdict
 
 __all__ = [
     "EndpointState",
