@@ -1,4 +1,5 @@
-"""The speedrun's figure: pre-training loss, then GRPO's training reward, answer outcomes and held-out verdicts.
+"""The speedrun's figure: pre-training loss, GRPO's training reward, answer outcomes, held-out verdicts, and why the
+held-out answers fail (`speedrun/diagnose.py`, where the run logged them).
 
     python benchmarks/speedrun/plot.py benchmarks/results/swe_speedrun docs/img/swe_speedrun.png
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def main(results: Path, out: Path) -> None:
@@ -16,7 +18,7 @@ def main(results: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 4, figsize=(20, 4.2))
+    fig, ax = plt.subplots(1, 5, figsize=(25, 4.2))
     pre = json.loads((results / "pretrain.json").read_text())
     ax[0].plot([p["tokens"] / 1e6 for p in pre["curve"]], [p["loss"] for p in pre["curve"]])
     ax[0].set(xlabel="tokens (M)", ylabel="loss (nats/token)",
@@ -41,7 +43,8 @@ def main(results: Path, out: Path) -> None:
                             ("resolved", "C0")):
             ax[3].plot(vsteps, [v[f"val/verdict/{kind}"] / v["val/tasks"] for v in val], style + "o", color=color,
                        label=f"{kind} ({mode})")
-    ax[1].set(xlabel="GRPO step", ylabel="mean reward (pass rate) / share of groups",
+    _diagnosis(ax[4], results)
+    ax[1].set(xlabel="GRPO step", ylabel="mean reward / share of groups",
               title="training reward; groups whose rewards differ")
     ax[2].set(xlabel="GRPO step", ylabel="share of answers", title="training answers by outcome")
     ax[3].set(xlabel="GRPO step", ylabel="share of held-out tasks",
@@ -50,6 +53,27 @@ def main(results: Path, out: Path) -> None:
         a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
+
+
+def _diagnosis(ax: Any, results: Path) -> None:
+    """Held-out answers by diagnosis kind, first and last round of each mode, side by side."""
+    kinds = ["format", "path", "invented_elsewhere", "invented_from_prompt", "whitespace", "scattered", "anchored"]
+    bars: list[tuple[str, dict[str, int], dict[str, int]]] = []
+    for mode in ("sync", "async"):
+        path = results / f"grpo_{mode}.json"
+        diag = json.loads(path.read_text()).get("diagnosis", []) if path.is_file() else []
+        for r in (diag[:1] + diag[-1:]) if len(diag) > 1 else diag:
+            bars.append((f"{mode} step {r['step']}", r["kinds"], r["gold"]))
+    if not bars:
+        ax.set_axis_off()
+        return
+    width = 0.8 / len(bars)
+    for i, (label, counts, gold) in enumerate(bars):
+        ax.bar([k + i * width for k in range(len(kinds))], [counts.get(k, 0) for k in kinds], width,
+               label=f"{label} (no-op {gold.get('no_op', 0)})")
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))], [k.replace("_", "\n") for k in kinds],
+                  fontsize=7)
+    ax.set(ylabel="held-out answers", title="why held-out diffs fail (diagnose.py)")
 
 
 if __name__ == "__main__":
