@@ -47,9 +47,9 @@ case "$stage" in
     done
     # The CPUs' part, while the GPU pre-trains: the task set (unless it was carried), then the corpus's fixes.
     (if [ ! -f "$DATA/tasks/train.jsonl" ]; then
-       timeout "${BUILD_TIMEOUT:-420}" python3 -m launch.cli data build --recipe benchmarks/speedrun/tasks.yaml \
-         --out "$DATA/tasks" --max-per-repo "${MAX_PER_REPO:-48}" --workers 14 --cache-dir .speedrun/sdists \
-         > "$WORK/build.log" 2>&1
+       timeout $(( ${BUILD_SECONDS:-420} + 120 )) python3 -m launch.cli data build \
+         --recipe benchmarks/speedrun/tasks.yaml --out "$DATA/tasks" --max-per-repo "${MAX_PER_REPO:-48}" \
+         --workers 14 --cache-dir .speedrun/sdists --max-seconds "${BUILD_SECONDS:-420}" > "$WORK/build.log" 2>&1
        echo "task build exited $?" >> "$WORK/build.log"
      fi
      if [ ! -f "$DATA/fixes/corpus.jsonl.xz" ]; then
@@ -58,9 +58,11 @@ case "$stage" in
      fi
      # Then the SFT task set (sft.yaml), larger than the one built on two cores: `sft` makes examples of it.
      if [ "${SFT_PER_REPO:-0}" -gt 0 ] && [ ! -f "$DATA/sft-tasks/train.jsonl" ]; then
-       timeout "${SFT_BUILD_TIMEOUT:-330}" python3 -m launch.cli data build --recipe benchmarks/speedrun/sft.yaml \
-         --out "$DATA/sft-tasks" --max-per-repo "$SFT_PER_REPO" --workers 14 --cache-dir .speedrun/sdists \
-         > "$WORK/sft-build.log" 2>&1
+       # --max-seconds: what is accepted by then is written (a killed build would leave nothing); `timeout` only
+       # guards against a hang past it.
+       timeout $(( ${SFT_BUILD_SECONDS:-300} + 120 )) python3 -m launch.cli data build \
+         --recipe benchmarks/speedrun/sft.yaml --out "$DATA/sft-tasks" --max-per-repo "$SFT_PER_REPO" --workers 14 \
+         --cache-dir .speedrun/sdists --max-seconds "${SFT_BUILD_SECONDS:-300}" > "$WORK/sft-build.log" 2>&1
        echo "sft task build exited $?" >> "$WORK/sft-build.log"
      fi) &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet

@@ -64,6 +64,9 @@ class BuildOptions:
     """Wait for another build of `out` instead of failing, and build only if no task set is there afterwards."""
     on_decided: Callable[[str, bool], None] | None = None
     """Called with (repository, accepted) for every candidate decided: progress for a bar."""
+    max_seconds: float | None = None
+    """Stop validating this many seconds after the build starts and write what was accepted by then (a window that
+    ends, as on a lent GPU host). The set then depends on timing; the manifest names the repositories cut short."""
 
 
 @dataclass
@@ -81,6 +84,8 @@ class RepoReport:
     rejections: list[dict[str, str]] = field(default_factory=list)
     """Every rejected candidate (function, kind, site, reason): what to look at when a repository yields little."""
     seconds: float = 0.0
+    cut_short: bool = False
+    """`max_seconds` ran out before `max_per_repo` tasks or the candidates did."""
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -133,12 +138,15 @@ async def executor_runner(repos_root: Path, opts: BuildOptions) -> AsyncIterator
 async def select_in_order(
     candidates: list[Candidate], validate: Callable[[Candidate], Coroutine[Any, Any, Outcome]], want: int,
     per_function: int, concurrency: int, on_decided: Callable[[Outcome], None] | None = None,
+    deadline: float | None = None,
 ) -> list[Outcome]:
     """Outcomes of the candidates the sequential rule decides on, validated `concurrency` at a time.
 
     Sequential rule: walk the plan; skip a candidate whose function already has `per_function` accepted bugs;
     validate the others; stop at `want` accepted. Candidates run speculatively ahead of the decision point, and a
-    result is only used once every earlier candidate is decided, so the answer never depends on timing.
+    result is only used once every earlier candidate is decided, so the answer never depends on timing, except
+    through `deadline` (`time.monotonic()`): nothing is decided after it, and the candidates still running are
+    cancelled.
     """
     decided: list[Outcome] = []
     pending: dict[int, asyncio.Task[Outcome]] = {}
@@ -147,6 +155,8 @@ async def select_in_order(
     lookahead = 4 * concurrency + 8  # bounds the speculative work thrown away when the head candidate is slow
     try:
         while accepted < want and commit < len(candidates):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             running = sum(1 for t in pending.values() if not t.done())
             while running < concurrency and launch < len(candidates) and launch - commit < lookahead:
                 c = candidates[launch]
@@ -177,7 +187,8 @@ async def select_in_order(
                 commit += 1
             running_tasks = [t for t in pending.values() if not t.done()]
             if running_tasks and accepted < want:
-                await asyncio.wait(running_tasks, return_when=asyncio.FIRST_COMPLETED)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                await asyncio.wait(running_tasks, timeout=left, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in pending.values():
             task.cancel()
@@ -199,7 +210,8 @@ def _prepare_repo(r: RepoRecipe, cache: Path, work: Path, repos_root: Path) -> t
 
 
 async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Runner, work: Path,
-                      repos_root: Path, download: asyncio.Lock) -> tuple[list[Task], RepoReport]:
+                      repos_root: Path, download: asyncio.Lock,
+                      deadline: float | None = None) -> tuple[list[Task], RepoReport]:
     t0 = time.monotonic()
     report = RepoReport(r.name)
     async with download:
@@ -242,8 +254,10 @@ async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Ru
                      sum(progress.values()), dict(progress))
 
     outcomes = await select_in_order(candidates, validator.validate, opts.max_per_repo, recipe.max_bugs_per_function,
-                                     opts.workers, on_decided)
+                                     opts.workers, on_decided, deadline)
     tasks = [o.task for o in outcomes if o.task is not None]
+    report.cut_short = deadline is not None and time.monotonic() >= deadline and len(tasks) < opts.max_per_repo \
+        and len(outcomes) < len(candidates)
     report.validated, report.accepted = len(outcomes), len(tasks)
     report.sandbox_runs = 1 + sum(o.runs for o in outcomes)
     report.rejected = Counter(o.reason for o in outcomes if o.task is None)
@@ -290,7 +304,9 @@ async def _build_locked(opts: BuildOptions, make_runner: RunnerFactory, out: Pat
     download = asyncio.Lock()
     async with make_runner(repos_root.resolve(), opts) as run, asyncio.TaskGroup() as group:
         # A TaskGroup: one repository failing cancels the others instead of leaving them running unobserved.
-        jobs = [group.create_task(_build_repo(r, recipe, opts, run, work, repos_root, download)) for r in chosen]
+        deadline = t0 + opts.max_seconds if opts.max_seconds is not None else None
+        jobs = [group.create_task(_build_repo(r, recipe, opts, run, work, repos_root, download, deadline))
+                for r in chosen]
     results = [job.result() for job in jobs]
     shutil.rmtree(work)
     tasks = sorted((t for ts, _ in results for t in ts), key=lambda t: (t.repo, t.instance_id))
@@ -301,7 +317,9 @@ async def _build_locked(opts: BuildOptions, make_runner: RunnerFactory, out: Pat
     write_manifest(staging, {
         "recipe_version": recipe.recipe_version, "recipe_fingerprint": recipe.fingerprint(), "seed": opts.seed,
         "max_per_repo": opts.max_per_repo, "kinds": list(opts.kinds), "workers": opts.workers,
-        "tasks": len(tasks), "build_seconds": round(seconds, 1), "repos": {n: r.to_json() for n, r in reports.items()},
+        "tasks": len(tasks), "build_seconds": round(seconds, 1), "max_seconds": opts.max_seconds,
+        "cut_short": sorted(n for n, r in reports.items() if r.cut_short),
+        "repos": {n: r.to_json() for n, r in reports.items()},
     })
     _swap_into_place(staging, out)
     return BuildReport(out, tasks, reports, seconds)

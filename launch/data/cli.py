@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--repos", default="", help="comma-separated recipe repositories (default: all)")
     b.add_argument("--max-per-repo", type=int, default=32, help="tasks per repository at most (default: %(default)s)")
     b.add_argument("--seed", type=int, default=0, help="candidate order seed (default: %(default)s)")
+    b.add_argument("--max-seconds", type=float, default=None,
+                   help="stop validating after this many seconds and write the tasks accepted by then")
     b.add_argument("--workers", type=int, default=os.cpu_count() or 2,
                    help="sandbox runs in parallel (default: cores, %(default)s)")
     b.add_argument("--cache-dir", type=Path, default=default_sdist_cache(),
@@ -100,11 +102,14 @@ def _build_tasks(args: argparse.Namespace) -> int:
     if args.max_per_repo < 1 or args.workers < 1:
         print("error: --max-per-repo and --workers must be >= 1", file=sys.stderr)
         return 2
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        print(f"error: --max-seconds must be > 0, got {args.max_seconds}", file=sys.stderr)
+        return 2
     if not args.verbose:  # hundreds of runs: one line each is noise next to the per-repository progress
         logging.getLogger("services.sandbox.executor").setLevel(logging.WARNING)
     opts = BuildOptions(out=args.out, repos=[r for r in args.repos.split(",") if r] or None,
                         max_per_repo=args.max_per_repo, seed=args.seed, workers=args.workers,
-                        cache_dir=args.cache_dir, recipe_path=args.recipe, kinds=kinds)
+                        cache_dir=args.cache_dir, recipe_path=args.recipe, kinds=kinds, max_seconds=args.max_seconds)
     try:
         report = asyncio.run(build_taskset(opts))
     except (KeyError, ValueError, RuntimeError) as exc:

@@ -43,6 +43,21 @@ def built(tmp_path_factory: pytest.TempPathFactory, sdist_cache: Path) -> tuple[
     return first, second, report
 
 
+def test_a_build_out_of_time_writes_what_it_accepted_and_says_so(built, sdist_cache, tmp_path):
+    """`--max-seconds`: a window that closes (a lent GPU host's call) keeps the tasks decided by then, a prefix of
+    the full build's (tests/unit/launch/data/test_builder.py), instead of losing them all to a kill."""
+    first, _, _ = built
+    out = tmp_path / "cut"
+    rc = data_main(["build", "--out", str(out), "--repos", REPO, "--max-per-repo", str(TASKS), "--seed", str(SEED),
+                    "--workers", "1", "--cache-dir", str(sdist_cache), "--max-seconds", "0.01"])
+    assert rc == 0
+    manifest = read_manifest(out)
+    assert manifest["max_seconds"] == 0.01 and manifest["cut_short"] == [REPO]
+    assert manifest["tasks"] == len(rows(out)) < TASKS
+    assert {r["instance_id"] for r in rows(out)} <= {r["instance_id"] for r in rows(first)}
+    assert not (out / ".staging").exists()
+
+
 def rows(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for split in ("train", "validation") for line in (folder / f"{split}.jsonl").open()]
 

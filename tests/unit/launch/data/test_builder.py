@@ -1,5 +1,6 @@
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -58,6 +59,29 @@ def test_parallel_selection_equals_the_sequential_rule_whatever_the_timing():
         for concurrency in (1, 3, 8):
             for jitter in range(3):
                 assert asyncio.run(run(cands, want, per_function, concurrency, jitter)) == expected
+
+
+def test_a_deadline_keeps_a_prefix_of_the_sequential_rule_and_leaves_nothing_running():
+    cands = plan(12, 4)
+    full = sequential(cands, 100, 2)
+    running: set[int] = set()
+
+    async def validate(c: Candidate) -> Outcome:
+        running.add(c.order)
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            running.discard(c.order)
+        task = Task(str(c.order), "swe", "") if accepts(c) else None
+        return Outcome(c, "accepted" if task else "no_failure", task=task)
+
+    async def cut() -> list[tuple[int, str]]:
+        outcomes = await select_in_order(cands, validate, 100, 2, 1, deadline=time.monotonic() + 0.5)
+        return [(o.candidate.order, o.reason) for o in outcomes]
+
+    got = asyncio.run(cut())
+    assert 0 < len(got) < len(full) and got == full[: len(got)]
+    assert not running  # the candidates in flight at the deadline were cancelled, not left to run
 
 
 def test_split_is_by_function_and_independent_of_seed_and_kind():
