@@ -30,10 +30,11 @@ KINDS = ("format", "path", "invented", "whitespace", "scattered", "anchored")
 
 @dataclass(frozen=True)
 class Hunk:
-    path: str
+    path: str  # the file the old side must match (the new path for a file the diff creates)
     old: list[str]  # context and removed lines, in order
     removed: list[str]
     added: list[str]
+    new_file: bool = False
 
 
 @dataclass
@@ -48,30 +49,41 @@ class Diagnosis:
     hunks: int = 0
 
 
+def _strip_prefix(name: str, prefix: str) -> str:
+    name = name.strip()
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
 def hunks(patch: str) -> list[Hunk]:
     """The hunks of a normalised unified diff (`extract_patch(...).patch`), each with its file's path."""
     out: list[Hunk] = []
-    path = ""
+    lines = patch.splitlines()
+    path, new_file = "", False
     current: Hunk | None = None
-    for line in patch.splitlines():
-        if line.startswith("+++ "):
-            target = line[4:].strip()
-            path = target[2:] if target.startswith("b/") else target
-            current = None
-        elif line.startswith("--- ") and current is None:
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            # A file header, not a removed line that starts with "-- ": the pair is what makes it one.
+            old, new = _strip_prefix(line[4:], "a/"), _strip_prefix(lines[i + 1][4:], "b/")
+            new_file = old == "/dev/null"
+            path, current = (new if new_file else old), None
+            i += 2
             continue
+        if line.startswith("diff --git "):
+            current = None
         elif HUNK_HEADER.match(line):
-            current = Hunk(path, [], [], [])
+            current = Hunk(path, [], [], [], new_file)
             out.append(current)
         elif current is not None and line[:1] in (" ", "-", "+"):
             body = line[1:]
-            if line[0] == " ":
+            if line[0] != "+":
                 current.old.append(body)
-            elif line[0] == "-":
-                current.old.append(body)
+            if line[0] == "-":
                 current.removed.append(body)
-            else:
+            elif line[0] == "+":
                 current.added.append(body)
+        i += 1
     return out
 
 
@@ -113,7 +125,9 @@ def diagnose(answer: str, gold_patch: str, read_file: Any, prompt: str = "") -> 
     worst = KINDS.index("anchored")
     for h in mine:
         text = read_file(h.path)
-        if text is None:
+        if h.new_file:
+            kind, detail = ("path", h.path) if text is not None else ("anchored", "")  # creating a file that exists
+        elif text is None:
             kind, detail = "path", h.path
         else:
             kind, detail = _hunk_kind(text.split("\n"), h)

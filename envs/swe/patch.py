@@ -182,7 +182,10 @@ def _hunk(lines: list[str], i: int, out: list[str]) -> int:
     j = i + 1
     while j < len(lines):
         line = lines[j]
-        if line.startswith(("--- ", "diff --git ")) or HUNK_HEADER.match(line):
+        # "--- " opens the next file only with its "+++ " line: alone, it is a removed line that starts with "-- "
+        # (an SQL or Lua comment, a reST rule).
+        next_file = line.startswith("--- ") and j + 1 < len(lines) and lines[j + 1].startswith("+++ ")
+        if next_file or line.startswith("diff --git ") or HUNK_HEADER.match(line):
             break
         if line == "":
             # Models (and editors) drop the single space of an empty context line.

@@ -105,3 +105,18 @@ def test_an_answer_without_a_usable_diff_is_a_format_failure(repo: tuple[Path, s
     read = diagnose.git_reader(*repo)
     assert diagnose.diagnose("I would change the comparison.", GOLD, read).detail == "missing"
     assert diagnose.diagnose("```diff\n" + GOLD[:80], GOLD, read).detail == "truncated"
+
+
+def test_each_hunk_is_read_against_its_own_file_in_a_diff_of_several() -> None:
+    removed_sql_comment = "-- a comment that starts like a file header"
+    diff = ("diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n a = 1\n-b = 2\n+b = 3\n"
+            "diff --git a/q.sql b/q.sql\n--- a/q.sql\n+++ b/q.sql\n@@ -1,2 +1,1 @@\n select 1;\n"
+            f"-{removed_sql_comment}\n"
+            "diff --git a/new.py b/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+c = 4\n")
+    files = {"x.py": "a = 1\nb = 2\n", "q.sql": f"select 1;\n{removed_sql_comment}\n"}
+    found = diagnose.hunks(diff)
+    assert [(h.path, h.removed, h.new_file) for h in found] == [
+        ("x.py", ["b = 2"], False), ("q.sql", [removed_sql_comment], False), ("new.py", [], True)]
+    assert diagnose.diagnose(answer(diff), diff, files.get).kind == "anchored"
+    files["new.py"] = "c = 4\n"  # creating a file that is already there does not apply
+    assert diagnose.diagnose(answer(diff), diff, files.get).kind == "path"

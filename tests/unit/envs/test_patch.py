@@ -115,3 +115,21 @@ def test_extraction_never_raises_on_arbitrary_text(text):
     r = extract_patch(text)
     assert r.status in ("ok", "missing", "malformed", "truncated")
     assert (r.status == "ok") == bool(r.patch)
+
+
+def test_a_removed_line_that_starts_like_a_file_header_stays_in_its_hunk(tmp_path):
+    """`--- ` opens a file only with its `+++ ` line; alone it is a removed `-- ` line (an SQL comment here), and the
+    normalised diff still applies with git."""
+    import subprocess
+
+    sql = "select 1;\n-- drop me\nselect 2;\n"
+    diff = ("diff --git a/q.sql b/q.sql\n--- a/q.sql\n+++ b/q.sql\n@@ -1,3 +1,2 @@\n select 1;\n--- drop me\n"
+            " select 2;\n")
+    r = extract_patch(f"```diff\n{diff}```\n")
+    assert r.ok, r.detail
+    assert r.patch == diff
+    (tmp_path / "q.sql").write_text(sql)
+    (tmp_path / "fix.diff").write_text(r.patch)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True)
+    assert (tmp_path / "q.sql").read_text() == "select 1;\nselect 2;\n"
