@@ -131,6 +131,19 @@ def _wait_for_the_run(env: dict[str, str], project: str, timeout: float = 1500) 
             killed = replicas[1]
             _sh(["docker", "kill", killed], env)
             at = time.time()
+        if killed is not None:
+            # The kill is done: from here only the trainer's exit matters, and the engine reports it (`docker wait`)
+            # instead of a `compose ps` every few seconds. A crash it restarts from (on-failure) ends the wait too:
+            # its state is then not "exited" and the loop waits again.
+            trainer = _compose(env, project, "ps", "-a", "-q", "trainer").stdout.split()
+            left = deadline - time.monotonic()
+            if trainer and left > 0:
+                try:
+                    _sh(["docker", "wait", trainer[0]], env, timeout=left, check=False)
+                except subprocess.TimeoutExpired:
+                    break
+                if _trainer_state(env, project)[0] == "exited":
+                    return killed, at
         time.sleep(3)
     raise AssertionError(f"the run did not finish within {timeout:.0f} s")
 
