@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,6 +46,8 @@ import corpus  # noqa: E402
 import diagnose  # noqa: E402
 import fixes  # noqa: E402
 import lm  # noqa: E402
+
+from fleet.contracts.sandbox import RewardMode  # noqa: E402
 
 log = logging.getLogger("speedrun")
 
@@ -241,10 +243,9 @@ def diagnose_rounds(rounds: list[dict[str, Any]], data: Path) -> list[dict[str, 
 
 def diagnose_stage(args: argparse.Namespace) -> None:
     """Diagnose the logged held-out answers of a GRPO report (`--report`), here or where it ran."""
-    report = json.loads(args.report.read_text())
-    report["diagnosis"] = diagnose_rounds(report["validation_tasks"], args.data)
+    rounds = json.loads(args.report.read_text())["validation_tasks"]
     write(args.out, args.report.name.replace("grpo_", "diagnosis_"),
-          {"report": str(args.report), "diagnosis": report["diagnosis"]})
+          {"report": str(args.report), "diagnosis": diagnose_rounds(rounds, args.data)})
 
 
 def error_kinds(errors: dict[str, str], top: int = 12) -> dict[str, int]:
@@ -384,7 +385,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--lr", type=float, default=3e-5)
         # pass_rate pays a patch that changes nothing its PASS_TO_PASS share, and GRPO learned exactly that here
         # (docs/swe-learning.md): only progress on the failing tests is credited.
-        s.add_argument("--reward-mode", choices=["binary", "pass_rate", "fail_to_pass"], default="fail_to_pass")
+        s.add_argument("--reward-mode", choices=get_args(RewardMode), default="fail_to_pass")
         s.add_argument("--timeout", type=float, default=240.0 if name == "smoke" else 540.0,
                        help="seconds the fleet may run (a device call may run 600)")
         s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from fleet.contracts.sandbox import RewardMode, Verdict
+
+REWARD_MODES: tuple[str, ...] = get_args(RewardMode)
+
+
+def _part(report: dict[str, dict[str, list[str]]], name: str) -> tuple[int, int]:
+    """(passing, listed) tests of one part of swebench's report (FAIL_TO_PASS, PASS_TO_PASS, ...)."""
+    part = report.get(name, {})
+    ok = len(part.get("success", []))
+    return ok, ok + len(part.get("failure", []))
 
 
 def _pass_rate(verdict: Verdict) -> float:
     report = verdict.report
     if report:
-        ok = sum(len(part.get("success", [])) for part in report.values())
-        total = ok + sum(len(part.get("failure", [])) for part in report.values())
+        parts = [_part(report, name) for name in report]
+        ok, total = sum(p[0] for p in parts), sum(p[1] for p in parts)
         # No listed tests at all: swebench counts that as resolved, and so does the rate.
         return ok / total if total else float(verdict.resolution == "FULL")
     ran = verdict.tests_passed + verdict.tests_failed
     return verdict.tests_passed / ran if ran else float(verdict.resolution == "FULL")
-
-
-def _part(report: dict[str, dict[str, list[str]]], name: str) -> tuple[int, int]:
-    part = report.get(name, {})
-    ok = len(part.get("success", []))
-    return ok, ok + len(part.get("failure", []))
 
 
 def _fail_to_pass(verdict: Verdict) -> float:
@@ -51,8 +56,8 @@ def reward_from_verdict(verdict: Verdict, mode: RewardMode = "binary", format_er
     """
     if verdict.status in ("infra_error", "pending", "running"):
         raise ValueError(f"cannot score a {verdict.status} verdict ({verdict.error[:200]}): retry the task instead")
-    if mode not in ("binary", "pass_rate", "fail_to_pass"):
-        raise ValueError(f"env.code.reward_mode must be 'binary', 'pass_rate' or 'fail_to_pass', got {mode!r}")
+    if mode not in REWARD_MODES:
+        raise ValueError(f"env.code.reward_mode must be one of {', '.join(REWARD_MODES)}, got {mode!r}")
     if verdict.status == "refused":
         return min(0.0, format_error_reward)
     if verdict.status == "integrity_violation":

@@ -17,12 +17,14 @@ line(s) the gold patch adds, and changes nothing (`no_op`: its + lines equal its
 
 from __future__ import annotations
 
-import subprocess
+import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.swe.gitrepo import BareRepo
 from envs.swe.patch import HUNK_HEADER, extract_patch
 
 KINDS = ("format", "path", "invented", "whitespace", "scattered", "anchored")
@@ -106,7 +108,7 @@ def _hunk_kind(file_lines: list[str], hunk: Hunk) -> tuple[str, str]:
     return "anchored", ""
 
 
-def diagnose(answer: str, gold_patch: str, read_file: Any, prompt: str = "") -> Diagnosis:
+def diagnose(answer: str, gold_patch: str, read_file: Callable[[str], str | None], prompt: str = "") -> Diagnosis:
     """`read_file(path)` -> the file's text at the base commit, or None where there is none."""
     extracted = extract_patch(answer)
     if not extracted.ok:
@@ -138,13 +140,9 @@ def diagnose(answer: str, gold_patch: str, read_file: Any, prompt: str = "") -> 
     return d
 
 
-def git_reader(git_dir: Path, commit: str) -> Any:
-    def read(path: str) -> str | None:
-        shown = subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "blob", f"{commit}:{path}"],
-                               capture_output=True, text=True, check=False)
-        return shown.stdout if shown.returncode == 0 else None
-
-    return read
+def repo_reader(git_dir: Path, commit: str) -> Callable[[str], str | None]:
+    """path -> the file's text at `commit` (None where there is none), each file read once."""
+    return functools.cache(functools.partial(BareRepo(git_dir).try_show, commit))
 
 
 def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: Any, repos: Path,
@@ -152,6 +150,7 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
     """Per validation round with logged answers (`validation_tasks` of gpu_fleet_swe.py's report): the kinds, how
     each kind was scored, the gold-patch flags, and a few answers of each kind."""
     out = []
+    readers: dict[str, Callable[[str], str | None]] = {}  # a task's files are read once for all its rounds
     for r in rounds:
         answers: dict[str, list[int]] = r.get("answers", {})
         if not answers:
@@ -164,7 +163,9 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
             task = tasks[task_id]
             text = tokenizer.decode(ids, skip_special_tokens=True)
             prompt = (prompts or {}).get(task_id, "")
-            d = diagnose(text, task.patch, git_reader(repos / f"{task.repo}.git", task.base_commit), prompt)
+            if task_id not in readers:
+                readers[task_id] = repo_reader(repos / f"{task.repo}.git", task.base_commit)
+            d = diagnose(text, task.patch, readers[task_id], prompt)
             kind = d.kind if d.kind != "invented" or d.in_prompt is None else (
                 "invented_from_prompt" if d.in_prompt else "invented_elsewhere")
             kinds[kind] += 1

@@ -156,11 +156,11 @@ def named_tests(repo: BareRepo, commit: str, statement: str) -> list[str]:
     texts = repo.read_files(commit, sorted({path for path, _ in ids}))
     out = []
     for path, name in ids:
+        text = texts.get(path, "")
         wanted = name.replace("::", ".")
-        for label, body in _functions(path, texts.get(path, "")):
-            if label.split(" ", 1)[1] == wanted:
-                out.append(body)
-                break
+        span = next(((start, end) for qualname, start, end in function_spans(text) if qualname == wanted), None)
+        if span is not None:
+            out.append("\n".join(text.splitlines()[span[0] - 1:span[1]]))
     return out
 
 

@@ -44,8 +44,10 @@ def built(tmp_path_factory: pytest.TempPathFactory, sdist_cache: Path) -> tuple[
 
 
 def test_a_build_out_of_time_writes_what_it_accepted_and_says_so(built, sdist_cache, tmp_path):
-    """`--max-seconds`: a window that closes (a lent GPU host's call) keeps the tasks decided by then, a prefix of
-    the full build's (tests/unit/launch/data/test_builder.py), instead of losing them all to a kill."""
+    """`--max-seconds`: a window that closes (a lent GPU host's call) still writes a whole task set (splits,
+    manifest, no staging left) naming the repository cut short. The window here closes before validation starts, so
+    the set is empty and the subset check below is trivially true: that the tasks kept are a prefix of the full
+    selection is checked deterministically in tests/unit/launch/data/test_builder.py."""
     first, _, _ = built
     out = tmp_path / "cut"
     rc = data_main(["build", "--out", str(out), "--repos", REPO, "--max-per-repo", str(TASKS), "--seed", str(SEED),

@@ -73,7 +73,7 @@ def variants() -> dict[str, str]:
 
 
 def test_each_kind_is_named_and_agrees_with_git_apply(repo: tuple[Path, str]) -> None:
-    read = diagnose.git_reader(*repo)
+    read = diagnose.repo_reader(*repo)
     for name, diff in variants().items():
         d = diagnose.diagnose(answer(diff), GOLD, read, prompt=BUGGY)
         assert d.kind == name.removesuffix("_u1"), (name, d)
@@ -81,7 +81,7 @@ def test_each_kind_is_named_and_agrees_with_git_apply(repo: tuple[Path, str]) ->
 
 
 def test_the_gold_fix_is_recognised_in_any_context_width(repo: tuple[Path, str]) -> None:
-    read = diagnose.git_reader(*repo)
+    read = diagnose.repo_reader(*repo)
     for diff in (GOLD, GOLD_U1):
         d = diagnose.diagnose(answer(diff), GOLD, read)
         assert (d.gold_file, d.gold_removed, d.gold_added, d.no_op) == (True, True, True, False)
@@ -92,7 +92,7 @@ def test_the_gold_fix_is_recognised_in_any_context_width(repo: tuple[Path, str])
 
 
 def test_an_invented_line_is_told_apart_from_one_copied_from_the_prompt(repo: tuple[Path, str]) -> None:
-    read = diagnose.git_reader(*repo)
+    read = diagnose.repo_reader(*repo)
     copied = "def elsewhere(x):"
     lines = GOLD.split("\n")
     first = next(i for i, line in enumerate(lines) if line.startswith(" ") and line.strip())
@@ -102,7 +102,7 @@ def test_an_invented_line_is_told_apart_from_one_copied_from_the_prompt(repo: tu
 
 
 def test_an_answer_without_a_usable_diff_is_a_format_failure(repo: tuple[Path, str]) -> None:
-    read = diagnose.git_reader(*repo)
+    read = diagnose.repo_reader(*repo)
     assert diagnose.diagnose("I would change the comparison.", GOLD, read).detail == "missing"
     assert diagnose.diagnose("```diff\n" + GOLD[:80], GOLD, read).detail == "truncated"
 
