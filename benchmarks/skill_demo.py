@@ -6,6 +6,7 @@
     python benchmarks/skill_demo.py variants --config examples/configs/arith_learn.yaml --steps 60 \
         --variants tis,icepop,seq-mask-tis,tis+fix --out arith_variants   # the IS variants where async collapsed
     python benchmarks/skill_demo.py collect --work DIR --out NAME   # all runs under DIR: one JSON, one figure
+    python benchmarks/skill_demo.py compare [--seeds 1,2,3] [--steps 300]   # TRL's GRPOTrainer, async, sync (issue 35)
 
 Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
 one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
@@ -35,12 +36,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.core_usage import CoreSampler, load_samples, step_report  # noqa: E402
 from trainer.metrics import read_jsonl  # noqa: E402 (after the path: the benchmark runs as a script)
 
 CONFIG = ROOT / "examples/configs/digits_skill.yaml"
 RESULTS = ROOT / "benchmarks/results"
 TARGET = 0.8
 SYNC = ["grpo.async_grpo.enabled=false", "grpo.async_grpo.in_flight_weight_updates=false"]
+# The in-process peer (benchmarks/trl_peer.py) as a mode of `compare`: TRL as it is, and with its KL gradient made the
+# fleet's (loss_fn.kl_score_function_gradient).
+PEER_MODES = {"trl": [], "trl-scorekl": ["--bias-correction-kl"]}
+# The fleet's modes; "-k3grad": the gradient of beta * k3 alone, as TRL takes it (issue 35).
+K3GRAD = ["loss_fn.kl_score_function_gradient=false"]
+FLEET_MODES = {"sync": SYNC, "async": [], "sync-k3grad": [*SYNC, *K3GRAD], "async-k3grad": K3GRAD}
 # The fix for the async collapse of the arith demo (docs/services/trainer.md): `variants tis+fix` adds these.
 FIX = ["policy.optimizer.lr=3e-4", "grpo.async_grpo.max_trajectory_age_steps=1", "grpo.skip_update_without_signal=true"]
 VARIANTS = {
@@ -155,8 +163,9 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"sync": "tab:blue", "async": "tab:orange", "tis": "tab:orange", "icepop": "tab:green",
-              "seq-mask-tis": "tab:red", "tis+fix": "tab:blue"}
+    colors = {"sync": "tab:blue", "async": "tab:orange", "trl": "tab:purple", "trl-scorekl": "tab:pink",
+              "sync-k3grad": "tab:cyan", "async-k3grad": "tab:brown", "tis": "tab:orange",
+              "icepop": "tab:green", "seq-mask-tis": "tab:red", "tis+fix": "tab:blue"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
     for i, run in enumerate(runs):
         mode = run["name"].rsplit("-s", 1)[0]
@@ -205,34 +214,80 @@ def _spread(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
             "median": statistics.median(ok) if ok else None}
 
 
+def run_peer(name: str, work: Path, steps: int, seed: int, timeout_s: float, after: int,
+             overrides: list[str], extra: list[str]) -> dict[str, Any]:
+    """One run of the in-process peer (benchmarks/trl_peer.py: TRL's GRPOTrainer on this demo's recipe), stopped
+    like a fleet run: `after` validation rounds past the target, or at `timeout_s`."""
+    log_path = work / f"{name}.log"
+    cmd = [sys.executable, str(ROOT / "benchmarks/trl_peer.py"), "--seed", str(seed), "--steps", str(steps),
+           "--work", str(work), "--name", name, "--after", str(after), "--target", str(TARGET),
+           *extra, *[f"--set={o}" for o in overrides]]
+    print(f"[{name}] {' '.join(cmd[2:])}  (log: {log_path})", flush=True)
+    t0 = time.monotonic()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=timeout_s)
+            stopped = ""
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            stopped = "timeout"
+    if proc.returncode != 0 and not stopped:
+        tail = log_path.read_text().splitlines()[-30:]
+        raise RuntimeError(f"{name}: trl_peer.py exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
+    out = summarize(name, work / name, overrides)
+    out["launcher_s"], out["stopped_early"] = time.monotonic() - t0, stopped
+    print(f"[{name}] " + json.dumps({k: out[k] for k in ("reach_step", "reach_s", "final_val", "wall_s")}), flush=True)
+    return out
+
+
 def run(args: argparse.Namespace) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    unknown = [m for m in args.modes.split(",") if m not in FLEET_MODES and m not in PEER_MODES]
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; known: {', '.join([*FLEET_MODES, *PEER_MODES])}")
     pretrain(args.task)
     runs: list[dict[str, Any]] = []
+    # Each core's idle share per step (issue 35), kept in WORK/cores.jsonl so --reuse can report it too.
+    sampler = CoreSampler(path=work / "cores.jsonl")
+    if not args.reuse:
+        sampler.start()
     for seed in [int(s) for s in args.seeds.split(",")]:
         for mode in args.modes.split(","):
             name = f"{mode}-s{seed}"
-            overrides = [f"grpo.seed={seed}", *(SYNC if mode == "sync" else []), *args.set]
+            overrides = [f"grpo.seed={seed}", *FLEET_MODES.get(mode, []), *args.set]
             if args.reuse:
                 if (work / name / "logs/metrics.jsonl").is_file():  # runs not made are left out, not guessed
                     runs.append(summarize(name, work / name, overrides))
+            elif mode in PEER_MODES:
+                runs.append(run_peer(name, work, args.steps, seed, args.timeout, args.after, args.set,
+                                     PEER_MODES[mode]))
             else:
                 runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree,
                                       after=args.after))
+    if sampler.is_alive():
+        sampler.stop()
+    samples = sampler.samples or (load_samples(work / "cores.jsonl") if (work / "cores.jsonl").is_file() else [])
+    for r in runs:
+        r["cores"] = step_report(samples, work / r["name"] / "logs/metrics.jsonl") if samples else {}
     by_mode = {m: [r for r in runs if r["name"].startswith(m + "-")] for m in args.modes.split(",")}
     result = {"env": env_info(), "config": str(CONFIG.relative_to(ROOT)), "steps": args.steps, "target": TARGET,
               "summary": {m: {k: _spread(rs, k) for k in ("reach_step", "reach_s", "final_val", "chance_val",
                                                          "step_s_median")} for m, rs in by_mode.items()},
               "runs": runs}
-    (RESULTS / "skill_demo.json").write_text(json.dumps(result, indent=1) + "\n")
+    out = args.out if args.what == "compare" else "skill_demo"
+    (RESULTS / f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
     what = {"digits": "first digit", "digits_max": "largest digit"}[args.task]
     level = _chance(args.task)
-    _plot(runs, ROOT / "docs/img/skill_demo.png", f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, "
-          f"chance {level:.3g}) through the fleet, 2 CPU cores", chance=level)
-    _plot(runs, ROOT / "docs/img/skill_offpolicy.png", "off-policy diagnostics (sync runs: no staleness, so the "
-          "error is 1 and the ratios 1)", offpolicy=True, chance=level)
+    who = "TRL's GRPOTrainer (one process) and the fleet" if "trl" in by_mode else "the fleet"
+    _plot(runs, ROOT / f"docs/img/{out}.png", f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, "
+          f"chance {level:.3g}), {who}, 2 CPU cores", chance=level)
+    if args.what == "run":
+        _plot(runs, ROOT / "docs/img/skill_offpolicy.png", "off-policy diagnostics (sync runs: no staleness, so "
+              "the error is 1 and the ratios 1)", offpolicy=True, chance=level)
 
 
 def variants(args: argparse.Namespace) -> None:
@@ -290,15 +345,16 @@ def env_info() -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["pretrain", "run", "variants", "collect"])
+    p.add_argument("what", choices=["pretrain", "run", "compare", "variants", "collect"])
     p.add_argument("--task", default="digits_max", choices=["digits_max", "digits"])
     p.add_argument("--seeds", default="1,2,3")
-    p.add_argument("--modes", default="sync,async")
+    p.add_argument("--modes", default=None, help="run: sync,async (default); compare: trl,async,sync (default)")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--variants", default="tis,icepop,seq-mask-tis")
     p.add_argument("--seed", type=int, default=1, help="variants: the grpo.seed of every variant run")
     p.add_argument("--config", default=str(CONFIG), help="variants: the config (another one brings its own model)")
-    p.add_argument("--out", default="skill_variants", help="variants: results/<out>.json and docs/img/<out>.png")
+    p.add_argument("--out", default=None,
+                   help="variants, compare: results/<out>.json and docs/img/<out>.png (skill_variants, skill_compare)")
     p.add_argument("--work", default="/tmp/grpo-fleet-skill-demo", help="run directories and logs")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds after which a run is stopped (the demo's target is 0.8 within 15 minutes)")
@@ -309,11 +365,13 @@ def main() -> None:
     p.add_argument("--reuse", action="store_true", help="summarize the runs already in --work, run nothing")
     p.add_argument("--title", default="", help="collect: the figure's title")
     args = p.parse_args()
+    args.modes = args.modes or ("trl,async,sync" if args.what == "compare" else "sync,async")
+    args.out = args.out or ("skill_compare" if args.what == "compare" else "skill_variants")
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.what == "pretrain":
         print(pretrain(args.task))
     else:
-        {"run": run, "variants": variants, "collect": collect}[args.what](args)
+        {"run": run, "compare": run, "variants": variants, "collect": collect}[args.what](args)
 
 
 if __name__ == "__main__":
