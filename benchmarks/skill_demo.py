@@ -43,12 +43,17 @@ CONFIG = ROOT / "examples/configs/digits_skill.yaml"
 RESULTS = ROOT / "benchmarks/results"
 TARGET = 0.8
 SYNC = ["grpo.async_grpo.enabled=false", "grpo.async_grpo.in_flight_weight_updates=false"]
+# A sync run's phases take turns (generate, then train), so each gets both cores; the config's pinning (trainer on
+# core 0, rollout fleet on core 1) is for async, whose phases overlap. Issue 35, seed 1: 4.55 s per step pinned,
+# 3.13 s this way (docs/performance.md, "Against the in-process peer").
+SYNC_CORES = ["cluster.cpu_affinity={}", "policy.generation.vllm_cfg.cpu_threads=affinity"]
 # The in-process peer (benchmarks/trl_peer.py) as a mode of `compare`: TRL as it is, and with its KL gradient made the
 # fleet's (loss_fn.kl_score_function_gradient).
 PEER_MODES = {"trl": [], "trl-scorekl": ["--bias-correction-kl"]}
 # The fleet's modes; "-k3grad": the gradient of beta * k3 alone, as TRL takes it (issue 35).
 K3GRAD = ["loss_fn.kl_score_function_gradient=false"]
-FLEET_MODES = {"sync": SYNC, "async": [], "sync-k3grad": [*SYNC, *K3GRAD], "async-k3grad": K3GRAD}
+FLEET_MODES = {"sync": [*SYNC, *SYNC_CORES], "async": [], "sync-pinned": SYNC,
+               "sync-k3grad": [*SYNC, *SYNC_CORES, *K3GRAD], "async-k3grad": K3GRAD}
 # The fix for the async collapse of the arith demo (docs/services/trainer.md): `variants tis+fix` adds these.
 FIX = ["policy.optimizer.lr=3e-4", "grpo.async_grpo.max_trajectory_age_steps=1", "grpo.skip_update_without_signal=true"]
 VARIANTS = {
@@ -164,6 +169,7 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
     import matplotlib.pyplot as plt
 
     colors = {"sync": "tab:blue", "async": "tab:orange", "trl": "tab:purple", "trl-scorekl": "tab:pink",
+              "sync-pinned": "tab:gray",
               "sync-k3grad": "tab:cyan", "async-k3grad": "tab:brown", "tis": "tab:orange",
               "icepop": "tab:green", "seq-mask-tis": "tab:red", "tis+fix": "tab:blue"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))

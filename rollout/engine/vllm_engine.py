@@ -35,7 +35,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +119,7 @@ class VllmEngine(GenerationEngine):
         self._staging_dir = cfg.staging_dir
         self._stage_min_bytes = stage_min_bytes
         self._cpu_weight_layout = cfg.cpu_weight_layout
+        self._cpu_threads = cfg.cpu_threads
         self._load_mode = "reload"  # how pushes load in the worker (`WorkerExtension._grpo_fleet_load`); set at start
         self._llm: Any = None
         self._spare_stage: StageFile | None = None  # the staging file between pushes (see `stage`)
@@ -142,6 +143,8 @@ class VllmEngine(GenerationEngine):
         kwargs = dict(self._engine_kwargs)
         if current_platform.is_cpu():
             kwargs.setdefault("kv_cache_memory_bytes", self._cpu_kv_bytes)
+            # Read by the engine processes spawned below, which inherit this environment.
+            os.environ.update(cpu_thread_env(self._cpu_threads, os.sched_getaffinity(0), os.environ))
         t0 = time.perf_counter()
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         if current_platform.is_cpu():
@@ -394,6 +397,15 @@ class VllmEngine(GenerationEngine):
                 raise
             raise RuntimeError(f"packing weight version {version} failed (still serving {self._served_version}): "
                                f"{exc}") from exc
+
+
+def cpu_thread_env(mode: str, cores: set[int], environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that put vLLM's CPU threads where `vllm_cfg.cpu_threads` says (none for `auto`, or when the
+    user bound them already)."""
+    if mode == "auto" or "VLLM_CPU_OMP_THREADS_BIND" in environ:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in sorted(cores)),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")}
 
 
 def _start_packing(staged: FileStaged, load: set[str]) -> RpcCall:

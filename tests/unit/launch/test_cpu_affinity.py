@@ -9,7 +9,7 @@ import pytest
 
 from fleet.config import ConfigError, parse_config
 from launch.supervisor import Supervisor
-from launch.topology import Ports, ProcessSpec, check_cpu_affinity, fleet_processes
+from launch.topology import Ports, ProcessSpec, check_cpu_affinity, cpu_host_env, fleet_processes
 
 
 def _cfg(affinity: dict[str, list[int]]):
@@ -50,3 +50,12 @@ def test_a_pinned_process_and_its_children_run_only_on_their_cores(tmp_path: Pat
 
     asyncio.run(run())
     assert (tmp_path / "probe.log").read_text().split("\n")[0].endswith(f"[{core}] [{core}]")
+
+
+def test_on_a_cpu_host_every_process_gets_sleeping_openmp_threads_unless_the_user_chose(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    specs = fleet_processes(_cfg({}), None, [], Ports(1, 2, 3, [4]), "redis://x")
+    assert all(s.env.get("OMP_WAIT_POLICY") == "PASSIVE" for s in specs), [s.env for s in specs]
+    assert cpu_host_env(_cfg({}).cluster, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    assert cpu_host_env(parse_config({"cluster": {"gpus_per_node": 1}}).cluster, {}) == {}
