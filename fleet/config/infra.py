@@ -63,8 +63,10 @@ class RedisConfig(Section):
     """Prefix of every key the replay buffer owns (wrapped in a hash tag, `{gf}:...`, so that every key lives in one
     Redis Cluster slot and the buffer's Lua scripts stay atomic there too)."""
     appendfsync: Literal["always", "everysec", "no"] = "everysec"
-    """Embedded Redis only: AOF fsync policy. `everysec` loses nothing when a process dies (only a power loss can
-    cost the last second); `always` also survives power loss, at a throughput cost (benchmarks/replay_buffer_bench)."""
+    """Embedded Redis only: AOF fsync policy. `everysec` usually loses nothing when a process dies, but while an
+    fsync is slow Redis postpones its AOF writes (up to 2 s) and still answers, so a SIGKILL of Redis then can lose
+    acknowledged writes (seen under heavy disk I/O); a power loss can cost the last second. `always` writes before
+    it answers, at a throughput cost (benchmarks/replay_buffer_bench)."""
 
 
 class ReplayBufferConfig(Section):

@@ -97,7 +97,8 @@ async def test_service_sigkilled_and_restarted_loses_nothing(spawn, tmp_path: Pa
 
 async def test_redis_restarted_from_its_aof_loses_no_acknowledged_group(spawn, tmp_path: Path) -> None:
     prefix = _prefix()
-    url, redis = start_embedded_redis(tmp_path / "redis")
+    # always: everysec may answer before its AOF write while an fsync is slow (test_rb_redis_outage.py says more).
+    url, redis = start_embedded_redis(tmp_path / "redis", appendfsync="always")
     try:
         svc = spawn(f"redis.url={url}", f"redis.key_prefix={prefix}", LONG_LEASES)
         c = Client(svc.address, CFG, redis_url=url, prefix=prefix)
@@ -108,7 +109,7 @@ async def test_redis_restarted_from_its_aof_loses_no_acknowledged_group(spawn, t
             with pytest.raises(aio.AioRpcError) as err:
                 await c.call("Stats")
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            url, redis = start_embedded_redis(tmp_path / "redis")
+            url, redis = start_embedded_redis(tmp_path / "redis", appendfsync="always")
             after = await _retry_unavailable(lambda: c.call("Stats"))
             assert [getattr(after, f) for f in DURABLE] == [getattr(before, f) for f in DURABLE]
             await _accounting_ok(url, prefix)

@@ -170,7 +170,8 @@ async def test_a_submit_may_name_only_a_payload_key_of_its_own_group(buffer) -> 
 async def test_payload_store_rides_out_a_redis_outage_and_names_redis_past_the_bound(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url, redis = start_embedded_redis(tmp_path / "redis")
+    # always: everysec may answer before its AOF write while an fsync is slow (test_rb_redis_outage.py says more).
+    url, redis = start_embedded_redis(tmp_path / "redis", appendfsync="always")
     caplog.set_level(logging.INFO, logger="services.runtime.outage")
     store = PayloadStore(url, "po", Outage(f"redis at {url}", 60.0), ttl_ms=60_000)
     try:
@@ -179,7 +180,7 @@ async def test_payload_store_rides_out_a_redis_outage_and_names_redis_past_the_b
         writing = asyncio.create_task(store.put([("g", b"during")]))
         await asyncio.sleep(1.0)
         assert not writing.done()
-        url, redis = start_embedded_redis(tmp_path / "redis")  # from its AOF
+        url, redis = start_embedded_redis(tmp_path / "redis", appendfsync="always")  # from its AOF
         (later,) = await asyncio.wait_for(writing, 60)
         assert await store.get([key, later]) == [b"before", b"during"]
         assert store.outage.outages == 1
