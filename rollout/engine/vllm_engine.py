@@ -22,11 +22,11 @@ How the contract of `rollout.engine.base` maps onto vLLM 0.32:
   layer as soon as its bytes have arrived (`on_staged`), and the pause only swaps the kernels in and loads biases,
   norms and embeddings; "plain" unpacks the GEMM weights once at start, so a push is a copy, for ~2x slower decode
   GEMMs (docs/performance.md, issue 5). On GPUs: vLLM's `reload_weights` (HF checkpoint names).
-- Transport to the worker process (rollout/engine/vllm_staging.py): the push lies in one raw file on tmpfs
-  (`staging_dir`) that the worker maps; `stage()` hands out views of that file's mapping, so a receiver writes the
-  pushed bytes straight into it, and the file is reused by the next push. Tensors not staged that way are first
-  written to such a file (before the pause). Without a staging dir with room, the tensors travel pickled inside
-  the RPC, which copies them twice (client -> engine core -> worker) at ~85 MB/s here.
+- Transport to the worker process (rollout/engine/vllm_staging.py; what runs before the pause: vllm_push.py): the
+  push lies in one raw file on tmpfs (`staging_dir`) that the worker maps; `stage()` hands out views of that file's
+  mapping, so a receiver writes the pushed bytes straight into it, and the file is reused by the next push. Tensors
+  not staged that way are first written to such a file (before the pause). Without a staging dir with room, the
+  tensors travel pickled inside the RPC, which copies them twice (client -> engine core -> worker) at ~85 MB/s here.
 """
 
 from __future__ import annotations
@@ -52,23 +52,14 @@ from rollout.engine.base import (
     spans_to_versions,
 )
 from rollout.engine.images import image_inputs, image_prompt
-from rollout.engine.vllm_staging import (
-    FileStaged,
-    Progress,
-    StageFile,
-    StageIndex,
-    aligned_index,
-    copy_into,
-    remove_orphaned_stages,
-)
+from rollout.engine.vllm_push import copy_to_stage, load_call, rpc, start_packing
+from rollout.engine.vllm_staging import FileStaged, Progress, StageFile, aligned_index, remove_orphaned_stages
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 GiB = 1 << 30
-RpcCall = tuple[str, tuple[Any, ...]]
-"""A `WorkerExtension` method's name and its arguments."""
 
 
 class VllmEngine(GenerationEngine):
@@ -127,11 +118,6 @@ class VllmEngine(GenerationEngine):
         self._active: set[str] = set()
         self._failed: BaseException | None = None
 
-    async def _rpc(self, llm: Any, call: RpcCall) -> list[Any]:
-        """Run a `WorkerExtension` method on every vLLM worker; one result per worker."""
-        method, args = call
-        return list(await llm.collective_rpc(method, args=args))
-
     async def start(self) -> None:
         # An inline push travels pickled inside the RPC's arguments (`vllm_worker.InlinePush`): refused unless this
         # is set in the client and the engine processes (which inherit the environment when they are spawned below).
@@ -151,7 +137,7 @@ class VllmEngine(GenerationEngine):
             self._load_mode = "reload" if self._image_token_id is not None else self._cpu_weight_layout
             if self._load_mode == "plain":
                 t1 = time.perf_counter()
-                unpacked = await self._rpc(self._llm, ("grpo_fleet_unpack_and_load", (str(self.model_path),)))
+                unpacked = await rpc(self._llm, ("grpo_fleet_unpack_and_load", (str(self.model_path),)))
                 log.info("unpacked %s CPU GEMM weights in %.1f s", unpacked, time.perf_counter() - t1)
         await self._llm.update_weight_version(str(self._served_version))
         self._stage_ahead()
@@ -189,7 +175,7 @@ class VllmEngine(GenerationEngine):
                 and self._failed is None:
             load = set(staged) - self._aliases
             try:
-                await self._rpc(self._llm, _start_packing(staged, load))
+                await rpc(self._llm, start_packing(staged, load))
             except Exception as exc:  # packing starts (and reports) after the receive instead
                 log.warning("could not start packing the push as it arrives: %s", exc)
                 return
@@ -305,10 +291,10 @@ class VllmEngine(GenerationEngine):
             n_active = len(self._active)
             t_stage = time.perf_counter()
             if not isinstance(staged, FileStaged):
-                copied = await self._copy_to_stage(items)
+                copied = await copy_to_stage(self.stage, items, self._stage_min_bytes)
                 if copied is not None:
                     staged = copied
-            load = await self._load_call(llm, version, items, staged)
+            load = await load_call(llm, items, staged, self._load_mode, version, self._served_version)
             self._accepting.clear()
             t0 = time.perf_counter()
             if in_flight:
@@ -318,7 +304,7 @@ class VllmEngine(GenerationEngine):
                 await llm.pause_generation(mode="wait", clear_cache=True)
             t1 = time.perf_counter()
             try:
-                await self._rpc(llm, load)
+                await rpc(llm, load)
             except BaseException as exc:
                 # Some parameters may hold new values, others old: no label would be true any more.
                 self._failed = exc
@@ -348,57 +334,6 @@ class VllmEngine(GenerationEngine):
             kv_recomputed=reset_cache and in_flight,
         )
 
-    async def _copy_to_stage(self, items: list[tuple[str, torch.Tensor]]) -> FileStaged | None:
-        """Tensors handed over in memory of their own, copied into a staging file (before the pause), unless they are
-        below `stage_min_bytes` or no staging file can be had: those travel inline."""
-        if sum(t.numel() * t.element_size() for _, t in items) < self._stage_min_bytes:
-            return None
-        own = self.stage([(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in items])
-        if not isinstance(own, FileStaged):
-            own.release()
-            return None
-        await asyncio.to_thread(copy_into, own, items)
-        return own
-
-    async def _load_call(self, llm: Any, version: int, items: list[tuple[str, torch.Tensor]],
-                         staged: StagedWeights | None) -> RpcCall:
-        """The RPC that loads the push under the pause; a staged push is packed first, off the pause (packed CPU)."""
-        if not isinstance(staged, FileStaged):
-            return "grpo_fleet_load_inline", (vllm_worker.InlinePush(items), self._load_mode)
-        # The loaded names are the validated ones (a tied head's alias is received, not loaded).
-        names = {name for name, _ in items}
-        index = [e for e in staged.index if e[0] in names]
-        if self._load_mode == "packed":
-            await self._pack_off_pause(llm, version, staged, index)
-            return "grpo_fleet_commit_packed", (staged.file.path,)
-        return "grpo_fleet_load_staged", (staged.file.path, index, self._load_mode)
-
-    async def _pack_off_pause(self, llm: Any, version: int, staged: FileStaged, index: StageIndex) -> None:
-        """Packed CPU layout: load and pack the staged push (the tensors of `index`) into new kernels on a thread of
-        each vLLM worker while generation goes on (`vllm_cpu.pack_gemms`), so that the pause only swaps kernels and
-        copies the small rest. A failure here leaves the served model as it was. A push received over TCP is usually
-        being packed already, as it arrived (`on_staged`)."""
-        path = staged.file.path
-        try:
-            staged.complete()  # every byte is in (a receiver marks them as they come; a plain copy does not)
-            if not staged.packing:
-                await self._rpc(llm, _start_packing(staged, {e[0] for e in index}))
-            while True:
-                states = await self._rpc(llm, ("grpo_fleet_packing_state", (path,)))
-                failed = [st for st in states if st not in ("running", "done")]
-                if failed:
-                    raise RuntimeError(failed[0])
-                if all(st == "done" for st in states):
-                    return
-                await asyncio.sleep(0.01)
-        except BaseException as exc:
-            await asyncio.shield(self._rpc(llm, ("grpo_fleet_drop_packed", (path,))))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise RuntimeError(f"packing weight version {version} failed (still serving {self._served_version}): "
-                               f"{exc}") from exc
-
-
 def cpu_thread_env(mode: str, cores: set[int], environ: Mapping[str, str]) -> dict[str, str]:
     """The variables that put vLLM's CPU threads where `vllm_cfg.cpu_threads` says (none for `auto`, or when the
     user bound them already)."""
@@ -406,8 +341,3 @@ def cpu_thread_env(mode: str, cores: set[int], environ: Mapping[str, str]) -> di
         return {}
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in sorted(cores)),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")}
-
-
-def _start_packing(staged: FileStaged, load: set[str]) -> RpcCall:
-    """The RPC that starts packing `staged` on each vLLM worker (sorted: msgpack carries lists, not sets)."""
-    return "grpo_fleet_start_packing", (staged.file.path, staged.index, staged.push_id, sorted(load))

@@ -1,11 +1,11 @@
 """The executor: TaskSpec in, Verdict out. Usable in-process (the task-set builder) and behind HTTP (`server.py`).
 
 One task: resolve the repository (`repos.py`), materialise a fresh tree at `base_commit` (`workspace.py`), apply the
-agent patch (`not_applied` if git cannot), refuse it if it touches tests (`integrity.py`), force-apply the test patch,
-restore every test file and runner input to pristine, run the tests through the trusted runner (`trusted.py`,
-`runner/`) in bubblewrap under limits and a per-task cgroup (`bwrap.py`, `process.py`, `cgroups.py`), read its
-signed report and grade it with swebench (`verdicts.py`, `grading.py`). A bounded pool (`pool_size` slots) runs
-tasks concurrently; each slot has its own uid.
+agent patch (`not_applied` if git cannot), refuse it if it touches tests (`integrity.py`), restore every test file
+and runner input to pristine and force-apply the test patch (`patching.py`), run the tests through the trusted runner
+(`trusted.py`, `runner/`) in bubblewrap under limits and a per-task cgroup (`bwrap.py`, `process.py`, `cgroups.py`),
+read its signed report and grade it with swebench (`verdicts.py`, `grading.py`). A bounded pool (`pool_size` slots)
+runs tasks concurrently; each slot has its own uid.
 Anything that is not the patch's doing -- missing repository, git or disk failure, a sandbox that did not start, a
 bug here -- becomes an `infra_error` verdict, never a failed patch.
 """
@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
@@ -29,14 +29,13 @@ from services.sandbox import grading, verdicts
 from services.sandbox.bwrap import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
 from services.sandbox.images.service import ImageTasks
-from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
+from services.sandbox.patching import apply_patches
 from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runner.protocol import KEY_BYTES
-from services.sandbox.runner.testpaths import is_protected
-from services.sandbox.trusted import TrustedRunner, pytest_command
+from services.sandbox.trusted import TrustedRunner
 from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
-from services.sandbox.workspace import InfraError, PatchError, TreeFull, TreeLimits, Workspace, remove_tree
+from services.sandbox.workspace import InfraError, TreeLimits, Workspace, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -256,76 +255,16 @@ class Executor:
         await ws.checkout(repo, spec.base_commit)
         timings["checkout_s"] = time.monotonic() - t
         t = time.monotonic()
-        early = await self._apply_patches(ws, spec)
+        early = await apply_patches(ws, spec, self._runner.config_names if self._runner else frozenset())
         timings["apply_s"] = time.monotonic() - t
         if early is not None:
             return early
         return await self._run_tests(ws, spec, slot, repo, timings)
 
-    async def _apply_patches(self, ws: Workspace, spec: TaskSpec) -> Verdict | None:
-        """Apply both patches; a verdict when the run stops here (not_applied, refused)."""
-        test_paths: list[str] = []
-        if spec.test_patch.strip():
-            try:
-                test_paths = await ws.patch_paths("test.diff", spec.test_patch)
-            except PatchError as exc:
-                raise InfraError(f"the task's test_patch is malformed: {exc}") from exc
-            if any(unsafe_path(p) for p in test_paths):
-                raise InfraError("the task's test_patch touches paths outside the tree")
-        try:
-            if spec.patch.strip():
-                try:
-                    paths = await ws.patch_paths("agent.diff", spec.patch)
-                    await ws.apply("agent.diff", spec.patch)
-                except PatchError as exc:
-                    return Verdict(status="not_applied", error=f"patch does not apply: {exc}")
-                if spec.integrity_check:
-                    reason = await self._integrity(ws, paths, test_paths, spec.task_paths)
-                    if reason is not None:
-                        return Verdict(status="refused", patch_applied=True, error=f"integrity check: {reason}")
-            if test_paths:
-                await ws.force_apply("test.diff", spec.test_patch, test_paths)
-        except TreeFull as exc:  # the agent's files filled the task's tree: its doing, a verdict
-            return Verdict(status="not_applied", patch_applied=False, error=str(exc))
-        return None
-
-    async def _integrity(self, ws: Workspace, paths: list[str], test_paths: list[str],
-                         task_paths: list[str]) -> str | None:
-        """Why the patch is refused (None: accepted); either way every test file and runner input it touched goes
-        back to its pristine content, so the run never depends on what this check's parsers make of them."""
-        # What git read from the patch, plus what actually changed on disk (renames, modes, symlinks included).
-        touched = sorted({*paths, *await ws.changed_paths()})
-        configs = [p for p in touched if PurePosixPath(p).name in CONFIG_FILES]
-        before = {p: await ws.base_text(p) for p in configs}
-        reason = check_patch(touched, test_paths, before.get, ws.read_text, task_paths)
-        if reason is None:
-            names = self._runner.config_names if self._runner else frozenset()
-            owned = set(task_paths) - set(test_paths)  # the task's own fix is code, whatever its name
-            await ws.restore_pristine([p for p in touched if p not in owned and (is_protected(p, names) or (names and
-                                       PurePosixPath(p).name in names))])
-        return reason
-
-    def _command(self, spec: TaskSpec, tree: Path, key_fd: int, report_fd: int) -> tuple[list[str], dict[str, str],
-                                                                                     bool]:
-        """(argv, environment, whether the run streams a report): pytest through the trusted runner, or a shell
-        command that is not of the task-set form (graded by exit status)."""
-        runner = self._runner
-        assert runner is not None
-        if spec.test_command is not None:
-            parsed = pytest_command(spec.test_command)
-            if parsed is None:  # any pytest the shell starts loads the report plugin (weaker: see runner/shell.py)
-                env = {"PYTEST_ADDOPTS": "-p grpo_runner.shell", "GRPO_RUNNER_FDS": f"{key_fd},{report_fd}"}
-                return ["/bin/sh", "-c", spec.test_command], env, True
-            argv = runner.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths, args=parsed.args)
-            return argv, runner.start_env(parsed.env), True
-        env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if self.cfg.disable_plugin_autoload else {}
-        files = sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
-        args = ["-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", *files]
-        return runner.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=[], args=args), env, True
-
     async def _sandboxed(self, policy: SandboxPolicy, tree: Path, command: list[str], *, slot: int,
                          hide: list[Path], env: dict[str, str], limit_s: float, report: ReportPipe | None = None,
-                         cgroup: TaskCgroup | WatchedRun | None = None) -> RunResult:
+                         cgroup: TaskCgroup | WatchedRun | None = None, output_cap: int | None = None) -> RunResult:
+        """Run `command` in `tree` inside bubblewrap as `slot`'s uid, under the task limits and `cgroup`."""
         status_pipe = os.pipe() if self.cfg.use_bwrap else None
         fd = status_pipe[1] if status_pipe else -1
         cpu_s = max(1, min(self.cfg.cpu_s, math.ceil(limit_s)))
@@ -333,7 +272,8 @@ class Executor:
         if cgroup is not None:
             argv = cgroup.wrap(argv)
         return await run_limited(argv, env=policy.env(env), cwd=str(tree), limit_s=limit_s,
-                                 output_cap=self.cfg.max_output_kb << 10, status_pipe=status_pipe, report=report,
+                                 output_cap=output_cap if output_cap is not None else self.cfg.max_output_kb << 10,
+                                 status_pipe=status_pipe, report=report,
                                  guard=cgroup)
 
     @property
@@ -355,15 +295,11 @@ class Executor:
         assert policy is not None
         # The policy derives a run's uid from its slot: a session's uid is `uid_base + slot` for some slot number.
         slot = uid - policy.uid_base if uid is not None and policy.uid_for_slot(0) is not None else 0
-        status_pipe = os.pipe() if self.cfg.use_bwrap else None
-        fd = status_pipe[1] if status_pipe else -1
-        cpu_s = max(1, min(self.cfg.cpu_s, math.ceil(limit_s)))
         hidden = [*hide, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
-        argv = policy.argv(tree, command, slot=slot, hide=hidden, status_fd=fd, cpu_s=cpu_s)
         cgroup = self._cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self._cgroups else None
         try:
-            return await run_limited(cgroup.wrap(argv) if cgroup else argv, env=policy.env({}), cwd=str(tree),
-                                     limit_s=limit_s, output_cap=output_cap, status_pipe=status_pipe, guard=cgroup)
+            return await self._sandboxed(policy, tree, command, slot=slot, hide=hidden, env={}, limit_s=limit_s,
+                                         cgroup=cgroup, output_cap=output_cap)
         finally:
             if cgroup is not None:
                 await cgroup.remove()
@@ -381,7 +317,10 @@ class Executor:
         os.close(key_write)
         report_read, report_write = open_pipe()
         pipe = ReportPipe(report_read, report_write, self.cfg.max_report_mb << 20, inherit=(key_read,))
-        command, env, reported = self._command(spec, ws.tree, key_read, report_write)
+        runner = self._runner
+        assert runner is not None
+        command, env = runner.test_command(spec, ws.tree, key_read, report_write,
+                                           disable_autoload=self.cfg.disable_plugin_autoload)
         hide = [repo, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
         cgroup = self._cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self._cgroups else None
         t = time.monotonic()
@@ -399,6 +338,6 @@ class Executor:
         limits = verdicts.Limits(self.cfg.cpu_s, self.cfg.memory_mb, self.cfg.task_memory_mb if cgroup else None,
                                  self.cfg.max_test_cases)
         shell = spec.test_command is not None and command[0] == "/bin/sh"
-        verdict = verdicts.grade_run(spec, result, key if reported else None, limits, stats, shell=shell)
+        verdict = verdicts.grade_run(spec, result, key, limits, stats, shell=shell)
         timings["grade_s"] = time.monotonic() - t
         return verdict

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.contracts.sandbox import TaskSpec
 from services.sandbox.runner import testpaths
 
 RUNNER_SOURCE = Path(__file__).resolve().parent / "runner"
@@ -129,6 +130,23 @@ class TrustedRunner:
         opts = [x for p in paths for x in ("--path", p)]
         return [self.python, *flags, str(self.site / "grpo_runner" / "boot.py"), str(key_fd), str(report_fd),
                 str(tree), *opts, "--", *args]
+
+    def test_command(self, spec: TaskSpec, tree: Path, key_fd: int, report_fd: int, *,
+                     disable_autoload: bool) -> tuple[list[str], dict[str, str]]:
+        """(argv, environment) of a task's test run: pytest through this runner, or a shell command that is not of
+        the task-set form, in which any pytest the shell starts loads the report plugin (weaker: see
+        runner/shell.py). Every form streams a signed report."""
+        if spec.test_command is not None:
+            parsed = pytest_command(spec.test_command)
+            if parsed is None:
+                env = {"PYTEST_ADDOPTS": "-p grpo_runner.shell", "GRPO_RUNNER_FDS": f"{key_fd},{report_fd}"}
+                return ["/bin/sh", "-c", spec.test_command], env
+            argv = self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths, args=parsed.args)
+            return argv, self.start_env(parsed.env)
+        env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if disable_autoload else {}
+        files = sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
+        args = ["-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", *files]
+        return self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=[], args=args), env
 
     @staticmethod
     def start_env(env: dict[str, str]) -> dict[str, str]:
