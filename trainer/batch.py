@@ -7,7 +7,8 @@ its own share without further communication:
 * the step's samples split, in order, into minibatches of `policy.train_global_batch_size` (one optimizer update
   each; old log-probs are computed once, before the first update, as GRPO/PPO prescribes);
 * a minibatch's samples are spread over the data-parallel ranks longest-first in a snake order (equal counts +-1,
-  balanced tokens);
+  balanced tokens); with `policy.prefix_sharing`, a group's answers stay together instead (so that they share
+  their prompt, `trainer.logprobs.pack`), whole groups dealt to the rank with the fewest tokens;
 * a rank's share is cut into the same number of micro-batches on every rank (FSDP2 collectives must pair up;
   a rank with fewer samples gets an empty micro-batch, run as a zero-weight dummy), similar lengths together.
 
@@ -170,14 +171,15 @@ def _snake(order: list[int], world: int) -> list[list[int]]:
 
 
 def make_micro_batch(samples: list[TrainSample], *, row_tokens: int, packing: bool,
-                     pad_multiple: int = 1) -> MicroBatch:
+                     pad_multiple: int = 1, share_prefixes: bool = False) -> MicroBatch:
     dummy = not samples
     if dummy:  # one token of prompt, one of response, weight 0: keeps FSDP2's collectives paired across ranks
         samples = [TrainSample("", [0], [0], [0.0], 0.0, 0.0, 0, valid=False)]
     images = tuple(png for s in samples for png in s.images)
     # One sample per row when there are images: Qwen2-VL computes M-RoPE positions over a row as one sequence.
     packed = pack([s.prompt_ids for s in samples], [s.response_ids for s in samples], row_tokens=row_tokens,
-                  packing=packing and not images, pad_multiple=pad_multiple)
+                  packing=packing and not images, pad_multiple=pad_multiple,
+                  share_prefixes=share_prefixes and not images)
     if images:
         packed = replace(packed, images=images)
     b, t = len(samples), packed.max_response
@@ -194,18 +196,39 @@ def make_micro_batch(samples: list[TrainSample], *, row_tokens: int, packing: bo
 
 
 def plan_rank(batch: StepBatch, *, global_batch: int, micro_batch: int, rank: int, world: int,
-              row_tokens: int, packing: bool, pad_multiple: int = 1) -> list[list[MicroBatch]]:
+              row_tokens: int, packing: bool, pad_multiple: int = 1,
+              share_prefixes: bool = False) -> list[list[MicroBatch]]:
     """This rank's micro-batches, grouped by optimizer minibatch (see the module docstring)."""
     samples = batch.samples
     plan: list[list[MicroBatch]] = []
     for start in range(0, len(samples), global_batch):
         idx = list(range(start, min(start + global_batch, len(samples))))
-        order = sorted(idx, key=lambda i: (-samples[i].length, i))
-        share = _snake(order, world)
+        if share_prefixes:
+            share = _prompt_shares(samples, idx, world, micro_batch)
+            mine = share[rank]
+        else:
+            share = _snake(sorted(idx, key=lambda i: (-samples[i].length, i)), world)
+            mine = sorted(share[rank], key=lambda i: (-samples[i].length, i))
         per_rank = max(len(s) for s in share)
         n_micro = max(1, -(-per_rank // micro_batch))
-        mine = sorted(share[rank], key=lambda i: (-samples[i].length, i))
         cuts = [mine[k * micro_batch : (k + 1) * micro_batch] for k in range(n_micro)]
         plan.append([make_micro_batch([samples[i] for i in c], row_tokens=row_tokens, packing=packing,
-                                      pad_multiple=pad_multiple) for c in cuts])
+                                      pad_multiple=pad_multiple, share_prefixes=share_prefixes) for c in cuts])
     return plan
+
+
+def _prompt_shares(samples: list[TrainSample], idx: list[int], world: int, micro_batch: int) -> list[list[int]]:
+    """Prefix sharing: each rank's samples, kept together by prompt (a group's answers, cut into pieces of at most
+    `micro_batch`), the pieces dealt longest-first to the rank with the fewest tokens so far."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i in idx:
+        by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
+    pieces = [m[k : k + micro_batch] for m in by_prompt.values() for k in range(0, len(m), micro_batch)]
+    pieces.sort(key=lambda piece: (-sum(samples[i].length for i in piece), piece[0]))
+    shares: list[list[int]] = [[] for _ in range(world)]
+    tokens = [0] * world
+    for piece in pieces:
+        r = min(range(world), key=lambda k: (tokens[k], k))
+        shares[r].extend(piece)
+        tokens[r] += sum(samples[i].length for i in piece)
+    return shares

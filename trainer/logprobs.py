@@ -8,6 +8,11 @@ the [T, V] logits (bf16, then an fp32 copy for the softmax: ~2.4 GB for one 4k s
   attention). Padding only fills the tail of the last row segment and *continues* its positions: causal attention
   never lets a real token see a later pad, and a row holding one sample keeps plain `is_causal` attention (the
   flash kernel on GPUs).
+* With `share_prefixes`, samples with the same prompt (a GRPO group's G answers) share one copy of it: a row holds
+  the prompt once, then each response, with positions continuing from the prompt's end, and an explicit [R, 1, L, L]
+  mask lets a response token see the prompt and its own earlier tokens only. Log-probs and gradients are the
+  unshared layout's (the prompt's hidden states are the same computation; its gradient sums over the responses),
+  for 1/G of the prompt's compute. The mask is L^2 bytes per row, and it rules out FlashAttention's kernels.
 * `trained_only()` drops the positions the loss masks out (an agent trajectory's observation tokens) from the
   lm_head's work.
 * `linear_logprobs()` takes the final hidden states of the response positions only (prompt positions never reach
@@ -37,8 +42,10 @@ class PackedInputs:
     dest_index: torch.Tensor  # [N] flat index into B*T of that token's slot in the padded response layout
     num_samples: int  # B
     max_response: int  # T
-    padded_tokens: int  # R*L - real tokens (waste, for metrics)
+    padded_tokens: int  # R*L - tokens laid out (waste, for metrics)
     images: tuple[bytes, ...] = ()  # computer use: the rows' screenshots (PNG), in row-major placeholder order
+    attention_mask: torch.Tensor | None = None  # [R, 1, L, L] bool, True = may attend; None: causal per sample
+    shared_tokens: int = 0  # prompt tokens not laid out again because an earlier sample of the row shares them
 
     def to(self, device: torch.device) -> PackedInputs:
         move = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
@@ -72,13 +79,17 @@ def pack(
     packing: bool = True,
     pad_id: int = 0,
     pad_multiple: int = 1,
+    share_prefixes: bool = False,
 ) -> PackedInputs:
-    """Pack (prompt, response) samples. Every prompt needs at least one token (it predicts the first response token)."""
+    """Pack (prompt, response) samples. Every prompt needs at least one token (it predicts the first response token).
+    `share_prefixes`: samples with equal prompts share one copy of it (see the module docstring)."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every sample needs a non-empty prompt")
+    if share_prefixes:
+        return _pack_shared(prompts, responses, max([row_tokens, *lengths]), packing, pad_id, pad_multiple)
     rows = _assign_rows(lengths, max([row_tokens, *lengths]), packing)
     width = max((sum(lengths[i] for i in row) for row in rows), default=1)
     width = -(-width // pad_multiple) * pad_multiple
@@ -112,6 +123,84 @@ def pack(
         num_samples=len(prompts),
         max_response=max_resp,
         padded_tokens=ids.numel() - sum(lengths),
+    )
+
+
+def _prompt_trees(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                  capacity: int) -> list[list[int]]:
+    """Sample indices per tree: samples with equal prompts, in input order, cut so that the prompt plus the tree's
+    responses fit `capacity` tokens."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(tuple(prompt), []).append(i)
+    trees: list[list[int]] = []
+    for members in groups.values():
+        tree: list[int] = []
+        fill = 0
+        for i in members:
+            if tree and fill + len(responses[i]) > capacity:
+                trees.append(tree)
+                tree = []
+            if not tree:
+                fill = len(prompts[i])
+            tree.append(i)
+            fill += len(responses[i])
+        trees.append(tree)
+    return trees
+
+
+def _pack_shared(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], capacity: int, packing: bool,
+                 pad_id: int, pad_multiple: int) -> PackedInputs:
+    """`pack` with each tree's prompt laid out once (see the module docstring)."""
+    trees = _prompt_trees(prompts, responses, capacity)
+    sizes = [len(prompts[t[0]]) + sum(len(responses[i]) for i in t) for t in trees]
+    rows = _assign_rows(sizes, capacity, packing)
+    width = max((sum(sizes[t] for t in row) for row in rows), default=1)
+    width = -(-width // pad_multiple) * pad_multiple
+    max_resp = max((len(r) for r in responses), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    # Pads see only themselves: a query that may attend to nothing would give NaN.
+    mask = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1, 1)
+    gather: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+    dest: list[torch.Tensor] = []
+    for r, row in enumerate(rows):
+        offset = 0
+        for t in row:
+            prompt = prompts[trees[t][0]]
+            p = len(prompt)
+            ids[r, offset : offset + p] = torch.tensor(prompt, dtype=torch.long)
+            pos[r, offset : offset + p] = torch.arange(p)
+            mask[r, 0, offset : offset + p, offset : offset + p] = torch.ones(p, p, dtype=torch.bool).tril()
+            s = offset + p
+            for i in trees[t]:
+                k = len(responses[i])
+                if k == 0:
+                    continue
+                ids[r, s : s + k] = torch.tensor(responses[i], dtype=torch.long)
+                pos[r, s : s + k] = torch.arange(p, p + k)
+                mask[r, 0, s : s + k, offset : offset + p] = True
+                mask[r, 0, s : s + k, s : s + k] = torch.ones(k, k, dtype=torch.bool).tril()
+                # The first response token is predicted by the prompt's last position, shared by the whole tree.
+                gather.append(r * width + torch.cat([torch.tensor([offset + p - 1]), torch.arange(s, s + k - 1)]))
+                targets.append(torch.tensor(responses[i], dtype=torch.long))
+                dest.append(i * max_resp + torch.arange(k))
+                s += k
+            offset = s
+    laid_out = sum(sizes)
+    empty = torch.zeros(0, dtype=torch.long)
+    return PackedInputs(
+        input_ids=ids,
+        position_ids=pos,
+        gather_index=torch.cat(gather) if gather else empty,
+        targets=torch.cat(targets) if targets else empty,
+        dest_index=torch.cat(dest) if dest else empty,
+        num_samples=len(prompts),
+        max_response=max_resp,
+        padded_tokens=ids.numel() - laid_out,
+        attention_mask=mask,
+        shared_tokens=sum(len(p) + len(r) for p, r in zip(prompts, responses, strict=True)) - laid_out,
     )
 
 

@@ -58,14 +58,22 @@ class PolicyModule(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, gather_index: torch.Tensor, targets: torch.Tensor,
-        images: tuple[bytes, ...] = (),
+        images: tuple[bytes, ...] = (), attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`attention_mask`: [R, 1, L, L] bool (True: may attend), for rows that share prompts (`pack`); None:
+        causal attention within each sample, from the position ids."""
         if images:  # computer use: M-RoPE positions from the image grid (trainer/vlm.py), never the packed ones
             from trainer.vlm import vision_hidden
 
             hidden = vision_hidden(self.lm, self.image_codec, input_ids, images)
         else:
-            hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+            if attention_mask is not None and self.lm.config._attn_implementation == "eager":
+                # Eager attention adds its mask to the scores (sdpa takes a boolean one as it is).
+                dtype = self.lm.get_input_embeddings().weight.dtype
+                attention_mask = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device) \
+                    .masked_fill_(~attention_mask, torch.finfo(dtype).min)
+            hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                   use_cache=False).last_hidden_state
         picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, gather_index)
         weight = self.lm.get_output_embeddings().weight
         return linear_logprobs(picked, weight, targets, temperature=self.temperature, chunk=self.chunk_tokens,
@@ -219,7 +227,7 @@ def autocast(cfg: PolicyConfig, dist: Dist) -> contextlib.AbstractContextManager
 def forward_logprobs(module: PolicyModule, packed: PackedInputs, device: torch.device) -> torch.Tensor:
     """[B, T] log-probabilities of the response tokens of one packed micro-batch."""
     p = packed.to(device)
-    values = module(p.input_ids, p.position_ids, p.gather_index, p.targets, p.images)
+    values = module(p.input_ids, p.position_ids, p.gather_index, p.targets, p.images, p.attention_mask)
     return unpack(values, p)
 
 

@@ -1,8 +1,8 @@
 """`policy.*`: the model being trained, how it is trained and how it generates (seed key names kept)."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fleet.config.base import Section
 
@@ -229,6 +229,12 @@ class PolicyConfig(Section):
     sequence_packing: bool = True
     """Pack a micro-batch's samples into rows of `policy.max_total_sequence_length` tokens instead of padding each
     sample to the longest one."""
+    prefix_sharing: bool = False
+    """Samples with the same prompt (a group's answers) share one copy of it in the trainer's forward and backward:
+    the prompt's compute is paid once per group instead of once per answer, with the same log-probs and gradients
+    (the digits demo, 24-token prompts and 2-token answers, 16 per group: 6.8x faster forward + backward on one
+    core). The rows then carry an explicit attention mask, L^2 bytes per row of L tokens, which only `sdpa` and
+    `eager` attention take (FlashAttention kernels cannot)."""
     logprob_chunk_tokens: int = Field(4096, ge=1)
     """Tokens per chunk of the fused lm_head + log-softmax: peak memory is chunk x vocab fp32 logits, never
     sequence x vocab (smaller chunks cost speed: 1024 gave 15% fewer tokens/s than 4096 on an H200, Qwen2 0.5B)."""
@@ -245,6 +251,13 @@ class PolicyConfig(Section):
     (`tiny-qwen2-vl` is made locally); its multimodal processor loads with `AutoProcessor` from
     `policy.tokenizer.name`, else the model folder, the same one on the trainer and the rollout side
     (docs/computer-use.md, "Policy")."""
+
+    @model_validator(mode="after")
+    def _mask_takers_only(self) -> Self:
+        if self.prefix_sharing and self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"policy.prefix_sharing=true needs policy.attn_implementation sdpa or eager (it passes an "
+                             f"explicit attention mask), not {self.attn_implementation}")
+        return self
 
     @field_validator("weight_sync", mode="before")
     @classmethod
