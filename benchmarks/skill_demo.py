@@ -52,7 +52,7 @@ SYNC_CORES = ["cluster.cpu_affinity={}", "policy.generation.vllm_cfg.cpu_threads
 PEER_MODES = {"trl": [], "trl-scorekl": ["--bias-correction-kl"]}
 # The fleet's modes; "-k3grad": the gradient of beta * k3 alone, as TRL takes it (issue 35).
 K3GRAD = ["loss_fn.kl_score_function_gradient=false"]
-FLEET_MODES = {"sync": [*SYNC, *SYNC_CORES], "async": [], "sync-pinned": SYNC,
+FLEET_MODES = {"sync": [*SYNC, *SYNC_CORES], "async": [], "sync-pinned": SYNC, "async-unpinned": SYNC_CORES,
                "sync-k3grad": [*SYNC, *SYNC_CORES, *K3GRAD], "async-k3grad": K3GRAD}
 # The fix for the async collapse of the arith demo (docs/services/trainer.md): `variants tis+fix` adds these.
 FIX = ["policy.optimizer.lr=3e-4", "grpo.async_grpo.max_trajectory_age_steps=1", "grpo.skip_update_without_signal=true"]

@@ -4,6 +4,7 @@ of the fleet as local processes on loopback, and supervise them until the traine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,20 +24,20 @@ from workshop.resolve import resolve_model
 log = logging.getLogger(__name__)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct free ports: every socket stays bound until all are picked, since the kernel may hand a port
+    that was just released out again (two services of one fleet were once given the same one)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def pick_ports(rollout: RolloutConfig) -> Ports:
-    """Free loopback ports for every service of a local fleet; each rollout worker gets its own."""
-    return Ports(
-        replay_buffer=free_port(),
-        sandbox=free_port(),
-        trainer=free_port(),
-        rollout=[free_port() for _ in range(rollout.num_workers)],
-    )
+    """Free loopback ports for every service of a local fleet, all different; each rollout worker gets its own."""
+    replay_buffer, sandbox, trainer, *rollout_ports = free_ports(3 + rollout.num_workers)
+    return Ports(replay_buffer=replay_buffer, sandbox=sandbox, trainer=trainer, rollout=rollout_ports)
 
 
 def prepare(cfg: MasterConfig) -> None:
