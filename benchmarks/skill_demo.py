@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> None:
     samples = sampler.samples or (load_samples(work / "cores.jsonl") if (work / "cores.jsonl").is_file() else [])
     for r in runs:
         r["cores"] = step_report(samples, work / r["name"] / "logs/metrics.jsonl") if samples else {}
-    by_mode = {m: [r for r in runs if r["name"].startswith(m + "-")] for m in args.modes.split(",")}
+    by_mode = {m: [r for r in runs if r["name"].rsplit("-s", 1)[0] == m] for m in args.modes.split(",")}
     result = {"env": env_info(), "config": str(CONFIG.relative_to(ROOT)), "steps": args.steps, "target": TARGET,
               "summary": {m: {k: _spread(rs, k) for k in ("reach_step", "reach_s", "final_val", "chance_val",
                                                          "step_s_median")} for m, rs in by_mode.items()},
