@@ -113,6 +113,12 @@ def pack(
             offset, last_len = offset + n, n
         # The pad tail continues the last segment's positions (see the module docstring).
         pos[r, offset:] = torch.arange(last_len, last_len + width - offset)
+    return _packed(ids, pos, gather, targets, dest, len(prompts), max_resp, sum(lengths))
+
+
+def _packed(ids: torch.Tensor, pos: torch.Tensor, gather: list[torch.Tensor], targets: list[torch.Tensor],
+            dest: list[torch.Tensor], num_samples: int, max_resp: int, laid_out: int,
+            mask: torch.Tensor | None = None, shared: int = 0) -> PackedInputs:
     empty = torch.zeros(0, dtype=torch.long)
     return PackedInputs(
         input_ids=ids,
@@ -120,9 +126,11 @@ def pack(
         gather_index=torch.cat(gather) if gather else empty,
         targets=torch.cat(targets) if targets else empty,
         dest_index=torch.cat(dest) if dest else empty,
-        num_samples=len(prompts),
+        num_samples=num_samples,
         max_response=max_resp,
-        padded_tokens=ids.numel() - sum(lengths),
+        padded_tokens=ids.numel() - laid_out,
+        attention_mask=mask,
+        shared_tokens=shared,
     )
 
 
@@ -189,19 +197,8 @@ def _pack_shared(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[
                 s += k
             offset = s
     laid_out = sum(sizes)
-    empty = torch.zeros(0, dtype=torch.long)
-    return PackedInputs(
-        input_ids=ids,
-        position_ids=pos,
-        gather_index=torch.cat(gather) if gather else empty,
-        targets=torch.cat(targets) if targets else empty,
-        dest_index=torch.cat(dest) if dest else empty,
-        num_samples=len(prompts),
-        max_response=max_resp,
-        padded_tokens=ids.numel() - laid_out,
-        attention_mask=mask,
-        shared_tokens=sum(len(p) + len(r) for p, r in zip(prompts, responses, strict=True)) - laid_out,
-    )
+    shared = sum(len(p) + len(r) for p, r in zip(prompts, responses, strict=True)) - laid_out
+    return _packed(ids, pos, gather, targets, dest, len(prompts), max_resp, laid_out, mask, shared)
 
 
 def trained_only(packed: PackedInputs, mask: torch.Tensor) -> PackedInputs:
