@@ -66,16 +66,13 @@ class StepRunner:
         if self.policy_cfg.sequence_packing and not self.packing_ok:
             log.warning("policy.sequence_packing=true but this transformers cannot mask packed samples apart "
                         "(needs >= 4.54): one sample per row instead")
-        if self.policy_cfg.prefix_sharing and not self.packing_ok:
-            log.warning("policy.prefix_sharing=true but this transformers cannot take an explicit attention mask "
-                        "(needs >= 4.54): every sample gets its own copy of its prompt")
 
     def plan(self, batch: StepBatch) -> list[list[MicroBatch]]:
         p = self.policy_cfg
         return plan_rank(batch, global_batch=p.train_global_batch_size, micro_batch=p.train_micro_batch_size,
                          rank=self.dist.rank, world=self.dist.world_size, row_tokens=p.max_total_sequence_length,
                          packing=p.sequence_packing and self.packing_ok, pad_multiple=self.pad_multiple,
-                         share_prefixes=p.prefix_sharing and self.packing_ok)
+                         share_prefixes=p.prefix_sharing)
 
     @torch.no_grad()
     def recompute(self, plan: list[list[MicroBatch]], *, policy: bool = True) -> None:

@@ -232,9 +232,9 @@ class PolicyConfig(Section):
     prefix_sharing: bool = False
     """Samples with the same prompt (a group's answers) share one copy of it in the trainer's forward and backward:
     the prompt's compute is paid once per group instead of once per answer, with the same log-probs and gradients
-    (the digits demo, 24-token prompts and 2-token answers, 16 per group: 6.8x faster forward + backward on one
-    core). The rows then carry an explicit attention mask, L^2 bytes per row of L tokens, which only `sdpa` and
-    `eager` attention take (FlashAttention kernels cannot)."""
+    (the digits demo, 24-token prompts and 2-token answers, 16 per group: a step's forward + backward 5.1x faster on
+    one core, benchmarks/prefix_sharing_bench.py). The rows then carry an explicit attention mask, L^2 bytes per row
+    of L tokens, which only `sdpa` and `eager` attention take (FlashAttention kernels cannot)."""
     logprob_chunk_tokens: int = Field(4096, ge=1)
     """Tokens per chunk of the fused lm_head + log-softmax: peak memory is chunk x vocab fp32 logits, never
     sequence x vocab (smaller chunks cost speed: 1024 gave 15% fewer tokens/s than 4096 on an H200, Qwen2 0.5B)."""

@@ -38,7 +38,7 @@ PROMPTS_PER_STEP = 2  # fleet_cmd's grpo.num_prompts_per_step
 # work done after it (workers run max-age steps ahead), early enough for the killed process to rejoin. "rollout-0
 # engine" is the EngineCore of rollout-0's vLLM, killed alone; the rest are the launcher's processes, by main pid.
 KILLS = [("rollout-1", 1), ("sandbox", 3), ("replay-buffer", 5), ("redis", 7), ("rollout-0 engine", 8)]
-# The kill schedule needs each killed process back before the last step: a rollout worker's vLLM takes 30 s or more
+# The kill schedule needs each killed process back before the last step: a rollout worker's vLLM takes tens of seconds
 # to come back on two busy cores. With prefix sharing (on in grpo_swe_tiny.yaml) the trainer's steps are short enough
 # for the 10 steps to end first (one CI run), so these runs keep the unshared layout's pace.
 ASYNC = ["rollout.num_workers=2", "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20",
