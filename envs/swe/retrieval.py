@@ -164,11 +164,40 @@ def named_tests(repo: BareRepo, commit: str, statement: str) -> list[str]:
     return out
 
 
+# A traceback frame: pytest's `--tb=short` (`pkg/mod.py:12: in name`) or Python's (`File "/x/pkg/mod.py", line
+# 12, in name`).
+_PYTEST_FRAME = re.compile(r"^\s*(\S+?\.py):(\d+): in \S+$", re.MULTILINE)
+_PYTHON_FRAME = re.compile(r'^\s*File "([^"]+?\.py)", line (\d+), in \S+$', re.MULTILINE)
+
+
+def traceback_lines(statement: str) -> list[tuple[str, int]]:
+    """(path, line) of every traceback frame the statement shows, in order, once each."""
+    found = [(m.start(), m.group(1), int(m.group(2)))
+             for pattern in (_PYTEST_FRAME, _PYTHON_FRAME) for m in pattern.finditer(statement)]
+    return list(dict.fromkeys((path, line) for _, path, line in sorted(found)))
+
+
+def _in_frame(doc: _Doc, frames: list[tuple[str, int]]) -> bool:
+    path, _, rest = doc.path.rpartition(":")
+    start = int(rest.split(" ", 1)[0])
+    end = start + doc.text.count("\n")
+    # A frame's path is relative to the checkout (pytest) or absolute where the package was installed (Python).
+    return any((p == path or p.endswith("/" + path)) and start <= line <= end for p, line in frames)
+
+
 def retrieve_functions(repo: BareRepo, commit: str, statement: str, k: int = TOP_K_FUNCTIONS
                        ) -> list[tuple[str, str]]:
     """(label, source) of the k functions at `commit` that best match `statement`, best first: the `bm25_functions`
     context, for budgets too small for whole files (a small model's). Same corpus and BM25 as `retrieve`, at the
-    granularity of functions; the query is the statement and the source of the tests it names (`named_tests`):
-    still nothing from the gold patch."""
+    granularity of functions; the query is the statement and the source of the tests it names (`named_tests`).
+    Functions a traceback in the statement passes through come first (in BM25 order among themselves), as a
+    developer opens the frames of a pasted traceback first. Still nothing from the gold patch."""
     query = "\n".join([statement, *named_tests(repo, commit, statement)])
-    return [(d.path, d.text) for d in rank(_function_index(str(Path(repo.path).resolve()), commit), query, k)]
+    docs = _function_index(str(Path(repo.path).resolve()), commit)
+    frames = traceback_lines(statement)
+    framed = tuple(d for d in docs if _in_frame(d, frames)) if frames else ()
+    # A frame's function sharing no word with the query still comes before the rest.
+    ranked = {d.path: d for d in [*rank(framed, query, len(framed)), *framed]} if framed else {}
+    for d in rank(docs, query, k + len(ranked)):
+        ranked.setdefault(d.path, d)
+    return [(d.path, d.text) for d in list(ranked.values())[:k]]

@@ -239,6 +239,7 @@ async def _build_repo(r: RepoRecipe, recipe: Recipe, opts: BuildOptions, run: Ru
         # Bugs can still hang (recursion through generators, loops in callees). A candidate runs at most a few files
         # of the suite, so twice the whole clean suite's time is a wide margin; the 10 s floor covers a loaded host.
         timeout=min(60.0, max(10.0, 2 * baseline.seconds)),
+        library_frames=recipe.statement_frames == "repository",
         extra_metadata={"recipe_version": recipe.recipe_version},
     )
     log.info("%s: %d tests (%d passing) on the clean tree in %.1fs; %d candidates", r.name, report.tests,

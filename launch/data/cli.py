@@ -1,5 +1,5 @@
-"""`grpo-fleet data ...`: build the embedded SWE task set, list what a built one holds, or validate any SWE dataset's
-rows (gold FULL, empty NO) through the sandbox.
+"""`grpo-fleet data ...`: build the embedded SWE task set, list what a built one holds, restate its problem
+statements, or validate any SWE dataset's rows (gold FULL, empty NO) through the sandbox.
 
 `launch/cli.py` calls `data_main(argv)`; heavy imports (LibCST, the executor) happen only inside the subcommands.
 """
@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--registry", default="", help="--images: registry to push to, HOST[:PORT] (e.g. 127.0.0.1:5000)")
     b.add_argument("--namespace", default="grpo-fleet", help="--images: image namespace (default: %(default)s)")
     b.add_argument("--insecure-registry", action="store_true", help="--images: plain HTTP / unverified TLS")
+    r = sub.add_parser("restate", help="rewrite a built task set's problem statements under a recipe's "
+                                       "statement_frames (one sandbox run per task; nothing else in a row changes)")
+    r.add_argument("--data", type=Path, default=default_task_dir(), help="task-set folder (default: %(default)s)")
+    r.add_argument("--recipe", type=Path, required=True, help="recipe YAML whose statement_frames to apply")
+    r.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                   help="sandbox runs in parallel (default: cores, %(default)s)")
     ls = sub.add_parser("list", help="counts per repository and bug kind of a built task set")
     ls.add_argument("--data", type=Path, default=default_task_dir(), help="task-set folder (default: %(default)s)")
     v = sub.add_parser("validate", help="grade N rows' gold and empty patches in the sandbox; exit 1 unless every "
@@ -121,6 +127,26 @@ def _build_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restate(args: argparse.Namespace) -> int:
+    from launch.data.recipe import load_recipe
+    from launch.data.restate import restate_taskset
+
+    if args.workers < 1:
+        print("error: --workers must be >= 1", file=sys.stderr)
+        return 2
+    logging.getLogger("services.sandbox.executor").setLevel(logging.WARNING)
+    try:
+        recipe = load_recipe(args.recipe)
+        report = asyncio.run(restate_taskset(args.data, recipe, args.workers))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    kept = ", ".join(f"{n} {why}" for why, n in sorted(report.kept.items())) or "none"
+    print(f"restated {report.rows} rows of {args.data} ({args.recipe}: statement_frames={recipe.statement_frames}) "
+          f"in {report.seconds:.0f} s: {report.changed} statements changed; kept as they were: {kept}")
+    return 0
+
+
 def _list(args: argparse.Namespace) -> int:
     from envs.swe.taskset import format_summary, summarize
 
@@ -176,7 +202,7 @@ def data_main(argv: list[str]) -> int:
     args = parse_config_args(_parser(), argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    commands = {"build": _build, "list": _list, "validate": _validate}
+    commands = {"build": _build, "list": _list, "restate": _restate, "validate": _validate}
     return commands[args.command](args)
 
 

@@ -83,6 +83,10 @@ class Recipe(_Strict):
     """Reject a bug that fails more than this fraction of the selected tests."""
     pytest_args: list[str]
     """Arguments every test run gets (before the test files)."""
+    statement_frames: Literal["tests", "repository"] = "tests"
+    """Traceback frames a problem statement shows: `tests` (the test files' only: the bug must be found from the
+    failing assertions) or `repository` (the library's too, as a user pasting the whole traceback would: easier
+    tasks, whose statements point at the line that raised)."""
     repos: list[RepoRecipe]
     """The task repositories."""
 
@@ -104,6 +108,8 @@ class Recipe(_Strict):
         """Hash of the recipe content: part of the build manifest, so that a task set says what made it."""
         # Unset repository splits stay out of the dump: the default recipe's fingerprint predates the key.
         dumped = self.model_dump(mode="json", by_alias=True)
+        if dumped["statement_frames"] == "tests":  # likewise: the default predates the key
+            del dumped["statement_frames"]
         for repo in dumped["repos"]:
             if repo["split"] is None:
                 del repo["split"]

@@ -1,8 +1,10 @@
 """Problem statements written from the failing tests, the way a user would file an issue.
 
 Input: pytest's output for the buggy tree (`--tb=short -rfE`). Kept: which tests fail, the test-file frames (the
-assertion the user would look at) and the exception lines. Dropped: frames inside the library, which would point
-at the mutated line and hand the agent the answer, and captured output.
+assertion the user would look at) and the exception lines. Dropped by default: frames inside the library, which
+point at the line that raised (often the mutated one), and captured output. A recipe with
+`statement_frames: repository` keeps the library's frames too, as a user pasting the whole traceback would: an easier
+task, whose statement localises every bug that raises inside the library.
 """
 
 from __future__ import annotations
@@ -21,22 +23,58 @@ _MAX_E_LINES = 12
 _MAX_LINE = 300
 
 
+# Python 3.11+ underlines the failing expression (`^^^^`, `~~~`): noise next to the line itself.
+_MARKERS = re.compile(r"^\s+[\^~]+[\^~ ]*$")
+# Of a long run of library frames a statement shows the outermost and the innermost: where the tests entered the
+# library and where it raised, as a user trimming a traceback for an issue would.
+_LIBRARY_FRAMES_KEPT = (2, 2)
+
+
 @dataclass
 class FailureExcerpt:
     title: str
-    frames: list[str] = field(default_factory=list)
+    frames: list[list[str]] = field(default_factory=list)
+    """Each frame's lines: its `path:line: in name` header, then its source lines."""
+    library: list[bool] = field(default_factory=list)
+    """Per frame: inside the library (only with `library_frames`)."""
     error: list[str] = field(default_factory=list)
 
     def render(self) -> str:
-        return "\n".join([*self.frames, *self.error])
+        lines: list[str] = []
+        run: list[list[str]] = []
+
+        def flush() -> None:
+            head, tail = _LIBRARY_FRAMES_KEPT
+            if len(run) > head + tail + 1:
+                kept = [*run[:head], [f"    [... {len(run) - head - tail} more frames ...]"], *run[-tail:]]
+            else:
+                kept = run
+            lines.extend(line for frame in kept for line in frame)
+            run.clear()
+
+        for frame, in_library in zip(self.frames, self.library, strict=True):
+            if in_library:
+                run.append(frame)
+                continue
+            flush()
+            lines.extend(frame)
+        flush()
+        return "\n".join([*lines, *self.error])
 
 
 def _clip(line: str) -> str:
     return line if len(line) <= _MAX_LINE else line[:_MAX_LINE] + " [...]"
 
 
-def parse_failures(output: str, test_paths: tuple[str, ...]) -> list[FailureExcerpt]:
-    """Failure sections of pytest's short traceback output, trimmed to test-file frames and exception lines."""
+def _in_repository(path: str) -> bool:
+    # pytest prints paths under its rootdir (the checkout) relative, the interpreter's and site-packages' absolute.
+    return not path.startswith(("/", "..", "<"))
+
+
+def parse_failures(output: str, test_paths: tuple[str, ...], *, library_frames: bool = False
+                   ) -> list[FailureExcerpt]:
+    """Failure sections of pytest's short traceback output, trimmed to test-file frames (with `library_frames`,
+    every frame in the repository) and exception lines."""
     out: list[FailureExcerpt] = []
     current: FailureExcerpt | None = None
     in_section = keep_frame = False
@@ -62,14 +100,17 @@ def parse_failures(output: str, test_paths: tuple[str, ...]) -> list[FailureExce
             continue
         frame = _FRAME.match(line)
         if frame:
-            keep_frame = frame.group(1).startswith(test_paths)
+            path = frame.group(1)
+            in_tests = path.startswith(test_paths)
+            keep_frame = in_tests or (library_frames and _in_repository(path))
             if keep_frame:
-                current.frames.append(_clip(line))
+                current.frames.append([_clip(line)])
+                current.library.append(not in_tests)
         elif line.startswith("E ") or line == "E":
             if len(current.error) < _MAX_E_LINES:
                 current.error.append(_clip(line))
-        elif keep_frame and line.startswith("    "):
-            current.frames.append(_clip(line))
+        elif keep_frame and line.startswith("    ") and not _MARKERS.match(line):
+            current.frames[-1].append(_clip(line))
     return out
 
 
@@ -91,9 +132,11 @@ _CLOSINGS = (
 
 
 def write_statement(
-    instance_id: str, package: str, version: str, failing: list[str], output: str, test_paths: tuple[str, ...]
+    instance_id: str, package: str, version: str, failing: list[str], output: str, test_paths: tuple[str, ...],
+    *, library_frames: bool = False,
 ) -> str:
-    """An issue-like description of the failing tests (no library frames, so no pointer at the changed line)."""
+    """An issue-like description of the failing tests; without `library_frames`, no frame inside the library, so
+    no pointer at the changed line."""
     failing = sorted(failing)
     lines = [_pick(instance_id + "o", _OPENINGS).format(pkg=package, version=version), ""]
     lines.append("This test fails:" if len(failing) == 1 else f"These {len(failing)} tests fail:")
@@ -101,7 +144,8 @@ def write_statement(
     if len(failing) > _MAX_TESTS_LISTED:
         lines.append(f"- ... and {len(failing) - _MAX_TESTS_LISTED} more")
     # Sorted by test: the order tests run in is not part of the bug.
-    excerpts = sorted((e for e in parse_failures(output, test_paths) if e.error), key=lambda e: e.title)
+    excerpts = sorted((e for e in parse_failures(output, test_paths, library_frames=library_frames) if e.error),
+                      key=lambda e: e.title)
     if excerpts:
         shown = excerpts[:2]
         lines += ["", "Output of the failing test" + ("s" if len(shown) > 1 else "") + " (trimmed):", ""]

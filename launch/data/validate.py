@@ -97,6 +97,7 @@ class RepoValidator:
     max_fail_fraction: float
     validation_fraction: float
     timeout: float
+    library_frames: bool = False
     extra_metadata: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -150,7 +151,8 @@ class RepoValidator:
                            details={"status": fixed.status, "resolution": fixed.resolution, "error": fixed.error[:300]})
         test_paths = tuple(self.recipe.tests)
         statement = write_statement(iid, self.recipe.package, self.recipe.version, f2p,
-                                    empty.stdout_tail + "\n" + empty.stderr_tail, test_paths)
+                                    empty.stdout_tail + "\n" + empty.stderr_tail, test_paths,
+                                    library_frames=self.library_frames)
         split = task_split(self.recipe, c.function_id, self.validation_fraction)
         task = Task(
             instance_id=iid, env_name="swe", problem_statement=statement, repo=self.recipe.name,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from fleet.config.env import DatasetConfig
 from fleet.config.infra import SandboxConfig
 from launch.data.builder import BuildOptions, BuildReport, build_taskset
 from launch.data.cli import data_main
+from launch.data.recipe import DEFAULT_RECIPE
 from services.sandbox.executor import Executor
 
 pytestmark = pytest.mark.slow
@@ -150,3 +152,43 @@ def test_trainer_prompts_read_the_code_of_a_set_outside_the_default_folder(built
     assert source.env.repos_root == str(folder / "repos")
     prompt = source.env.build_prompt(source.dataset[0], WordTokenizer(), 100_000, "bm25_functions")
     assert prompt.context_files and all(label.startswith("inflection/__init__.py:") for label in prompt.context_files)
+
+
+def restated(built_folder: Path, tmp_path: Path, recipe_text: str) -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    folder = tmp_path / "set"
+    shutil.copytree(built_folder, folder)
+    (tmp_path / "recipe.yaml").write_text(recipe_text)
+    assert data_main(["restate", "--data", str(folder), "--recipe", str(tmp_path / "recipe.yaml"),
+                      "--workers", "2"]) == 0
+    return folder
+
+
+def test_restating_under_the_recipe_a_set_was_built_with_writes_its_statements_byte_for_byte(built, tmp_path):
+    folder = restated(built[0], tmp_path, DEFAULT_RECIPE.read_text())
+    assert rows(folder) == rows(built[0])
+    assert read_manifest(folder)["restated"]["changed"] == 0
+
+
+def test_restating_with_repository_frames_writes_what_a_build_with_them_writes(sdist_cache, tmp_path):
+    """Bugs that raise inside the library (swapped call arguments, changed operators) get its frames; the rest of
+    each row stays as built, and the rows are the ones a build under the new recipe makes."""
+    framed_recipe = tmp_path / "framed.yaml"
+    framed_recipe.write_text(DEFAULT_RECIPE.read_text() + "\nstatement_frames: repository\n")
+    plain, framed = tmp_path / "plain", tmp_path / "framed"
+    for out, recipe in ((plain, DEFAULT_RECIPE), (framed, framed_recipe)):
+        assert data_main(["build", "--out", str(out), "--repos", REPO, "--max-per-repo", str(TASKS), "--seed",
+                          str(SEED), "--kinds", "call_swap_args,op_change", "--workers", "2", "--cache-dir",
+                          str(sdist_cache), "--recipe", str(recipe)]) == 0
+    folder = restated(plain, tmp_path / "restate", framed_recipe.read_text())
+    before, after = rows(plain), rows(folder)
+    assert after == rows(framed)
+    assert [{k: v for k, v in r.items() if k != "problem_statement"} for r in after] == \
+        [{k: v for k, v in r.items() if k != "problem_statement"} for r in before]
+    changed = [r for r, b in zip(after, before, strict=True) if r["problem_statement"] != b["problem_statement"]]
+    assert changed and all("inflection/__init__.py:" in r["problem_statement"] for r in changed)
+    manifest = read_manifest(folder)
+    assert manifest["restated"]["statement_frames"] == "repository"
+    assert manifest["restated"]["rows"] == TASKS and manifest["restated"]["changed"] == len(changed)
+    assert manifest["recipe_fingerprint"] == read_manifest(framed)["recipe_fingerprint"]
+    assert manifest["recipe_fingerprint"] != read_manifest(plain)["recipe_fingerprint"]

@@ -1,13 +1,14 @@
 """`bm25_functions` retrieval reads the tests a statement names (as the builder's failing-test statements list
 them) from the checkout and adds their source to the query: the function a failing test goes through ranks higher
-than on the statement's words alone, and a named test that is not in the checkout adds nothing."""
+than on the statement's words alone, and a named test that is not in the checkout adds nothing. Functions a
+traceback in the statement passes through (pytest's frames or Python's) come first."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from envs.swe.gitrepo import BareRepo
-from envs.swe.retrieval import named_tests, retrieve_functions
+from envs.swe.retrieval import named_tests, retrieve_functions, traceback_lines
 
 LIB = '''def normalize_weights(values):
     total = sum(values)
@@ -71,3 +72,29 @@ def test_the_function_a_failing_test_calls_ranks_first(tmp_path: Path) -> None:
     assert alone[0] != "pkg/core.py:1 normalize_weights"
     # Test files are never context, named or not.
     assert not any(label.startswith("tests/") for label in ranked)
+
+
+def test_functions_a_pasted_traceback_passes_through_come_first(tmp_path: Path) -> None:
+    bare, commit = repo(tmp_path)
+    # The words all point at the durations; the traceback's frames at the weights (line 3: inside the function).
+    pytest_frames = STATEMENT + "tests/test_core.py:6: in test_shares_are_fractions\npkg/core.py:3: in normalize\n"
+    ranked = [label for label, _ in retrieve_functions(bare, commit, pytest_frames.replace("test_core", "test_x"))]
+    assert ranked[0] == "pkg/core.py:1 normalize_weights" and len(ranked) == 3
+    python_frames = STATEMENT.replace("test_core", "test_x") + (
+        'Traceback (most recent call last):\n  File "/usr/lib/python3/site-packages/pkg/core.py", line 8, in '
+        'parse_duration\n    return int(hours) * 60 + int(minutes)\nValueError: invalid literal\n')
+    ranked = [label for label, _ in retrieve_functions(bare, commit, python_frames)]
+    assert ranked[0] == "pkg/core.py:6 parse_duration"
+    # A frame outside every function (a module's top level, another file) moves nothing.
+    elsewhere = STATEMENT.replace("test_core", "test_x") + "pkg/core.py:4: in <module>\npkg/other.py:3: in f\n"
+    assert [label for label, _ in retrieve_functions(bare, commit, elsewhere)] == alone_ranking(bare, commit)
+
+
+def alone_ranking(bare: BareRepo, commit: str) -> list[str]:
+    return [label for label, _ in retrieve_functions(bare, commit, STATEMENT.replace("test_core", "test_x"))]
+
+
+def test_traceback_lines_reads_both_formats_in_order_once_each() -> None:
+    text = ('a/b.py:3: in f\n    x()\n  File "/abs/a/c.py", line 9, in g\na/b.py:3: in f\n'
+            "E   a/b.py:4: not a frame, an error line\n")
+    assert traceback_lines(text) == [("a/b.py", 3), ("/abs/a/c.py", 9)]
