@@ -132,6 +132,14 @@ def fixes_stage(args: argparse.Namespace) -> None:
     write(args.out, "fixes.json", figures)
 
 
+def localisation_stage(args: argparse.Namespace) -> None:
+    """CPU: how often the held-out prompts show the buggy function and the fix's lines (`fixes.localisation`)."""
+    figures = fixes.localisation(args.data / "tasks", args.data / "corpus" / "tokenizer",
+                                 max_prompt_length=MAX_PROMPT, context=CONTEXT)
+    log.info("%s", json.dumps(figures))
+    write(args.out, f"localisation_{args.name}.json", figures)
+
+
 def _device(args: argparse.Namespace) -> str:
     import torch
 
@@ -321,6 +329,8 @@ def smoke(args: argparse.Namespace) -> None:
                                         workers=1)
     write(args.out, "prepare.json", {"sft_examples": counts, "corpus_examples": from_corpus})
     args.data = data
+    args.name = "smoke"
+    localisation_stage(args)
     pretrain(args)
     sft(args)
     args.model = args.out / "models" / "sft"
@@ -353,6 +363,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     fx.add_argument("--name", default="sft_tasks", help="--sft-tasks: examples go to fixes/NAME.jsonl.xz")
     fx.add_argument("--workers", type=int, default=None)
     fx.add_argument("--diff-context", type=int, default=3, help="context lines around each change of an SFT diff")
+    lo = sub.add_parser("localisation")
+    lo.add_argument("--data", type=Path, default=DATA, help="DATA/tasks: the task set; DATA/corpus: the tokenizer")
+    lo.add_argument("--out", type=Path, default=DATA / "results")
+    lo.add_argument("--name", default="heldout", help="results go to OUT/localisation_NAME.json")
     dg = sub.add_parser("diagnose")
     dg.add_argument("--report", type=Path, required=True, help="a grpo_<mode>.json with logged answers")
     dg.add_argument("--data", type=Path, default=DATA)
@@ -397,7 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
     stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "sft-examples": sft_examples,
-              "sft": sft, "grpo": grpo, "smoke": smoke, "diagnose": diagnose_stage}
+              "sft": sft, "grpo": grpo, "smoke": smoke, "diagnose": diagnose_stage,
+              "localisation": localisation_stage}
     stages[args.stage](args)
 
 

@@ -123,6 +123,38 @@ def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: 
             "context_lines": context_lines}
 
 
+def localisation(task_dir: Path, tokenizer_dir: Path, *, max_prompt_length: int, context: str,
+                 split: str = "validation") -> dict[str, Any]:
+    """How well a split's prompts localise the bug, read against the gold patch (never shown to the model): the
+    buggy function in the code context at all, first in it, every line the fix changes in the context (the
+    statement aside), and in the statement itself; the buggy function named by one of the statement's traceback
+    frames. The ceiling a model answering from its prompt has, before any training."""
+    from transformers import AutoTokenizer
+
+    from envs.swe.prompt import build_prompt
+    from envs.swe.taskset import read_split
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    counts: Counter[str] = Counter()
+    statement_tokens = 0
+    for task in read_split(task_dir, split):
+        r = build_prompt(task, tok, max_prompt_length, context, repos_root=task_dir / "repos")
+        where, qualname = str(task.metadata["file"]), str(task.metadata["function"])
+        hits = [i for i, label in enumerate(r.context_files) if label.startswith(where + ":")
+                and label.endswith(" " + qualname)]
+        statement = task.problem_statement
+        counts["tasks"] += 1
+        counts["function_in_context"] += bool(hits)
+        counts["function_first"] += hits[:1] == [0]
+        counts["fix_in_context"] += fix_visible(r.text.replace(statement, ""), task.patch)
+        counts["buggy_line_in_statement"] += any(line.strip() and line.strip() in statement
+                                                 for line in removed_lines(task.patch))
+        counts["function_in_a_frame"] += f"in {qualname.rsplit('.', 1)[-1]}\n" in statement
+        statement_tokens += len(tok(statement)["input_ids"])
+    return {**counts, "statement_tokens_mean": statement_tokens / max(1, counts["tasks"]), "split": split,
+            "max_prompt_length": max_prompt_length, "context": context}
+
+
 def read(path: Path) -> list[dict[str, str]]:
     with lzma.open(path, "rt") as f:
         return [json.loads(line) for line in f]

@@ -26,6 +26,8 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         prepared["tasks"]
     from_corpus = json.loads((out / "prepare.json").read_text())["corpus_examples"]
     assert from_corpus["examples"] == 4 and from_corpus["files"] >= 4
+    where = json.loads((out / "localisation_smoke.json").read_text())
+    assert where["tasks"] >= 2 and where["function_first"] <= where["function_in_context"] <= where["tasks"]
     pre = json.loads((out / "pretrain.json").read_text())
     assert pre["steps"] >= 1 and math.isfinite(pre["heldout_bits_per_byte"]) and pre["heldout_bits_per_byte"] > 0
     sft = json.loads((out / "sft.json").read_text())
