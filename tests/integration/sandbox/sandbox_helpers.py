@@ -1,4 +1,5 @@
-"""A small real git repository for sandbox tests, and patches made against it with git itself.
+"""A small real git repository for sandbox tests, patches made against it with git itself, and a session-serving
+sandbox server with its client.
 
 `calc` has two bugs (`add`, `mul`); its test patch adds `tests/test_mul.py`, whose parametrised ids include one with a
 space. FAIL_TO_PASS / PASS_TO_PASS below are what SWE-bench would list for the task.
@@ -7,16 +8,20 @@ space. FAIL_TO_PASS / PASS_TO_PASS below are what SWE-bench would list for the t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet.config.infra import SandboxConfig, SandboxSessionConfig
 from fleet.contracts.sandbox import TaskSpec
+from sandbox_client.sessions import SessionClient
+from services.sandbox.server import SandboxServer
 
 # Slot uids of this test session: distinct from a task-set build or another test session running on the same host.
 UID_BASE = 100_000 + (os.getpid() % 10_000) * 16
@@ -171,3 +176,28 @@ def exists(path: str | Path) -> bool:
 
 def sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@contextlib.asynccontextmanager
+async def session_server(cfg: SandboxConfig, *, lease_s: float) -> AsyncIterator[SandboxServer]:
+    """A real sandbox HTTP server with sessions on: three at most, 4 KB of output, 20 s per command."""
+    sessions = SandboxSessionConfig(max_sessions=3, lease_s=lease_s, max_output_kb=4, exec_timeout_s=20)
+    server = SandboxServer(cfg.model_copy(update={"sessions": sessions}))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0)
+
+
+def server_url(server: SandboxServer) -> str:
+    return f"http://127.0.0.1:{server.port}"
+
+
+@contextlib.asynccontextmanager
+async def session_client(server: SandboxServer) -> AsyncIterator[SessionClient]:
+    client = SessionClient([server_url(server)], owner="worker-a", max_retries=1, backoff_s=0.05)
+    try:
+        yield client
+    finally:
+        await client.close()

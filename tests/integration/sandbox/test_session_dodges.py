@@ -12,11 +12,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from sandbox_helpers import CORE, FIXED, CalcRepo, exists
+from sandbox_helpers import CORE, FIXED, CalcRepo, exists, server_url, session_client, session_server
 
 from envs.agent.parser import ToolCall
 from envs.agent.tools import ToolBox
-from fleet.config.infra import SandboxConfig, SandboxSessionConfig
+from fleet.config.infra import SandboxConfig
 from sandbox_client.results import SandboxRequestError
 from sandbox_client.sessions import SandboxSession, SessionClient
 from services.sandbox.server import SandboxServer
@@ -26,36 +26,25 @@ DEEP = "/".join(["d"] * 1100)
 
 @pytest.fixture
 async def srv(sandbox_cfg: SandboxConfig) -> AsyncIterator[SandboxServer]:
-    sessions = SandboxSessionConfig(max_sessions=3, lease_s=30.0, max_output_kb=4, exec_timeout_s=20)
-    server = SandboxServer(sandbox_cfg.model_copy(update={"sessions": sessions}))
-    await server.start()
-    try:
+    async with session_server(sandbox_cfg, lease_s=30.0) as server:
         yield server
-    finally:
-        await server.stop(0)
-
-
-def _url(server: SandboxServer) -> str:
-    return f"http://127.0.0.1:{server.port}"
 
 
 @pytest.fixture
 async def client(srv: SandboxServer) -> AsyncIterator[SessionClient]:
-    c = SessionClient([_url(srv)], owner="worker-a", max_retries=1, backoff_s=0.05)
-    try:
+    async with session_client(srv) as c:
         yield c
-    finally:
-        await c.close()
 
 
 async def _raw(srv: SandboxServer, session: SandboxSession, method: str, verb: str, **kw: Any) -> tuple[int, Any]:
+    url = f"{server_url(srv)}/session/{session.id}/{verb}"
     async with aiohttp.ClientSession() as http, http.request(
-            method, f"{_url(srv)}/session/{session.id}/{verb}", headers={"X-Session-Key": session.key}, **kw) as r:
+            method, url, headers={"X-Session-Key": session.key}, **kw) as r:
         return r.status, await r.json()
 
 
 async def _still_grades_gold(srv: SandboxServer, client: SessionClient, calc_repo: CalcRepo) -> None:
-    async with aiohttp.ClientSession() as http, http.get(f"{_url(srv)}/healthz") as r:
+    async with aiohttp.ClientSession() as http, http.get(f"{server_url(srv)}/healthz") as r:
         assert r.status == 200
     session = await client.open(calc_repo.spec(""))
     await session.write_file("calc/core.py", FIXED)
@@ -102,7 +91,7 @@ async def test_bad_input_over_http_is_a_4xx_naming_the_field_never_a_500(srv: Sa
     for method, verb, kw, field in cases:
         status, body = await _raw(srv, session, method, verb, **kw)
         assert status == 400 and body["field"] == field, (verb, field, status, body)
-    async with aiohttp.ClientSession() as http, http.post(f"{_url(srv)}/session/renew",
+    async with aiohttp.ClientSession() as http, http.post(f"{server_url(srv)}/session/renew",
                                                           json={"owner": "worker-a", "sessions": []}) as r:
         assert r.status == 400 and (await r.json())["field"] == "sessions"
     await session.close()
@@ -143,18 +132,18 @@ async def test_an_executor_left_a_deep_tree_by_a_killed_one_starts_and_clears_it
 async def test_a_session_is_reachable_only_with_its_key(srv: SandboxServer, client: SessionClient,
                                                         calc_repo: CalcRepo) -> None:
     mine = await client.open(calc_repo.spec(""))
-    other = SessionClient([_url(srv)], owner="worker-b", max_retries=0)
+    other = SessionClient([server_url(srv)], owner="worker-b", max_retries=0)
     try:
         thief = SandboxSession(other, mine.url, mine.id, "not-the-key")
         for call in (thief.exec("echo pwned > calc/core.py"), thief.read_file("calc/core.py"), thief.finish()):
             with pytest.raises(SandboxRequestError, match="X-Session-Key"):
                 await call
         async with aiohttp.ClientSession() as http:
-            async with http.delete(f"{_url(srv)}/session/{mine.id}") as r:
+            async with http.delete(f"{server_url(srv)}/session/{mine.id}") as r:
                 assert r.status == 403
-            async with http.get(f"{_url(srv)}/session?owner=worker-b") as r:
+            async with http.get(f"{server_url(srv)}/session?owner=worker-b") as r:
                 assert (await r.json())["sessions"] == []
-            async with http.get(f"{_url(srv)}/session") as r:
+            async with http.get(f"{server_url(srv)}/session") as r:
                 assert r.status == 400 and (await r.json())["field"] == "owner"
     finally:
         await other.close()

@@ -11,7 +11,17 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from sandbox_helpers import FIXED, CalcRepo, entries, eventually, exists, sandbox_pids
+from sandbox_helpers import (
+    FIXED,
+    CalcRepo,
+    entries,
+    eventually,
+    exists,
+    sandbox_pids,
+    server_url,
+    session_client,
+    session_server,
+)
 
 from fleet.config.infra import SandboxConfig, SandboxSessionConfig
 from fleet.contracts.sandbox import TaskSpec
@@ -22,26 +32,14 @@ from services.sandbox.sessions.manager import Session, SessionManager
 
 @pytest.fixture
 async def srv(sandbox_cfg: SandboxConfig) -> AsyncIterator[SandboxServer]:
-    sessions = SandboxSessionConfig(max_sessions=3, lease_s=3.0, max_output_kb=4, exec_timeout_s=20)
-    server = SandboxServer(sandbox_cfg.model_copy(update={"sessions": sessions}))
-    await server.start()
-    try:
+    async with session_server(sandbox_cfg, lease_s=3.0) as server:
         yield server
-    finally:
-        await server.stop(0)
-
-
-def _url(server: SandboxServer) -> str:
-    return f"http://127.0.0.1:{server.port}"
 
 
 @pytest.fixture
 async def client(srv: SandboxServer) -> AsyncIterator[SessionClient]:
-    c = SessionClient([_url(srv)], owner="worker-a", max_retries=1, backoff_s=0.05)
-    try:
+    async with session_client(srv) as c:
         yield c
-    finally:
-        await c.close()
 
 
 def _session_uids(srv: SandboxServer) -> tuple[int, int]:
@@ -111,7 +109,7 @@ async def test_output_is_capped_and_commands_time_out(srv: SandboxServer, client
 async def test_a_retried_command_is_never_run_twice(srv: SandboxServer, client: SessionClient,
                                                     calc_repo: CalcRepo) -> None:
     session = await client.open(calc_repo.spec(""))
-    url = f"{_url(srv)}/session/{session.id}/exec"
+    url = f"{server_url(srv)}/session/{session.id}/exec"
     body = {"command": "echo run >> runs.log; wc -l < runs.log", "request_id": "k1"}
     async with aiohttp.ClientSession() as http:
         key = {"X-Session-Key": session.key}
@@ -142,13 +140,13 @@ async def test_sessions_of_an_owner_that_stops_renewing_are_removed(srv: Sandbox
     async with aiohttp.ClientSession() as http:
         body = {"owner": "dead-worker", **{k: v for k, v in calc_repo.spec("").to_json().items()
                                           if k not in ("patch", "reference_patch")}}
-        async with http.post(f"{_url(srv)}/session", json=body) as resp:
+        async with http.post(f"{server_url(srv)}/session", json=body) as resp:
             opened = await resp.json()
         orphan, key = opened["session_id"], {"X-Session-Key": opened["session_key"]}
-        await http.post(f"{_url(srv)}/session/{orphan}/exec", json={"command": "sleep 120 &"}, headers=key)
+        await http.post(f"{server_url(srv)}/session/{orphan}/exec", json={"command": "sleep 120 &"}, headers=key)
         tree = srv.sessions.sessions[orphan].root
         await eventually(lambda: orphan not in srv.sessions.sessions, within_s=60, what="the orphan to be reaped")
-        async with http.post(f"{_url(srv)}/session/{orphan}/exec", json={"command": "true"}, headers=key) as resp:
+        async with http.post(f"{server_url(srv)}/session/{orphan}/exec", json={"command": "true"}, headers=key) as resp:
             assert resp.status == 404 and (await resp.json())["reason"] == "owner_lost"
     await eventually(lambda: not exists(tree), what="the orphan's tree to be removed")
     assert kept.id in srv.sessions.sessions, "a session whose owner renews stays"
@@ -167,7 +165,7 @@ async def test_executor_stop_removes_sessions_and_a_new_one_clears_a_dead_ones(
         sandbox_cfg: SandboxConfig, calc_repo: CalcRepo) -> None:
     server = SandboxServer(sandbox_cfg)
     await server.start()
-    c = SessionClient([_url(server)], owner="w", max_retries=0)
+    c = SessionClient([server_url(server)], owner="w", max_retries=0)
     try:
         session = await c.open(calc_repo.spec(""))
         await session.exec("sleep 120 &")
