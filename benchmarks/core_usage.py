@@ -61,7 +61,7 @@ class CoreSampler(threading.Thread):
 
 
 def load_samples(path: Path) -> list[Reading]:
-    return [(float(t), [tuple(c) for c in cores])  # type: ignore[misc]
+    return [(float(t), [tuple(c) for c in cores])
             for t, cores in (json.loads(line) for line in path.read_text().splitlines() if line.strip())]
 
 

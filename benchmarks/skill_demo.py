@@ -7,6 +7,7 @@
         --variants tis,icepop,seq-mask-tis,tis+fix --out arith_variants   # the IS variants where async collapsed
     python benchmarks/skill_demo.py collect --work DIR --out NAME   # all runs under DIR: one JSON, one figure
     python benchmarks/skill_demo.py compare [--seeds 1,2,3] [--steps 300]   # TRL's GRPOTrainer, async, sync (issue 35)
+    python benchmarks/skill_demo.py compare --task arith --steps 120 --out arith_compare   # the same on the arith demo
 
 Each run is a real `grpo-fleet up` of `examples/configs/digits_skill.yaml` (embedded Redis, replay buffer, sandbox,
 one vLLM rollout worker, torchrun trainer; trainer on core 0, rollout fleet on core 1): the tiny Qwen2, pretrained
@@ -42,6 +43,16 @@ from trainer.metrics import read_jsonl  # noqa: E402 (after the path: the benchm
 CONFIG = ROOT / "examples/configs/digits_skill.yaml"
 RESULTS = ROOT / "benchmarks/results"
 TARGET = 0.8
+# `compare --task arith`: the arith demo (examples/configs/arith_learn.yaml: tiny-qwen2 from random weights, a + b
+# with a, b <= 2). Its config validates nothing (grpo.val_period: 0), so both systems get the same validation on the
+# first 200 tasks of its validation split every 10 steps (ARITH_VAL), sampled at temperature 1: greedy answers of this
+# recipe run to the 64-token cap as one digit repeated ("2222..."), whose first number is never right, so greedy
+# accuracy stayed 0 through 80 steps of a fleet run. The reach criterion is ARITH_TARGET (docs/performance.md, "The
+# same comparison on the arith demo", says why that level).
+ARITH_CONFIG = ROOT / "examples/configs/arith_learn.yaml"
+ARITH_VAL = ["grpo.val_period=10", "grpo.val_at_start=true", "grpo.max_val_samples=200", "grpo.val_temperature=1.0"]
+ARITH_TARGET = 0.2
+TARGETS = {"digits": TARGET, "digits_max": TARGET, "arith": ARITH_TARGET}
 SYNC = ["grpo.async_grpo.enabled=false", "grpo.async_grpo.in_flight_weight_updates=false"]
 # A sync run's phases take turns (generate, then train), so each gets both cores; the config's pinning (trainer on
 # core 0, rollout fleet on core 1) is for async, whose phases overlap. Issue 35, seed 1: 4.55 s per step pinned,
@@ -71,8 +82,13 @@ def base_model(task: str) -> Path:
 
 def pretrain(task: str) -> Path:
     """The base model of `task` (`digits`: first digit, `digits_max`: largest digit): the format only (chance:
-    `envs.digits.chance`, 1/10 and 1/8)."""
+    `envs.digits.chance`, 1/10 and 1/8). `arith`: the arith demo's own, `tiny-qwen2` with random weights (made on
+    first use, in the cache the fleet reads)."""
     sys.path.insert(0, str(ROOT))
+    if task == "arith":
+        from workshop.resolve import resolve_model
+
+        return Path(resolve_model("tiny-qwen2"))
     from envs.digits import format_corpus, max_format_corpus
     from workshop.pretrain import ensure_format_model
 
@@ -81,7 +97,8 @@ def pretrain(task: str) -> Path:
 
 
 def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s: float, task: str | None,
-              tree: Path | None = None, after: int = 2, config: Path = CONFIG) -> dict[str, Any]:
+              tree: Path | None = None, after: int = 2, config: Path = CONFIG,
+              target: float = TARGET) -> dict[str, Any]:
     """One `grpo-fleet up` of `config` (`task` None: its own model and data). `tree`: run the fleet's code from that
     snapshot of the repository (e.g. `git archive HEAD` plus this benchmark's files) rather than from this checkout,
     so that edits in progress in a shared working tree cannot break a long benchmark; models stay in this
@@ -103,17 +120,18 @@ def run_fleet(name: str, work: Path, steps: int, overrides: list[str], timeout_s
     t0 = time.monotonic()
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
-        stopped = _watch(proc, rd / "logs/metrics.jsonl", t0, timeout_s, after)
+        stopped = _watch(proc, rd / "logs/metrics.jsonl", t0, timeout_s, after, target)
     if proc.returncode != 0 and not stopped:
         tail = log_path.read_text().splitlines()[-30:]
         raise RuntimeError(f"{name}: grpo-fleet up exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
-    out = summarize(name, rd, overrides)
+    out = summarize(name, rd, overrides, target)
     out["launcher_s"], out["stopped_early"] = time.monotonic() - t0, stopped
     print(f"[{name}] " + json.dumps({k: out[k] for k in ("reach_step", "reach_s", "final_val", "wall_s")}), flush=True)
     return out
 
 
-def _watch(proc: subprocess.Popen[bytes], metrics: Path, t0: float, timeout_s: float, after: int) -> str:
+def _watch(proc: subprocess.Popen[bytes], metrics: Path, t0: float, timeout_s: float, after: int,
+           target: float = TARGET) -> str:
     """Wait for the fleet; stop it (SIGTERM: the trainer checkpoints and the fleet shuts down cleanly) once
     validation has reached the target and `after` more rounds have been logged, or when `timeout_s` has passed.
     Returns why it was stopped ("" if it ran to its last step)."""
@@ -123,7 +141,7 @@ def _watch(proc: subprocess.Popen[bytes], metrics: Path, t0: float, timeout_s: f
         if why:
             continue
         accs = [r["val/accuracy"] for r in read_jsonl(metrics) if "val/accuracy" in r]
-        hit = next((i for i, a in enumerate(accs) if a >= TARGET), None)
+        hit = next((i for i, a in enumerate(accs) if a >= target), None)
         if hit is not None and len(accs) - 1 - hit >= after:
             why = "target reached"
         elif time.monotonic() - t0 > timeout_s:
@@ -135,7 +153,7 @@ def _watch(proc: subprocess.Popen[bytes], metrics: Path, t0: float, timeout_s: f
     return why
 
 
-def summarize(name: str, rd: Path, overrides: list[str]) -> dict[str, Any]:
+def summarize(name: str, rd: Path, overrides: list[str], target: float = TARGET) -> dict[str, Any]:
     records = read_jsonl(rd / "logs/metrics.jsonl")
     records = [r for r in records if "histogram" not in r]
     t0 = min(r["time"] for r in records)
@@ -152,7 +170,7 @@ def summarize(name: str, rd: Path, overrides: list[str]) -> dict[str, Any]:
            for r in records if "val/accuracy" in r]
     train.sort(key=lambda s: s["step"])
     val.sort(key=lambda v: v["step"])
-    reach = next((v for v in val if v["acc"] >= TARGET), None)
+    reach = next((v for v in val if v["acc"] >= target), None)
     return {"name": name, "overrides": overrides, "train": train, "val": val,
             "chance_val": val[0]["acc"] if val and val[0]["step"] == 0 else None,
             "reach_step": reach["step"] if reach else None, "reach_s": reach["t"] if reach else None,
@@ -161,8 +179,9 @@ def summarize(name: str, rd: Path, overrides: list[str]) -> dict[str, Any]:
 
 
 def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = False, chance: float = 0.1,
-          by_run: bool = False) -> None:
-    """`by_run`: a colour per run (collect's runs of one mode), else per mode; `chance`: the dotted line."""
+          by_run: bool = False, target: float = TARGET, val_kind: str = "greedy") -> None:
+    """`by_run`: a colour per run (collect's runs of one mode), else per mode; `chance`: the dotted line;
+    `val_kind`: how validation answered (greedy, or sampled: arith's comparison)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,19 +210,19 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
                 axes[1][col].plot([s[key] for s in tr], [s["reward"] for s in tr], label=run["name"], **kw)
     if offpolicy:
         labels = (("step", "loss/token_mult_prob_error"), ("step", "IS ratio max (solid) / min (dotted)"),
-                  ("step", "validation accuracy (greedy, held out)"),
+                  ("step", f"validation accuracy ({val_kind}, held out)"),
                   ("step", "answers cut at max_new_tokens (data/truncated_frac)"))
         axes[0][1].set_yscale("log")
     else:
-        labels = (("training step", "validation accuracy (greedy, held out)"),
-                  ("wall-clock s (from the first weights pushed)", "validation accuracy (greedy, held out)"),
+        labels = (("training step", f"validation accuracy ({val_kind}, held out)"),
+                  ("wall-clock s (from the first weights pushed)", f"validation accuracy ({val_kind}, held out)"),
                   ("training step", "training reward"), ("wall-clock s", "training reward"))
     for ax, (xl, yl) in zip([a for row in axes for a in row], labels, strict=True):
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
         if "accuracy" in yl:
-            ax.axhline(TARGET, color="black", linewidth=0.6, linestyle="--")
+            ax.axhline(target, color="black", linewidth=0.6, linestyle="--")
             ax.axhline(chance, color="gray", linewidth=0.6, linestyle=":")
     axes[0][0].legend(fontsize=7, ncol=2)
     fig.suptitle(title)
@@ -221,12 +240,12 @@ def _spread(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def run_peer(name: str, work: Path, steps: int, seed: int, timeout_s: float, after: int,
-             overrides: list[str], extra: list[str]) -> dict[str, Any]:
+             overrides: list[str], extra: list[str], target: float = TARGET) -> dict[str, Any]:
     """One run of the in-process peer (benchmarks/trl_peer.py: TRL's GRPOTrainer on this demo's recipe), stopped
     like a fleet run: `after` validation rounds past the target, or at `timeout_s`."""
     log_path = work / f"{name}.log"
     cmd = [sys.executable, str(ROOT / "benchmarks/trl_peer.py"), "--seed", str(seed), "--steps", str(steps),
-           "--work", str(work), "--name", name, "--after", str(after), "--target", str(TARGET),
+           "--work", str(work), "--name", name, "--after", str(after), "--target", str(target),
            *extra, *[f"--set={o}" for o in overrides]]
     print(f"[{name}] {' '.join(cmd[2:])}  (log: {log_path})", flush=True)
     t0 = time.monotonic()
@@ -242,7 +261,7 @@ def run_peer(name: str, work: Path, steps: int, seed: int, timeout_s: float, aft
     if proc.returncode != 0 and not stopped:
         tail = log_path.read_text().splitlines()[-30:]
         raise RuntimeError(f"{name}: trl_peer.py exited with {proc.returncode}; last lines:\n" + "\n".join(tail))
-    out = summarize(name, work / name, overrides)
+    out = summarize(name, work / name, overrides, target)
     out["launcher_s"], out["stopped_early"] = time.monotonic() - t0, stopped
     print(f"[{name}] " + json.dumps({k: out[k] for k in ("reach_step", "reach_s", "final_val", "wall_s")}), flush=True)
     return out
@@ -255,6 +274,12 @@ def run(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"--modes: unknown {unknown}; known: {', '.join([*FLEET_MODES, *PEER_MODES])}")
     pretrain(args.task)
+    target = TARGETS[args.task]
+    arith = args.task == "arith"
+    # arith: its own config and model (no task keys), validation for both systems, and the peer on that recipe.
+    config, fleet_task = (ARITH_CONFIG, None) if arith else (CONFIG, args.task)
+    common = [*(ARITH_VAL if arith else []), *args.set]
+    peer_task = ["--task", "arith"] if arith else []
     runs: list[dict[str, Any]] = []
     # Each core's idle share per step (issue 35), kept in WORK/cores.jsonl so --reuse can report it too.
     sampler = CoreSampler(path=work / "cores.jsonl")
@@ -263,34 +288,40 @@ def run(args: argparse.Namespace) -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:
         for mode in args.modes.split(","):
             name = f"{mode}-s{seed}"
-            overrides = [f"grpo.seed={seed}", *FLEET_MODES.get(mode, []), *args.set]
+            overrides = [f"grpo.seed={seed}", *FLEET_MODES.get(mode, []), *common]
             if args.reuse:
                 if (work / name / "logs/metrics.jsonl").is_file():  # runs not made are left out, not guessed
-                    runs.append(summarize(name, work / name, overrides))
+                    runs.append(summarize(name, work / name, overrides, target))
             elif mode in PEER_MODES:
-                runs.append(run_peer(name, work, args.steps, seed, args.timeout, args.after, args.set,
-                                     PEER_MODES[mode]))
+                runs.append(run_peer(name, work, args.steps, seed, args.timeout, args.after, common,
+                                     [*PEER_MODES[mode], *peer_task], target))
             else:
-                runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, args.task, args.tree,
-                                      after=args.after))
+                runs.append(run_fleet(name, work, args.steps, overrides, args.timeout, fleet_task, args.tree,
+                                      after=args.after, config=config, target=target))
     if sampler.is_alive():
         sampler.stop()
     samples = sampler.samples or (load_samples(work / "cores.jsonl") if (work / "cores.jsonl").is_file() else [])
     for r in runs:
         r["cores"] = step_report(samples, work / r["name"] / "logs/metrics.jsonl") if samples else {}
     by_mode = {m: [r for r in runs if r["name"].rsplit("-s", 1)[0] == m] for m in args.modes.split(",")}
-    result = {"env": env_info(), "config": str(CONFIG.relative_to(ROOT)), "steps": args.steps, "target": TARGET,
+    result = {"env": env_info(), "config": str(config.relative_to(ROOT)), "steps": args.steps, "target": target,
               "summary": {m: {k: _spread(rs, k) for k in ("reach_step", "reach_s", "final_val", "chance_val",
                                                          "step_s_median")} for m, rs in by_mode.items()},
               "runs": runs}
     out = args.out if args.what == "compare" else "skill_demo"
     (RESULTS / f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
-    what = {"digits": "first digit", "digits_max": "largest digit"}[args.task]
     level = _chance(args.task)
     who = "TRL's GRPOTrainer (one process) and the fleet" if "trl" in by_mode else "the fleet"
-    _plot(runs, ROOT / f"docs/img/{out}.png", f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, "
-          f"chance {level:.3g}), {who}, 2 CPU cores", chance=level)
+    if arith:
+        title = (f"a + b (a, b <= 2): tiny Qwen2 from random weights, target {target} (dotted: the best constant "
+                 f"answer, {level:.2g}),\n{who}, 2 CPU cores")
+    else:
+        what = {"digits": "first digit", "digits_max": "largest digit"}[args.task]
+        title = (f"{what} of a 5-digit list: tiny Qwen2 (format-pretrained, chance {level:.3g}), {who}, 2 CPU "
+                 "cores")
+    _plot(runs, ROOT / f"docs/img/{out}.png", title, chance=level, target=target,
+          val_kind="sampled at T=1" if arith else "greedy")
     if args.what == "run":
         _plot(runs, ROOT / "docs/img/skill_offpolicy.png", "off-policy diagnostics (sync runs: no staleness, so "
               "the error is 1 and the ratios 1)", offpolicy=True, chance=level)
@@ -336,7 +367,17 @@ def collect(args: argparse.Namespace) -> None:
 
 
 def _chance(task: str) -> float:
+    """Chance on `task`'s validation. arith (ops ["+"]): the best constant answer, the commonest sum of two operands
+    drawn uniformly from 0..max_operand (1/3 for 2)."""
     sys.path.insert(0, str(ROOT))
+    if task == "arith":
+        from collections import Counter
+
+        from fleet.config.loader import load_config
+
+        n = load_config(ARITH_CONFIG, []).env.arith.max_operand + 1
+        sums = Counter(a + b for a in range(n) for b in range(n))
+        return max(sums.values()) / n**2
     from envs.digits import chance
 
     return chance({"digits": "first", "digits_max": "max"}[task])
@@ -352,7 +393,8 @@ def env_info() -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["pretrain", "run", "compare", "variants", "collect"])
-    p.add_argument("--task", default="digits_max", choices=["digits_max", "digits"])
+    p.add_argument("--task", default="digits_max", choices=["digits_max", "digits", "arith"],
+                   help="arith: compare only (the arith demo's config, model, validation and target)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--modes", default=None, help="run: sync,async (default); compare: trl,async,sync (default)")
     p.add_argument("--steps", type=int, default=150)
