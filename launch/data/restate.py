@@ -44,8 +44,17 @@ class RestateReport:
         return {"rows": self.rows, "changed": self.changed, "kept": dict(self.kept), "seconds": round(self.seconds, 1)}
 
 
+# What a row needs to be rerun and restated: the builder writes them all; a hub dataset's rows lack some.
+_NEEDED = ("instance_id", "repo", "repo_url", "base_commit", "test_command", "package", "version", "FAIL_TO_PASS",
+           "PASS_TO_PASS", "problem_statement")
+
+
 async def restate_row(row: dict[str, Any], recipe: Recipe, run: Runner) -> tuple[str | None, str]:
     """The statement `row` gets under `recipe.statement_frames`, or None and why it keeps its own."""
+    missing = [k for k in _NEEDED if k not in row]
+    if missing:
+        raise ValueError(f"row {row.get('instance_id', '?')!r} lacks {', '.join(missing)}: restate rewrites task "
+                         "sets made by `grpo-fleet data build`, whose statements it can write again")
     try:
         repo = recipe.repo(row["repo"])
     except KeyError:
