@@ -23,7 +23,8 @@ _MAX_E_LINES = 12
 _MAX_LINE = 300
 
 
-# Python 3.11+ underlines the failing expression (`^^^^`, `~~~`): noise next to the line itself.
+# Python 3.11+ underlines the failing expression (`^^^^`, `~~~`): noise next to the line itself, dropped with the
+# library's frames (the default statements stay as sets built before were written).
 _MARKERS = re.compile(r"^\s+[\^~]+[\^~ ]*$")
 # Of a long run of library frames a statement shows the outermost and the innermost: where the tests entered the
 # library and where it raised, as a user trimming a traceback for an issue would.
@@ -109,7 +110,7 @@ def parse_failures(output: str, test_paths: tuple[str, ...], *, library_frames: 
         elif line.startswith("E ") or line == "E":
             if len(current.error) < _MAX_E_LINES:
                 current.error.append(_clip(line))
-        elif keep_frame and line.startswith("    ") and not _MARKERS.match(line):
+        elif keep_frame and line.startswith("    ") and not (library_frames and _MARKERS.match(line)):
             current.frames[-1].append(_clip(line))
     return out
 

@@ -121,3 +121,11 @@ def test_frames_outside_the_checkout_are_never_shown():
     text = "\n".join(e.render() for e in parse_failures(output, ("pkg/tests",), library_frames=True))
     assert "pkg/dicts.py:40: in merge" in text and "rv.update(d)" in text
     assert "/usr/lib" not in text and "reversed(d)" not in text
+
+
+def test_default_statements_are_written_as_before_markers_and_all(tmp_path):
+    """Sets built before `statement_frames` existed must rebuild to the same rows: the default keeps every line of
+    the test frames, Python's position markers included."""
+    s = write_statement("pkg__x", "pkg", "1.0", ["tests/test_lib.py::test_load"], real_pytest_output(tmp_path),
+                        ("tests",))
+    assert "    assert load('\"a\"') == \"b\"\n           ^^^^^^^^^^^\nE   TypeError" in s
