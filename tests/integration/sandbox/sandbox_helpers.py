@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleet.config.infra import SandboxConfig, SandboxSessionConfig
 from fleet.contracts.sandbox import TaskSpec
@@ -179,10 +180,11 @@ def sha256(path: str | Path) -> str:
 
 
 @contextlib.asynccontextmanager
-async def session_server(cfg: SandboxConfig, *, lease_s: float) -> AsyncIterator[SandboxServer]:
-    """A real sandbox HTTP server with sessions on: three at most, 4 KB of output, 20 s per command."""
-    sessions = SandboxSessionConfig(max_sessions=3, lease_s=lease_s, max_output_kb=4, exec_timeout_s=20)
-    server = SandboxServer(cfg.model_copy(update={"sessions": sessions}))
+async def session_server(cfg: SandboxConfig, **sessions: Any) -> AsyncIterator[SandboxServer]:
+    """A real sandbox HTTP server with sessions on (three at most), `sessions` overriding SandboxSessionConfig's
+    other defaults."""
+    settings = SandboxSessionConfig(**{"max_sessions": 3, **sessions})
+    server = SandboxServer(cfg.model_copy(update={"sessions": settings}))
     await server.start()
     try:
         yield server

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import FIXED, CalcRepo, git, sandbox_pids
+from sandbox_helpers import FIXED, CalcRepo, git, sandbox_pids, session_server
 
-from fleet.config.infra import SandboxConfig, SandboxSessionConfig
+from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict
 from sandbox_client.sessions import SessionClient
 from services.sandbox.server import SandboxServer
@@ -29,13 +29,8 @@ from services.sandbox.server import SandboxServer
 
 @pytest.fixture
 async def srv(sandbox_cfg: SandboxConfig) -> AsyncIterator[SandboxServer]:
-    sessions = SandboxSessionConfig(max_sessions=3, lease_s=30.0, exec_timeout_s=30)
-    server = SandboxServer(sandbox_cfg.model_copy(update={"sessions": sessions}))
-    await server.start()
-    try:
+    async with session_server(sandbox_cfg, lease_s=30.0, exec_timeout_s=30) as server:
         yield server
-    finally:
-        await server.stop(0)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ DEEP = "/".join(["d"] * 1100)
 
 @pytest.fixture
 async def srv(sandbox_cfg: SandboxConfig) -> AsyncIterator[SandboxServer]:
-    async with session_server(sandbox_cfg, lease_s=30.0) as server:
+    async with session_server(sandbox_cfg, lease_s=30.0, max_output_kb=4, exec_timeout_s=20) as server:
         yield server
 
 

@@ -32,7 +32,7 @@ from services.sandbox.sessions.manager import Session, SessionManager
 
 @pytest.fixture
 async def srv(sandbox_cfg: SandboxConfig) -> AsyncIterator[SandboxServer]:
-    async with session_server(sandbox_cfg, lease_s=3.0) as server:
+    async with session_server(sandbox_cfg, lease_s=3.0, max_output_kb=4, exec_timeout_s=20) as server:
         yield server
 
 
