@@ -166,8 +166,8 @@ def summarize(name: str, rd: Path, overrides: list[str], target: float = TARGET)
               "max_dlogp": r.get("loss/max_abs_logprob_diff"), "worst_pos": r.get("loss/worst_token_position")}
              for r in records if "reward/mean" in r]
     # val/step = the number of steps the validated weights have trained; 0 = the base model.
-    val = [{"step": int(r["val/step"]), "t": r["time"] - t0, "acc": r["val/accuracy"]}
-           for r in records if "val/accuracy" in r]
+    val = [{"step": int(r["val/step"]), "t": r["time"] - t0, "acc": r["val/accuracy"],
+            "round_s": r.get("timing/validation_s")} for r in records if "val/accuracy" in r]
     train.sort(key=lambda s: s["step"])
     val.sort(key=lambda v: v["step"])
     reach = next((v for v in val if v["acc"] >= target), None)
@@ -383,6 +383,27 @@ def _chance(task: str) -> float:
     return chance({"digits": "first", "digits_max": "max"}[task])
 
 
+def rewards(args: argparse.Namespace) -> None:
+    """The training reward of each run of results/<out>.json in blocks of --block steps, per seed and averaged over
+    seeds by system: whether one system learns more per step than another, read from every step's samples (the
+    training batch) rather than from when one validation round of 200 answers first crosses the target."""
+    result = json.loads((RESULTS / f"{args.out}.json").read_text())
+    width = args.block
+    table: dict[str, dict[int, list[float]]] = {}
+    for r in result["runs"]:
+        system = r["name"].rsplit("-s", 1)[0]
+        rows = [t for t in r["train"] if t.get("reward") is not None]
+        for start in range(1, args.steps + 1, width):
+            block = [t["reward"] for t in rows if start <= t["step"] < start + width]
+            if len(block) == width:  # a run stopped early leaves its last block out, not half-counted
+                table.setdefault(system, {}).setdefault(start, []).append(statistics.mean(block))
+    print(f"mean training reward per {width}-step block (one value per seed, then their mean)")
+    for system, blocks in table.items():
+        cells = [f"{s}-{s + width - 1}: " + " ".join(f"{x:.3f}" for x in xs) + f" (mean {statistics.mean(xs):.3f})"
+                 for s, xs in sorted(blocks.items())]
+        print(f"{system:>8}  " + "; ".join(cells))
+
+
 def env_info() -> dict[str, Any]:
     import platform
 
@@ -392,7 +413,7 @@ def env_info() -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["pretrain", "run", "compare", "variants", "collect"])
+    p.add_argument("what", choices=["pretrain", "run", "compare", "variants", "collect", "rewards"])
     p.add_argument("--task", default="digits_max", choices=["digits_max", "digits", "arith"],
                    help="arith: compare only (the arith demo's config, model, validation and target)")
     p.add_argument("--seeds", default="1,2,3")
@@ -412,14 +433,15 @@ def main() -> None:
     p.add_argument("--tree", type=Path, default=None, help="run the fleet from this snapshot of the code")
     p.add_argument("--reuse", action="store_true", help="summarize the runs already in --work, run nothing")
     p.add_argument("--title", default="", help="collect: the figure's title")
+    p.add_argument("--block", type=int, default=10, help="rewards: steps per block")
     args = p.parse_args()
     args.modes = args.modes or ("trl,async,sync" if args.what == "compare" else "sync,async")
-    args.out = args.out or ("skill_compare" if args.what == "compare" else "skill_variants")
+    args.out = args.out or ("skill_compare" if args.what in ("compare", "rewards") else "skill_variants")
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.what == "pretrain":
         print(pretrain(args.task))
     else:
-        {"run": run, "compare": run, "variants": variants, "collect": collect}[args.what](args)
+        {"run": run, "compare": run, "variants": variants, "collect": collect, "rewards": rewards}[args.what](args)
 
 
 if __name__ == "__main__":

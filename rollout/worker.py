@@ -108,6 +108,7 @@ class RolloutWorker:
         self.weights = NO_WEIGHTS  # what the engine serves; set only once a push has loaded
         self.state = "starting"
         self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self._samples: dict[str, int] = {}  # lease id -> the answers its group asks for
         self.stats = WorkerStats(started_at=time.monotonic())
         self._weights_lock = asyncio.Lock()
         self._slot_free = asyncio.Event()
@@ -188,12 +189,15 @@ class RolloutWorker:
 
     # ---- leasing --------------------------------------------------------------------------------------------
     async def lease_loop(self) -> None:
-        limit = self.cfg.rollout.max_groups_in_flight
+        # The budget is in answers, not groups: a validation round's groups of one answer each fill what
+        # `max_groups_in_flight` training groups would, so the engine batches them as wide (not 16 at a time).
+        g = self.cfg.grpo.num_generations_per_prompt
+        budget = self.cfg.rollout.max_groups_in_flight * g
         while not self._draining:
             if self.version < 0 or self._leasing_paused:
                 await asyncio.sleep(0.1)
                 continue
-            free = limit - len(self.in_flight)
+            free = (budget - sum(self._samples.values())) // g  # whole training groups still fit
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
@@ -212,6 +216,7 @@ class RolloutWorker:
             for lease in reply.leases:
                 task = asyncio.create_task(self._run_group(lease), name=f"group-{lease.group.group_id}")
                 self.in_flight[lease.lease_id] = task
+                self._samples[lease.lease_id] = lease.group.num_generations or g
             self.stats.set_busy(True)
 
     async def _run_group(self, lease: Lease) -> None:
@@ -234,6 +239,7 @@ class RolloutWorker:
             await self._submit(lease, group)
         finally:
             self.in_flight.pop(lease.lease_id, None)
+            self._samples.pop(lease.lease_id, None)
             self.stats.set_busy(bool(self.in_flight))
             self._slot_free.set()
 

@@ -192,3 +192,57 @@ async def test_payload_store_rides_out_a_redis_outage_and_names_redis_past_the_b
     finally:
         await store.close()
         redis.stop()
+
+
+async def test_a_worker_holds_as_many_answers_of_one_answer_validation_groups_as_of_training_groups(buffer) -> None:
+    """`rollout.max_groups_in_flight` counts answers: 2 groups of 4 answers allow 8, and validation tasks of one
+    answer each are leased while a whole training group still fits, 5 at once, never past 8 (with groups counted,
+    a round of 200 tasks went to the engine 16 at a time where 16 groups of 8, 128 answers, were allowed)."""
+    from fleet.contracts.weights import WeightsId
+    from rollout.worker import Decoder, RolloutWorker
+
+    rb = await buffer("replay_buffer.lease_timeout_s=60")
+    c, client = rb.client(), _client(rb)
+    none: Any = None
+    cfg = _config(rb, "rollout.max_groups_in_flight=2", "grpo.num_generations_per_prompt=4")
+    worker = RolloutWorker(cfg, "w1", "127.0.0.1:1", none, none, client, Decoder(none))
+    go, peak = asyncio.Event(), [0]
+
+    async def generate(group: PromptGroup) -> ScoredGroup:  # the engine's part, held until `go`
+        peak[0] = max(peak[0], len(worker.in_flight))
+        await go.wait()
+        return _scored(group, 0)
+
+    worker.process_group = generate  # type: ignore[method-assign]
+
+    async def round_of(groups: list[Any]) -> int:
+        peak[0] = 0
+        go.clear()
+        await c.call("EnqueuePrompts", groups=groups)
+        seen = [0]
+        for _ in range(200):  # until the worker has taken groups and stopped taking more for 0.5 s
+            await asyncio.sleep(0.05)
+            seen.append(len(worker.in_flight))
+            if seen[-1] and len(set(seen[-10:])) == 1:
+                break
+        held = peak[0]
+        go.set()
+        expected = worker.stats.groups_submitted + len(groups)  # none of this round submitted before `go`
+        for _ in range(500):  # every group of the round generated and submitted, the last ones leased after `go`
+            if worker.stats.groups_submitted == expected and not worker.in_flight:
+                break
+            await asyncio.sleep(0.02)
+        return held
+
+    loop: asyncio.Task[None] | None = None
+    try:
+        epoch = await begin(c, "w1")
+        worker.weights = WeightsId(epoch, 0)
+        loop = asyncio.create_task(worker.lease_loop())
+        assert await round_of([prompt(f"v{i}", validation=True, generations=1) for i in range(12)]) == 8 - 4 + 1
+        assert await round_of([prompt(f"t{i}", generations=4) for i in range(5)]) == 2
+        assert worker.stats.groups_submitted == 12 + 5
+    finally:
+        if loop is not None:
+            loop.cancel()
+        await client.close()
