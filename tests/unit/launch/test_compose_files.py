@@ -141,3 +141,15 @@ def test_dockerfile_has_cpu_cuda_and_redis_targets_without_a_toolchain_in_cpu() 
     assert re.match(r"FROM runtime AS cuda", stages["cuda"])
     assert all(re.search(rf"\b{tool}\b", stages["runtime"]) for tool in ("chromium", "skopeo", "umoci"))
     assert "ENTRYPOINT" in stages["runtime"]
+
+
+def test_fleet_services_get_the_launchers_cpu_host_environment() -> None:
+    from fleet.config import parse_config
+    from launch.topology import cpu_host_env
+
+    wanted = cpu_host_env(parse_config({}).cluster, {})  # what `grpo-fleet up` gives each process on a CPU host
+    assert wanted
+    for role in FLEET_ROLES | {"prepare"}:
+        env = SERVICES[role]["environment"]
+        for key, value in wanted.items():
+            assert env.get(key) == f"${{{key}:-{value}}}", (role, env)  # a value the user exports is kept
