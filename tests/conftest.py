@@ -18,7 +18,10 @@ Without xdist (`pytest tests/unit/...`) none of this applies and everything runs
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -53,3 +56,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return lane_of(nodeid)
 
     return LaneScheduling(config, log)
+
+
+# benchmarks/suite_timeline.py: when and where each test ran (setup, call and teardown together), one JSON line per
+# test appended by the worker that ran it.
+TIMELINE = os.environ.get("GRPO_FLEET_TEST_TIMELINE")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    start = time.time()
+    yield
+    if TIMELINE:
+        with open(TIMELINE, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                                "start": start, "end": time.time()}) + "\n")
