@@ -93,9 +93,9 @@ class RolloutConfig(Section):
     num_workers: int = Field(1, ge=1)
     """Rollout workers `grpo-fleet up` starts."""
     max_groups_in_flight: int = Field(4, ge=1)
-    """Groups one worker generates and scores at once, counted in answers: this x
-    `grpo.num_generations_per_prompt` answers, so a validation round (one answer per task) has that many tasks in
-    flight."""
+    """Groups one worker generates and scores at once, counted in answers: up to this x
+    `grpo.num_generations_per_prompt` answers. A group is leased while a whole training group still fits, so a
+    validation round (one answer per task) has nearly that many tasks in flight."""
     worker_id: str | None = None
     """Stable worker id (None: hostname-pid)."""
     advertise_host: str | None = None
