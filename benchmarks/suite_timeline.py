@@ -33,7 +33,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 WORK = Path("/tmp/grpo-fleet-suite-timeline")
 
 
-def run_suite(workers: str, extra: list[str]) -> float:
+def run_suite(workers: str, extra: list[str]) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     for name in ("timeline.jsonl", "cores.jsonl"):
         (WORK / name).unlink(missing_ok=True)
@@ -48,7 +48,6 @@ def run_suite(workers: str, extra: list[str]) -> float:
     finally:
         sampler.stop()
     (WORK / "run.json").write_text(json.dumps({"cmd": cmd, "rc": rc, "start": t0, "end": time.time()}))
-    return time.time() - t0
 
 
 def summarise() -> dict[str, Any]:

@@ -63,11 +63,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 TIMELINE = os.environ.get("GRPO_FLEET_TEST_TIMELINE")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    start = time.time()
-    yield
-    if TIMELINE:
+if TIMELINE:  # defined only then: an ordinary run wraps no test
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+        start = time.time()
+        yield
         with open(TIMELINE, "a") as f:
             f.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                                 "start": start, "end": time.time()}) + "\n")
