@@ -130,9 +130,15 @@ def fetch_all(names: list[str], cache: Path, *, workers: int = 3, locked: bool =
     """Every project's sdist (pip runs `workers` at a time: most of its time is preparing metadata)."""
     cache.mkdir(parents=True, exist_ok=True)
     pins = read_lock() if locked else {}
-    missing = [n for n in names if locked and _canonical(n) not in pins]
-    if missing:
-        raise RuntimeError(f"packages.lock has no pin for {missing}; run the corpus stage without --locked first")
+    if locked:
+        # The lock records the corpus as it was fetched: a project pip could not fetch then has no pin, and the
+        # locked corpus is the one without it.
+        unpinned = [n for n in names if _canonical(n) not in pins]
+        if unpinned:
+            log.warning("corpus: packages.lock has no pin for %s (not in the locked corpus): skipped", unpinned)
+        names = [n for n in names if _canonical(n) in pins]
+        if not names:
+            raise RuntimeError("packages.lock pins none of packages.txt; run the corpus stage without --locked first")
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         got = list(pool.map(lambda n: fetch_one(n, cache, pins.get(_canonical(n))), names))

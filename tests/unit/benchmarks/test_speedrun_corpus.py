@@ -10,6 +10,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import corpus  # noqa: E402
@@ -68,3 +70,20 @@ def test_recipes_and_reserved_projects_are_kept_out(tmp_path: Path) -> None:
     assert {"toolz", "python-slugify", "text-unidecode", "voluptuous", "xmltodict", "more-itertools"} <= excluded
     lock = corpus.read_lock()
     assert lock and not set(lock) & excluded, "packages.lock pins a project that is now a task repository"
+
+
+def test_a_locked_fetch_skips_projects_the_lock_has_no_pin_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """packages.lock records the corpus as fetched: a project of packages.txt that pip could not fetch then has no pin,
+    and `prepare --locked` reproduces the corpus without it instead of stopping."""
+    version, sha = corpus.read_lock()["accelerate"]
+    archive = tmp_path / f"accelerate-{version}.tar.gz"
+    archive.write_bytes(b"cached")
+    archive.with_suffix(".gz.json").write_text(json.dumps({"package": "accelerate", "version": version,
+                                                           "sha256": sha}))
+
+    def no_pip(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"pip ran: {args}")
+
+    monkeypatch.setattr(corpus.subprocess, "run", no_pip)
+    got = corpus.fetch_all(["accelerate", "not-a-locked-project"], tmp_path, locked=True)
+    assert [(s.package, s.version, s.sha256) for s in got] == [("accelerate", version, sha)]
