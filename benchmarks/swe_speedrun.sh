@@ -54,7 +54,8 @@ case "$stage" in
      fi
      if [ ! -f "$DATA/fixes/corpus.jsonl.xz" ]; then
        python3 benchmarks/swe_speedrun.py fixes --data "$DATA" --out "$WORK" --workers 12 \
-         --corpus-fixes "${CORPUS_FIXES:-8000}" --diff-context "$DIFF_CONTEXT" > "$WORK/fixes.log" 2>&1
+         --corpus-fixes "${CORPUS_FIXES:-8000}" --per-file "${PER_FILE:-2}" --diff-context "$DIFF_CONTEXT" \
+         > "$WORK/fixes.log" 2>&1
      fi
      # Then the SFT task set (sft.yaml), larger than the one built on two cores: `sft` makes examples of it.
      if [ "${SFT_PER_REPO:-0}" -gt 0 ] && [ ! -f "$DATA/sft-tasks/train.jsonl" ]; then
