@@ -217,17 +217,24 @@ def grpo(args: argparse.Namespace) -> None:
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     path = args.out / f"grpo_{args.mode}.json"
     if path.is_file():  # a fleet that ran out of time still reports the rounds it finished
-        report = json.loads(path.read_text())
-        report["heldout"] = heldout_changes(report["validation_tasks"])
-        report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
-                                    for r in report["validation_tasks"]]
-        report["diagnosis"] = diagnose_rounds(report["validation_tasks"], args.data)
-        path.write_text(json.dumps(report, indent=1))
-        log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
-        for r in report["diagnosis"]:
-            log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
+        finish_report(path, args.data)
     if rc:
         raise SystemExit(f"gpu_fleet_swe.py exited {rc}")
+
+
+def finish_report(path: Path, data: Path) -> None:
+    """Add to a fleet's report the held-out changes with their intervals, why patches did not apply, and the
+    diagnosis of every logged answer (`grpo` does it where it ran; `diagnose --finish` anywhere, for a report whose
+    device call ran out before this step)."""
+    report = json.loads(path.read_text())
+    report["heldout"] = heldout_changes(report["validation_tasks"])
+    report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
+                                for r in report["validation_tasks"]]
+    report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data)
+    path.write_text(json.dumps(report, indent=1))
+    log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
+    for r in report["diagnosis"]:
+        log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
 
 
 def diagnose_rounds(rounds: list[dict[str, Any]], data: Path) -> list[dict[str, Any]]:
@@ -251,6 +258,9 @@ def diagnose_rounds(rounds: list[dict[str, Any]], data: Path) -> list[dict[str, 
 
 def diagnose_stage(args: argparse.Namespace) -> None:
     """Diagnose the logged held-out answers of a GRPO report (`--report`), here or where it ran."""
+    if args.finish:
+        finish_report(args.report, args.data)
+        return
     rounds = json.loads(args.report.read_text())["validation_tasks"]
     write(args.out, args.report.name.replace("grpo_", "diagnosis_"),
           {"report": str(args.report), "diagnosis": diagnose_rounds(rounds, args.data)})
@@ -371,6 +381,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     dg.add_argument("--report", type=Path, required=True, help="a grpo_<mode>.json with logged answers")
     dg.add_argument("--data", type=Path, default=DATA)
     dg.add_argument("--out", type=Path, default=DATA / "results")
+    dg.add_argument("--finish", action="store_true",
+                    help="write into the report what `grpo` adds after the fleet (held-out changes, diagnosis)")
     for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
