@@ -211,6 +211,8 @@ def grpo(args: argparse.Namespace) -> None:
             f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
             f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
             f"policy.optimizer.lr={args.lr}", f"env.code.reward_mode={args.reward_mode}",
+            # The failing tests alone first: most answers fail them, and the reward does not need the rest.
+            f"env.code.fail_to_pass_first={str(args.reward_mode != 'pass_rate').lower()}",
             f"logger.val_answers_logged={args.val_tasks}",
             f"sandbox.pool_size={max(2, (os.cpu_count() or 2) - 4)}", *args.overrides]
     log.info("%s", " ".join(cmd))

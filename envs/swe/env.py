@@ -24,9 +24,9 @@ class SweEnvironment:
 
     def __init__(
         self, *, scorer: Scorer | None = None, repos_root: str | Path | None = None,
-        task_timeout: float = DEFAULT_TASK_TIMEOUT_S,
+        task_timeout: float = DEFAULT_TASK_TIMEOUT_S, fail_to_pass_first: bool = False,
     ) -> None:
-        self.scorer, self.task_timeout = scorer, task_timeout
+        self.scorer, self.task_timeout, self.fail_to_pass_first = scorer, task_timeout, fail_to_pass_first
         # Prompts retrieve code context from the task set's bare repos; None means the default task set's.
         self.repos_root = repos_root if repos_root is not None else repos_dir(default_task_dir())
 
@@ -55,7 +55,8 @@ class SweEnvironment:
             raise RuntimeError("the swe environment has no scorer: make_environment('swe', scorer=...) or "
                                "score(..., scorer=...)")
         timeout = cfg.env.code.task_timeout if cfg is not None else self.task_timeout
-        verdict = await run(payload_to_spec(payload, extraction.patch, timeout=timeout))
+        first = cfg.env.code.fail_to_pass_first if cfg is not None else self.fail_to_pass_first
+        verdict = await run(payload_to_spec(payload, extraction.patch, timeout=timeout, fail_to_pass_first=first))
         if verdict.is_infra_failure:
             return ScoreResult(verdict, infra_error=verdict.error or "sandbox infrastructure failure")
         return ScoreResult(verdict, detail=f"patch from {extraction.source}")
@@ -65,4 +66,5 @@ def make_swe_environment(
     env_cfg: EnvConfig | None = None, *, scorer: Scorer | None = None, repos_root: str | Path | None = None
 ) -> SweEnvironment:
     timeout = env_cfg.code.task_timeout if env_cfg is not None else DEFAULT_TASK_TIMEOUT_S
-    return SweEnvironment(scorer=scorer, repos_root=repos_root, task_timeout=timeout)
+    first = env_cfg.code.fail_to_pass_first if env_cfg is not None else False
+    return SweEnvironment(scorer=scorer, repos_root=repos_root, task_timeout=timeout, fail_to_pass_first=first)

@@ -40,8 +40,10 @@ def task_to_payload(task: Task) -> dict[str, Any]:
     }
 
 
-def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 1800.0) -> TaskSpec:
-    """The sandbox task that grades `patch` against the payload's task."""
+def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 1800.0,
+                    fail_to_pass_first: bool = False) -> TaskSpec:
+    """The sandbox task that grades `patch` against the payload's task (`fail_to_pass_first`:
+    `env.code.fail_to_pass_first`)."""
     missing = [k for k in PAYLOAD_KEYS if k not in payload]
     if missing:
         raise ValueError(f"SWE payload lacks {', '.join(missing)} (instance {payload.get('instance_id', '?')})")
@@ -62,4 +64,5 @@ def payload_to_spec(payload: dict[str, Any], patch: str, *, timeout: float = 180
         expected_status=dict(payload["expected_status"]) if payload.get("expected_status") else None,
         task_paths=list(payload.get("task_paths") or []),
         eval_files=dict(payload["eval_files"]) if payload.get("eval_files") else None,
+        fail_to_pass_first=fail_to_pass_first,
     )

@@ -3,7 +3,7 @@
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fleet.config.base import Section
 from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S, RewardMode
@@ -49,6 +49,11 @@ class CodeEnvConfig(Section):
     patch that changes nothing earns the PASS_TO_PASS share, and a policy learns to write such patches).
     fail_to_pass: fraction of FAIL_TO_PASS tests passing times the fraction of PASS_TO_PASS tests still passing, so
     the unchanged code scores 0 and partial credit is only for progress on the bug."""
+    fail_to_pass_first: bool = False
+    """Ask the sandbox to run a task's FAIL_TO_PASS tests alone first and to skip the full run where none of them
+    passes (`TaskSpec.fail_to_pass_first`): most wrong answers then cost a few tests, not the task's whole test files.
+    The reward is unchanged under `binary` and `fail_to_pass`, which pay 0 when no FAIL_TO_PASS test passes; not
+    allowed with `pass_rate`, which pays PASS_TO_PASS tests too."""
     integrity_check: bool = True
     """Refuse patches that touch test files or files of the test patch."""
     task_timeout: float = Field(DEFAULT_TASK_TIMEOUT_S, gt=0)
@@ -65,6 +70,13 @@ class CodeEnvConfig(Section):
     """Bearer token for the sandbox executors (or GRPO_FLEET_SANDBOX_TOKEN)."""
     max_retries: int = Field(5, ge=0)
     """Retries of a task after infrastructure failures before the group is given back."""
+
+    @model_validator(mode="after")
+    def _first_run_needs_a_reward_it_keeps(self) -> "CodeEnvConfig":
+        if self.fail_to_pass_first and self.reward_mode == "pass_rate":
+            raise ValueError("env.code.fail_to_pass_first=true needs env.code.reward_mode binary or fail_to_pass: "
+                             "pass_rate pays PASS_TO_PASS tests, which a first run that settles the verdict skips")
+        return self
 
 
 ArithOp = Literal["+", "-", "*"]

@@ -73,12 +73,19 @@ class TaskSpec:
     eval_files: dict[str, str] | None = None
     """Image tasks: files written into /testbed before the eval script runs, path -> base64 bytes (SWE-bench
     Multimodal's test-patch assets, which the harness's script would fetch with curl from a sandbox without network)."""
+    fail_to_pass_first: bool = False
+    """Run the FAIL_TO_PASS tests alone first and, where every one of them ran and none passed, answer NO without the
+    full run (the verdict then lists those tests only). The reward then equals the full run's under `binary` and
+    `fail_to_pass` (both pay 0 when no FAIL_TO_PASS test passes), never under `pass_rate`; the resolution too, unless
+    a FAIL_TO_PASS test passes only after another test has run. Otherwise the full run grades, in a fresh tree. Tests
+    the runner starts itself only (no `test_command`, or one of the task-set form); image tasks and shell commands
+    ignore it."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         # Image fields only when set: an executor that predates them (the seed's) rejects unknown keys.
         return {k: v for k, v in data.items() if not (k in IMAGE_KEYS and v is None)
-                and not (k == "task_paths" and not v)}
+                and not (k in ("task_paths", "fail_to_pass_first") and not v)}
 
 
 IMAGE_KEYS = ("image", "eval_script", "log_parser", "eval_type", "setup_patch", "expected_status", "eval_files")
@@ -132,7 +139,7 @@ class SpecError(ValueError):
 
 _SPEC_KEYS = {"repo_url", "base_commit", "patch", "test_patch", "test_command", "fail_to_pass", "pass_to_pass",
               "reference_patch", "timeout", "integrity_check", "image", "eval_script", "log_parser", "eval_type",
-              "setup_patch", "expected_status", "task_paths", "eval_files"}
+              "setup_patch", "expected_status", "task_paths", "eval_files", "fail_to_pass_first"}
 # Labels seed clients send along; accepted and ignored so that a misspelt key is still an error.
 _IGNORED_KEYS = {"instance_id", "metadata"}
 
@@ -261,6 +268,7 @@ def spec_from_json(data: Any, *, max_timeout: float = 3600.0) -> TaskSpec:
         reference_patch=_string(data, "reference_patch", default=None),
         timeout=_timeout(data, max_timeout),
         integrity_check=_flag(data, "integrity_check", True),
+        fail_to_pass_first=_flag(data, "fail_to_pass_first", False),
         task_paths=_task_paths(data),
         **_image_fields(data),
     )

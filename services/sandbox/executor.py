@@ -13,6 +13,7 @@ bug here -- becomes an `infra_error` verdict, never a failed patch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -259,7 +260,23 @@ class Executor:
         timings["apply_s"] = time.monotonic() - t
         if early is not None:
             return early
-        return await self._run_tests(ws, spec, slot, repo, timings)
+        if not (spec.fail_to_pass_first and spec.fail_to_pass and TrustedRunner.runs_tests_itself(spec)):
+            return await self._run_tests(ws, spec, slot, repo, timings)
+        first = await self._run_tests(ws, spec, slot, repo, timings, only=spec.fail_to_pass)
+        timings["first_tests_s"] = timings.pop("tests_s")
+        if verdicts.no_failing_test_passed(first, spec):
+            first.error = "; ".join(filter(None, [first.error, verdicts.FIRST_RUN_NOTE]))
+            return first
+        # A FAIL_TO_PASS test passed, or the first run is not conclusive: the full run grades, in a tree that the
+        # first run's tests never wrote to.
+        assert self._work_root is not None
+        fresh = Workspace(self._work_root / uuid.uuid4().hex, self._tree_limits)
+        try:
+            await fresh.checkout(repo, spec.base_commit)
+            early = await apply_patches(fresh, spec, self._runner.config_names if self._runner else frozenset())
+            return early or await self._run_tests(fresh, spec, slot, repo, timings)
+        finally:
+            await asyncio.to_thread(fresh.remove)
 
     async def _sandboxed(self, policy: SandboxPolicy, tree: Path, command: list[str], *, slot: int,
                          hide: list[Path], env: dict[str, str], limit_s: float, report: ReportPipe | None = None,
@@ -305,7 +322,8 @@ class Executor:
                 await cgroup.remove()
 
     async def _run_tests(self, ws: Workspace, spec: TaskSpec, slot: int, repo: Path,
-                         timings: dict[str, float]) -> Verdict:
+                         timings: dict[str, float], only: list[str] | None = None) -> Verdict:
+        """The verdict of `spec`'s tests in `ws` (`only`: these tests alone, graded as the only expected ones)."""
         policy = self._policy
         assert policy is not None
         await asyncio.to_thread(ws.seal, policy.uid_for_slot(slot))
@@ -320,7 +338,7 @@ class Executor:
         runner = self._runner
         assert runner is not None
         command, env = runner.test_command(spec, ws.tree, key_read, report_write,
-                                           disable_autoload=self.cfg.disable_plugin_autoload)
+                                           disable_autoload=self.cfg.disable_plugin_autoload, only=only)
         hide = [repo, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
         cgroup = self._cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self._cgroups else None
         t = time.monotonic()
@@ -338,6 +356,7 @@ class Executor:
         limits = verdicts.Limits(self.cfg.cpu_s, self.cfg.memory_mb, self.cfg.task_memory_mb if cgroup else None,
                                  self.cfg.max_test_cases)
         shell = spec.test_command is not None and command[0] == "/bin/sh"
-        verdict = verdicts.grade_run(spec, result, key, limits, stats, shell=shell)
+        graded = spec if only is None else dataclasses.replace(spec, fail_to_pass=only, pass_to_pass=[])
+        verdict = verdicts.grade_run(graded, result, key, limits, stats, shell=shell)
         timings["grade_s"] = time.monotonic() - t
         return verdict

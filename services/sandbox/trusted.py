@@ -125,28 +125,38 @@ class TrustedRunner:
             prefixes = (probe["base_prefix"], os.path.dirname(exe))
         return cls(root, exe, isolated, names, tuple(dict.fromkeys(prefixes)), hidden)
 
-    def argv(self, *, key_fd: int, report_fd: int, tree: Path, paths: list[str], args: list[str]) -> list[str]:
+    def argv(self, *, key_fd: int, report_fd: int, tree: Path, paths: list[str], args: list[str],
+             only: list[str] | None = None) -> list[str]:
         flags = ["-s", "-P", "-S"] if self.isolated else ["-s", "-P"]
-        opts = [x for p in paths for x in ("--path", p)]
+        opts = [x for p in paths for x in ("--path", p)] + [x for t in only or [] for x in ("--only", t)]
         return [self.python, *flags, str(self.site / "grpo_runner" / "boot.py"), str(key_fd), str(report_fd),
                 str(tree), *opts, "--", *args]
 
     def test_command(self, spec: TaskSpec, tree: Path, key_fd: int, report_fd: int, *,
-                     disable_autoload: bool) -> tuple[list[str], dict[str, str]]:
+                     disable_autoload: bool, only: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
         """(argv, environment) of a task's test run: pytest through this runner, or a shell command that is not of
         the task-set form, in which any pytest the shell starts loads the report plugin (weaker: see
-        runner/shell.py). Every form streams a signed report."""
+        runner/shell.py). Every form streams a signed report. `only`: the same command, running these tests alone
+        (the runner's forms only: see `runs_tests_itself`)."""
         if spec.test_command is not None:
             parsed = pytest_command(spec.test_command)
             if parsed is None:
+                if only is not None:
+                    raise ValueError("a shell test command cannot run a subset of its tests")
                 env = {"PYTEST_ADDOPTS": "-p grpo_runner.shell", "GRPO_RUNNER_FDS": f"{key_fd},{report_fd}"}
                 return ["/bin/sh", "-c", spec.test_command], env
-            argv = self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths, args=parsed.args)
+            argv = self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths, args=parsed.args,
+                             only=only)
             return argv, self.start_env(parsed.env)
         env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if disable_autoload else {}
         files = sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
         args = ["-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", *files]
-        return self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=[], args=args), env
+        return self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=[], args=args, only=only), env
+
+    @staticmethod
+    def runs_tests_itself(spec: TaskSpec) -> bool:
+        """Whether the runner starts pytest itself for `spec` (and so can run a subset of its tests)."""
+        return spec.test_command is None or pytest_command(spec.test_command) is not None
 
     @staticmethod
     def start_env(env: dict[str, str]) -> dict[str, str]:

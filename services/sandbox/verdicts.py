@@ -105,3 +105,18 @@ def grade_run(spec: TaskSpec, result: RunResult, key: bytes | None, limits: Limi
         tests_failed=failed, exit_code=code, test_status=status, resolution=resolution,
         stdout_tail=result.stdout.text(), stderr_tail=result.stderr.text(), error="; ".join(notes),
         report=report, stdout_bytes=result.stdout.total, stderr_bytes=result.stderr.total)
+
+
+FIRST_RUN_NOTE = "the FAIL_TO_PASS tests ran alone first and none passed: PASS_TO_PASS not run (fail_to_pass_first)"
+
+
+def no_failing_test_passed(first: Verdict, spec: TaskSpec) -> bool:
+    """Whether a run of `spec`'s FAIL_TO_PASS tests alone settles its verdict (`TaskSpec.fail_to_pass_first`): it
+    ran past its time limit (the full run, a superset, would too), or it completed with every one of them reported
+    and none passing (strictly: XFAIL and XPASS are no passes). Anything else, an integrity violation included, is
+    left to the full run."""
+    if first.status == "timeout":
+        return True
+    return (first.status == "completed" and all(t in first.test_status for t in spec.fail_to_pass)
+            and not first.report.get("FAIL_TO_PASS", {}).get("success"))
+

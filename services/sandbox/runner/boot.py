@@ -1,4 +1,6 @@
-"""Entry point of the trusted runner: `python -s -P -S boot.py KEY_FD REPORT_FD TREE [--path P]... -- PYTEST_ARGS`.
+"""Entry point of the trusted runner:
+`python -s -P -S boot.py KEY_FD REPORT_FD TREE [--path P]... [--only NODE_ID]... -- PYTEST_ARGS`
+(`--only`: run these collected tests alone, the others deselected).
 
 Order matters, and is the point of this file:
 1. read the report key from its pipe and close it (nothing of the tree has run yet);
@@ -32,6 +34,7 @@ def main(argv: list[str]) -> int:
     split = rest.index("--")
     opts, pytest_args = rest[:split], rest[split + 1:]
     paths = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--path"]
+    only = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--only"]
     key = _read_key(key_fd)
     os.set_inheritable(report_fd, False)  # test subprocesses never get the stream
     runner_site = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +49,7 @@ def main(argv: list[str]) -> int:
         importlib.import_module(f"_pytest.{name}")
     from grpo_runner.plugin import ReportPlugin
 
-    plugin = ReportPlugin(report_fd, key, tree)
+    plugin = ReportPlugin(report_fd, key, tree, frozenset(only) if only else None)
     del key
     tree = os.path.realpath(tree)
     extra = [p if os.path.isabs(p) else os.path.join(tree, p) for p in paths]

@@ -102,8 +102,10 @@ class Baseline:
 class ReportPlugin:
     """Streams outcomes over `fd`, signed with `key`; see `protocol`."""
 
-    def __init__(self, fd: int, key: bytes, tree: str) -> None:
+    def __init__(self, fd: int, key: bytes, tree: str, only: frozenset[str] | None = None) -> None:
         self._fd, self._key, self._seq = fd, key, 0
+        self._only = only
+        """Node ids to run (`--only`; None: every test collected): the others are deselected."""
         self._tree = os.path.realpath(tree)
         self._violations: list[str] = []
         self._plugins_at_start: set[int] = set()
@@ -154,6 +156,20 @@ class ReportPlugin:
             obj = getattr(item, "obj", None) if isinstance(item, python.Function) else None
             if obj is not None:
                 self._functions[item.nodeid] = (obj, _code(obj))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> Generator[None, object, object]:
+        # The outermost wrapper: it deselects after every conftest's own selection. A conftest that brings the
+        # others back only makes the run longer: the executor grades the tests it asked for, and a first run
+        # whose FAIL_TO_PASS tests did not all run and fail is followed by the full one.
+        result = yield
+        if self._only is not None:
+            dropped = [item for item in items if item.nodeid not in self._only]
+            if dropped:
+                items[:] = [item for item in items if item.nodeid in self._only]
+                config.hook.pytest_deselected(items=dropped)
+        return result
 
     # ---- outcomes ------------------------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)

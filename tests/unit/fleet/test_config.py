@@ -237,3 +237,10 @@ def test_every_config_field_has_a_docstring() -> None:
 
     walk(MasterConfig, "")
     assert missing == []
+
+
+def test_fail_to_pass_first_is_refused_with_a_reward_that_pays_pass_to_pass() -> None:
+    assert load_config(None, ["env.code.reward_mode=fail_to_pass", "env.code.fail_to_pass_first=true"])
+    assert load_config(None, ["env.code.fail_to_pass_first=true"]).env.code.reward_mode == "binary"
+    with pytest.raises(ConfigError, match=r"env\.code\.fail_to_pass_first.*pass_rate"):
+        load_config(None, ["env.code.reward_mode=pass_rate", "env.code.fail_to_pass_first=true"])

@@ -40,6 +40,7 @@ def test_swebench_style_json_text_lists_are_accepted() -> None:
         ({**GOOD, "timeout": True}, "timeout"),
         ({**GOOD, "timeout": "5"}, "timeout"),
         ({**GOOD, "integrity_check": "yes"}, "integrity_check"),
+        ({**GOOD, "fail_to_pass_first": 1}, "fail_to_pass_first"),
         ({**GOOD, "fail_to_pas": []}, "fail_to_pas"),
         ({**GOOD, "fail_to_pass": []}, "test_command"),
     ],
@@ -66,3 +67,12 @@ def test_verdict_round_trips_and_ignores_unknown_keys() -> None:
                       resolution="FULL", report={"FAIL_TO_PASS": {"success": ["a.py::t[x y]"], "failure": []}})
     data = json.loads(json.dumps(verdict.to_json()))
     assert Verdict.from_json({**data, "added_by_a_newer_executor": 1}) == verdict
+
+
+def test_fail_to_pass_first_travels_only_when_set() -> None:
+    """A seed executor rejects keys it does not know: the flag is left out of the JSON unless it is on."""
+    assert "fail_to_pass_first" not in TaskSpec(**GOOD).to_json()  # type: ignore[arg-type]
+    on = TaskSpec(**GOOD, fail_to_pass_first=True)  # type: ignore[arg-type]
+    assert on.to_json()["fail_to_pass_first"] is True
+    assert spec_from_json(on.to_json()) == on
+

@@ -1,0 +1,134 @@
+"""What `env.code.fail_to_pass_first` saves the sandbox on real answers: a model's logged held-out answers of the SWE
+speedrun, graded by the in-process executor with and without the flag, in one sitting.
+
+    .venv/bin/python benchmarks/fail_to_pass_first_bench.py \
+        --report benchmarks/results/swe_speedrun/fourth_run/grpo_sync.json --data .speedrun --rounds 2
+
+The answers are those of the report's first validation round (the SFT base's greedy answers, token ids decoded with
+the speedrun's tokenizer); only answers whose patch applies reach the tests, so only those are graded. Each round
+grades every answer twice, once per setting, the order alternating between rounds so that load hits both alike;
+`--pool` runs at a time, as the fleet's executor would. For every answer the two verdicts must agree on the
+resolution and on the reward under `fail_to_pass` and `binary`; the results say where they do not. Writes
+`benchmarks/results/fail_to_pass_first.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envs.swe.patch import extract_patch  # noqa: E402
+from envs.swe.payload import payload_to_spec, task_to_payload  # noqa: E402
+from envs.swe.taskset import read_split  # noqa: E402
+from fleet.config.infra import SandboxConfig  # noqa: E402
+from fleet.contracts.sandbox import TaskSpec, Verdict  # noqa: E402
+from sandbox_client.reward import reward_from_verdict  # noqa: E402
+from services.sandbox.executor import Executor  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("fail_to_pass_first_bench")
+
+
+def answers(report: Path, data: Path, limit: int | None) -> list[tuple[str, dict[str, Any], str]]:
+    """(task id, payload, patch) of the first round's answers that hold a patch, in the report's order."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(data / "corpus" / "tokenizer")
+    tasks = {t.instance_id: t for split in ("train", "validation") for t in read_split(data / "tasks", split)}
+    logged = json.loads(report.read_text())["validation_tasks"][0]["answers"]
+    out = []
+    for task_id, ids in logged.items():
+        extracted = extract_patch(tok.decode(ids, skip_special_tokens=True))
+        if extracted.ok:
+            out.append((task_id, task_to_payload(tasks[task_id]), extracted.patch))
+    return out[:limit]
+
+
+async def grade_all(ex: Executor, specs: list[TaskSpec], pool: int) -> tuple[list[Verdict], float]:
+    gate = asyncio.Semaphore(pool)
+
+    async def one(spec: TaskSpec) -> Verdict:
+        async with gate:
+            return await ex.run(spec)
+
+    t0 = time.perf_counter()
+    verdicts = await asyncio.gather(*(one(s) for s in specs))
+    return list(verdicts), time.perf_counter() - t0
+
+
+def summary(verdicts: list[Verdict]) -> dict[str, Any]:
+    tested = [v for v in verdicts if v.patch_applied]
+    return {"answers": len(verdicts), "tests_ran": len(tested),
+            "by_resolution": {r: sum(v.resolution == r for v in tested) for r in ("FULL", "PARTIAL", "NO")},
+            "settled_by_first_run": sum("first_tests_s" in v.timings and "tests_s" not in v.timings
+                                        for v in verdicts),
+            "test_cases_run": sum(v.tests_passed + v.tests_failed for v in verdicts),
+            "task_s_median": statistics.median(v.timings.get("total_s", 0.0) for v in tested) if tested else 0.0,
+            # The fleet's step waits for its slowest verdict: the tail matters more than the median.
+            "task_s_slowest": sorted((round(v.timings.get("total_s", 0.0), 2) for v in tested), reverse=True)[:5],
+            "task_s_sum": sum(v.timings.get("total_s", 0.0) for v in tested)}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    found = answers(args.report, args.data, args.limit)
+    log.info("%d answers hold a patch", len(found))
+    specs = {flag: [payload_to_spec(p, patch, timeout=args.task_timeout, fail_to_pass_first=flag)
+                    for _, p, patch in found] for flag in (False, True)}
+    with tempfile.TemporaryDirectory(prefix="f2p-first-") as work:
+        cfg = SandboxConfig(pool_size=args.pool, work_root=work, repos_root=str(args.data / "tasks" / "repos"),
+                            max_timeout_s=args.task_timeout)
+        rounds: list[dict[str, Any]] = []
+        last: dict[bool, list[Verdict]] = {}
+        async with Executor(cfg) as ex:
+            await grade_all(ex, specs[False][:args.pool], args.pool)  # warm: the runner folder, page cache
+            for r in range(args.rounds):
+                row: dict[str, Any] = {}
+                for flag in ((False, True) if r % 2 == 0 else (True, False)):
+                    last[flag], wall = await grade_all(ex, specs[flag], args.pool)
+                    row["first" if flag else "full"] = {"wall_s": wall, **summary(last[flag])}
+                    log.info("round %d %s: %.1f s", r, "fail_to_pass_first" if flag else "full runs", wall)
+                rounds.append(row)
+    disagreements = []
+    for (task_id, _, _), full, first in zip(found, last[False], last[True], strict=True):
+        a = (full.status, full.resolution, reward_from_verdict(full, "fail_to_pass"), reward_from_verdict(full))
+        b = (first.status, first.resolution, reward_from_verdict(first, "fail_to_pass"), reward_from_verdict(first))
+        if a != b:
+            disagreements.append({"task": task_id, "full": a, "first": b})
+    walls = {k: [row[k]["wall_s"] for row in rounds] for k in ("full", "first")}
+    return {"report": str(args.report), "pool": args.pool, "rounds": rounds, "disagreements": disagreements,
+            "wall_s_median": {k: statistics.median(v) for k, v in walls.items()},
+            "speedup": statistics.median(walls["full"]) / statistics.median(walls["first"]),
+            "host": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()}}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--report", type=Path, required=True, help="a speedrun grpo_<mode>.json with logged answers")
+    p.add_argument("--data", type=Path, default=ROOT / ".speedrun", help="DATA/tasks and DATA/corpus/tokenizer")
+    p.add_argument("--pool", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--limit", type=int, default=None, help="grade only the first N answers that hold a patch")
+    p.add_argument("--task-timeout", type=float, default=120.0)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fail_to_pass_first.json")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("services.sandbox.executor").setLevel(logging.WARNING)
+    arguments = parse()
+    result = asyncio.run(main(arguments))
+    arguments.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("wall_s_median", "speedup")}), len(result["disagreements"]),
+          "disagreements")
