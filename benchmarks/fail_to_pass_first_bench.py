@@ -5,7 +5,7 @@ speedrun, graded by the in-process executor with and without the flag, in one si
         --report benchmarks/results/swe_speedrun/fourth_run/grpo_sync.json --data .speedrun --rounds 2
 
 The answers are those of the report's first validation round (the SFT base's greedy answers, token ids decoded with
-the speedrun's tokenizer); only answers whose patch applies reach the tests, so only those are graded. Each round
+the speedrun's tokenizer); every answer that holds a diff is sent, and those whose patch applies run tests. Each round
 grades every answer twice, once per setting, the order alternating between rounds so that load hits both alike;
 `--pool` runs at a time, as the fleet's executor would. For every answer the two verdicts must agree on the
 resolution and on the reward under `fail_to_pass` and `binary`; the results say where they do not. Writes
@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import platform
 import statistics
 import sys
@@ -77,7 +78,10 @@ def summary(verdicts: list[Verdict]) -> dict[str, Any]:
             "task_s_median": statistics.median(v.timings.get("total_s", 0.0) for v in tested) if tested else 0.0,
             # The fleet's step waits for its slowest verdict: the tail matters more than the median.
             "task_s_slowest": sorted((round(v.timings.get("total_s", 0.0), 2) for v in tested), reverse=True)[:5],
-            "task_s_sum": sum(v.timings.get("total_s", 0.0) for v in tested)}
+            "task_s_sum": sum(v.timings.get("total_s", 0.0) for v in tested),
+            # Where a verdict's time goes: the tests' run(s) against the checkout, the patch and the grading.
+            "phase_s_median": {k: statistics.median(v.timings.get(k, 0.0) for v in tested) if tested else 0.0
+                               for k in ("checkout_s", "apply_s", "first_tests_s", "tests_s", "grade_s")}}
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,7 +113,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return {"report": str(args.report), "pool": args.pool, "rounds": rounds, "disagreements": disagreements,
             "wall_s_median": {k: statistics.median(v) for k, v in walls.items()},
             "speedup": statistics.median(walls["full"]) / statistics.median(walls["first"]),
-            "host": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()}}
+            "host": {"cpus": os.cpu_count(), "python": platform.python_version()}}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

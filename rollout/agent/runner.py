@@ -77,7 +77,8 @@ class AgentRunner:
                      index: int) -> Trajectory:
         from envs.swe.payload import payload_to_spec
 
-        spec = payload_to_spec(payload, "", timeout=self.env.code.task_timeout)
+        spec = payload_to_spec(payload, "", timeout=self.env.code.task_timeout,
+                               fail_to_pass_first=self.env.code.fail_to_pass_first)
         t0 = time.monotonic()
         try:
             session = await self.sessions.open(spec)

@@ -251,13 +251,8 @@ class Executor:
                 why = self.image_error or "sandbox.runtime is bwrap (host interpreter only)"
                 return Verdict(status="infra_error", error=f"image {spec.image}: {why}")
             return await self.images.run(spec, timings)
-        t = time.monotonic()
         repo = resolve_repo(spec.repo_url, self.cfg)
-        await ws.checkout(repo, spec.base_commit)
-        timings["checkout_s"] = time.monotonic() - t
-        t = time.monotonic()
-        early = await apply_patches(ws, spec, self._runner.config_names if self._runner else frozenset())
-        timings["apply_s"] = time.monotonic() - t
+        early = await self._materialise(ws, repo, spec, timings)
         if early is not None:
             return early
         if not (spec.fail_to_pass_first and spec.fail_to_pass and TrustedRunner.runs_tests_itself(spec)):
@@ -272,11 +267,21 @@ class Executor:
         assert self._work_root is not None
         fresh = Workspace(self._work_root / uuid.uuid4().hex, self._tree_limits)
         try:
-            await fresh.checkout(repo, spec.base_commit)
-            early = await apply_patches(fresh, spec, self._runner.config_names if self._runner else frozenset())
+            early = await self._materialise(fresh, repo, spec, {})
             return early or await self._run_tests(fresh, spec, slot, repo, timings)
         finally:
             await asyncio.to_thread(fresh.remove)
+
+    async def _materialise(self, ws: Workspace, repo: Path, spec: TaskSpec,
+                           timings: dict[str, float]) -> Verdict | None:
+        """`spec`'s tree in `ws`: the checkout, then the patches (a verdict when they end the task there)."""
+        t = time.monotonic()
+        await ws.checkout(repo, spec.base_commit)
+        timings["checkout_s"] = time.monotonic() - t
+        t = time.monotonic()
+        early = await apply_patches(ws, spec, self._runner.config_names if self._runner else frozenset())
+        timings["apply_s"] = time.monotonic() - t
+        return early
 
     async def _sandboxed(self, policy: SandboxPolicy, tree: Path, command: list[str], *, slot: int,
                          hide: list[Path], env: dict[str, str], limit_s: float, report: ReportPipe | None = None,

@@ -33,8 +33,9 @@ def main(argv: list[str]) -> int:
     rest = argv[3:]
     split = rest.index("--")
     opts, pytest_args = rest[:split], rest[split + 1:]
-    paths = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--path"]
-    only = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i] == "--only"]
+    values = [(opts[i], opts[i + 1]) for i in range(0, len(opts) - 1, 2)]
+    paths = [v for name, v in values if name == "--path"]
+    only = [v for name, v in values if name == "--only"]
     key = _read_key(key_fd)
     os.set_inheritable(report_fd, False)  # test subprocesses never get the stream
     runner_site = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -131,3 +131,23 @@ def test_agent_mode_prompts_carry_the_tools(tokenizer: Any, tmp_path: Path) -> N
     assert '"name": "file_editor"' in prompt.text and "the rest of the statement is cut" in prompt.text
     single = make_environment("swe", MasterConfig().env, repos_root=str(tmp_path))
     assert type(single).__name__ == "SweEnvironment"
+
+
+async def test_an_episode_is_graded_failing_tests_first_when_the_config_asks(
+        server: SandboxServer, calc_repo: CalcRepo, tokenizer: Any) -> None:
+    """`env.code.fail_to_pass_first` reaches the session's spec: a diff that fixes no failing test is graded on the
+    3 FAIL_TO_PASS tests alone (the full run would also pass the 3 PASS_TO_PASS ones)."""
+    turns = [_call("file_editor", command="str_replace", path="calc/core.py", old_str="def add(a, b):",
+                   new_str="def add(a, b):  # looked at, not fixed"),
+             _call("submit")]
+    cfg = _cfg(server)
+    cfg.env.code.reward_mode = "fail_to_pass"
+    cfg.env.code.fail_to_pass_first = True
+    runner = AgentRunner(cfg.env, cfg.policy, ScriptedEngine(tokenizer, turns), tokenizer, "w")  # type: ignore[arg-type]
+    try:
+        prompt, payload = _prompt(calc_repo, runner)
+        traj = to_proto_trajectory(await runner.sample(prompt, payload, SamplingSpec(max_new_tokens=200), 0))
+    finally:
+        await runner.close()
+    assert traj.verdict.resolution == common_pb2.RESOLUTION_NO and traj.reward == 0.0
+    assert (traj.verdict.tests_passed, traj.verdict.tests_failed) == (0, 3)

@@ -75,4 +75,3 @@ def test_fail_to_pass_first_travels_only_when_set() -> None:
     on = TaskSpec(**GOOD, fail_to_pass_first=True)  # type: ignore[arg-type]
     assert on.to_json()["fail_to_pass_first"] is True
     assert spec_from_json(on.to_json()) == on
-
