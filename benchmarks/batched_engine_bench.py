@@ -51,14 +51,14 @@ def model_for(shape: str) -> Path:
     return make_qwen2_like(root / f"bench-qwen2-{shape}", h, n, heads, kv, inter, vocab, tokenizer_from=tiny)
 
 
-def make(kind: str, path: Path, args: argparse.Namespace) -> GenerationEngine:
+def make(kind: str, path: Path, args: argparse.Namespace, decode_steps: int = 8) -> GenerationEngine:
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     max_len = args.prompt + args.new * 3 // 2 + 8
     if kind == "batched":
         from rollout.engine.hf_batched import BatchedHfEngine
 
         return BatchedHfEngine(path, dtype=dtype, device=args.device, max_model_len=max_len,
-                               max_num_seqs=args.slots, cuda_graphs=not args.no_graphs)
+                               max_num_seqs=args.slots, cuda_graphs=not args.no_graphs, decode_steps=decode_steps)
     from rollout.engine.hf_engine import HfEngine
 
     return HfEngine(path, dtype=dtype, device=args.device, max_model_len=max_len)
@@ -135,47 +135,59 @@ def decode_microbench(engine: Any, b: int, attend: int, out_dir: Path, name: str
     return out
 
 
-async def greedy_agreement(path: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+async def greedy_agreement(path: Path, args: argparse.Namespace, vocab: int, steps: list[int]) -> dict[str, Any]:
+    """Greedy tokens of 8 prompts: the batched engine (each `decode_steps`) against the one-request path, and a
+    batched engine's rounds against one-step rounds (same kernels and shapes per step, so they should agree)."""
     rng = random.Random(1)
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(8, 64))] for _ in range(8)]
     spec = SamplingSpec(max_new_tokens=32, temperature=0, ignore_eos=True)
     outs = {}
-    for kind in ("sequential", "batched"):
-        eng = make(kind, path, args)
+    for kind, k in [("sequential", 1)] + [("batched", k) for k in sorted({1, *steps})]:
+        eng = make(kind, path, args, decode_steps=k)
         await eng.start()
         try:
-            outs[kind] = await asyncio.gather(*(eng.generate(f"{kind}{i}", p, spec) for i, p in enumerate(prompts)))
+            name = kind if kind == "sequential" else f"batched_{k}"
+            outs[name] = await asyncio.gather(*(eng.generate(f"{name}{i}", p, spec) for i, p in enumerate(prompts)))
         finally:
             await eng.stop()
-    same = sum(a.token_ids == b.token_ids for a, b in zip(outs["sequential"], outs["batched"], strict=True))
-    first_tokens = [(a.logprobs[0], b.logprobs[0]) for a, b in zip(outs["sequential"], outs["batched"], strict=True)]
-    return {"prompts": len(prompts), "identical": same,
-            "first_logprob_max_abs_diff": max(abs(a - b) for a, b in first_tokens)}
+
+    def compare(a_name: str, b_name: str) -> dict[str, Any]:
+        pairs = list(zip(outs[a_name], outs[b_name], strict=True))
+        return {"identical": sum(a.token_ids == b.token_ids for a, b in pairs),
+                "first_logprob_max_abs_diff": max(abs(a.logprobs[0] - b.logprobs[0]) for a, b in pairs)}
+
+    out: dict[str, Any] = {"prompts": len(prompts), **compare("sequential", f"batched_{max(steps)}")}
+    out["by_decode_steps"] = {k: {"vs_sequential": compare("sequential", f"batched_{k}"),
+                                  "vs_one_step_rounds": compare("batched_1", f"batched_{k}")}
+                              for k in sorted({1, *steps})}
+    return out
 
 
 async def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     path = model_for(shape)
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     row: dict[str, Any] = {"shape": shape, "batched": [], "sequential": []}
-    eng = make("batched", path, args)
-    await eng.start()
-    try:
-        loads = [int(x) for x in args.requests.split(",")]
-        for n in loads:
-            r = await load(eng, n, args, vocab)
-            print(f"{shape} batched n={n}: {r['tok_s']:.0f} tok/s {r['engine_timings_s']} {r['engine_forwards']}",
-                  flush=True)
-            row["batched"].append(r)
-        if args.profile:
-            b, attend = min(max(loads), eng.rows), eng.max_model_len  # type: ignore[attr-defined]
-            async with eng._step_lock:  # type: ignore[attr-defined]
-                row["decode_step"] = await asyncio.to_thread(decode_microbench, eng, b, attend,
-                                                             Path(args.out).parent, shape)
-            print(f"{shape} decode step alone: {row['decode_step']}", flush=True)
-        row["graph_captures"] = getattr(eng, "forwards", {}).get("graph_captures")
-        row["slots"] = getattr(eng, "rows", None)
-    finally:
-        await eng.stop()
+    steps = [int(x) for x in args.decode_steps.split(",")]
+    loads = [int(x) for x in args.requests.split(",")]
+    for k in steps:
+        eng = make("batched", path, args, decode_steps=k)
+        await eng.start()
+        try:
+            for n in loads:
+                r = {"decode_steps": k, **await load(eng, n, args, vocab)}
+                print(f"{shape} batched decode_steps={k} n={n}: {r['tok_s']:.0f} tok/s {r['engine_timings_s']} "
+                      f"{r['engine_forwards']}", flush=True)
+                row["batched"].append(r)
+            if args.profile and k == steps[-1]:
+                b, attend = min(max(loads), eng.rows), eng.max_model_len  # type: ignore[attr-defined]
+                async with eng._step_lock:  # type: ignore[attr-defined]
+                    row["decode_step"] = await asyncio.to_thread(decode_microbench, eng, b, attend,
+                                                                 Path(args.out).parent, shape)
+                print(f"{shape} decode step alone: {row['decode_step']}", flush=True)
+            row["graph_captures"] = getattr(eng, "forwards", {}).get("graph_captures")
+            row["slots"] = getattr(eng, "rows", None)
+        finally:
+            await eng.stop()
     if args.skip_sequential:
         return row
     eng = make("sequential", path, args)
@@ -187,7 +199,7 @@ async def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
             row["sequential"].append(r)
     finally:
         await eng.stop()
-    row["greedy_agreement"] = await greedy_agreement(path, args, vocab)
+    row["greedy_agreement"] = await greedy_agreement(path, args, vocab, steps)
     return row
 
 
@@ -215,6 +227,7 @@ if __name__ == "__main__":
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--new", type=int, default=128, help="mean new tokens per request")
     p.add_argument("--slots", type=int, default=256, help="max_num_seqs of the batched engine")
+    p.add_argument("--decode-steps", default="8", help="decode steps per round, batched engine (one engine each)")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--warmup", type=float, default=15.0)
     p.add_argument("--window", type=float, default=20.0)

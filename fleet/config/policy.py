@@ -92,9 +92,13 @@ class HfEngineConfig(Section):
     kv_cache_gb: float | None = Field(None, gt=0)
     """Batched: memory of the slot KV cache (slots x max_model_len tokens); fewer slots than `max_num_seqs` if it
     is too small. None: 40% of the GPU memory free after loading the model (CUDA), 2 GB (CPU)."""
-    prefill_wait_rounds: int = Field(8, ge=0)
-    """Batched: decode rounds a newly arrived request may wait so that later arrivals share its prefill forward
+    prefill_wait_steps: int = Field(8, ge=0)
+    """Batched: decode steps a newly arrived request may wait so that later arrivals share its prefill forward
     (a prefill costs about the same for one prompt or several); it waits none once a quarter of the slots wait."""
+    decode_steps: int = Field(8, ge=1)
+    """Batched: decode steps per round, launched back to back with the tokens read once at the end (the device
+    never waits for the host between them). A request joins, leaves or sees a weight update between rounds; one
+    that stops inside a round holds its slot until the round ends."""
     cuda_graphs: bool = True
     """Batched, on CUDA: replay the decode step (forward and sampling) as captured CUDA graphs, one per
     (batch bucket, attended-length bucket), captured on first use."""

@@ -47,7 +47,8 @@ def make_engine(policy: PolicyConfig, model_path: str | Path, *, seed: int, max_
         if h.batching == "batched":
             return BatchedHfEngine(model_path, **common, device=g.device, max_num_seqs=h.max_num_seqs,
                                    max_prefill_tokens=h.max_prefill_tokens, kv_cache_gb=h.kv_cache_gb,
-                                   cuda_graphs=h.cuda_graphs, prefill_wait_rounds=h.prefill_wait_rounds)
+                                   cuda_graphs=h.cuda_graphs, prefill_wait_steps=h.prefill_wait_steps,
+                                   decode_steps=h.decode_steps)
         return HfEngine(model_path, **common, device=g.device)
     raise ValueError(f"policy.generation.backend={g.backend!r} is not an engine (expected 'vllm' or 'hf')")
 

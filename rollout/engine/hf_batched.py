@@ -7,9 +7,12 @@ requests share a `SlotKVCache` (one row per request, each at its own position), 
 1. requests that have no KV yet (new, or reset by a weight update with `reset_cache`) take a free slot and are
    prefilled together: right-padded batches of at most `max_prefill_tokens`, causal attention among the new tokens,
    and the first token sampled from each row's last real position;
-2. every request with KV advances by one token in a single forward over rows `0..b-1`, attending over the first
-   `attend_len` positions; on CUDA that forward plus the sampling is a captured graph per (b, attend_len) bucket, so
-   the host only writes one small input buffer, replays, and reads tokens and log-probs back.
+2. every request with KV advances by up to `decode_steps` tokens, each step a single forward over rows `0..b-1`
+   attending over the first `attend_len` positions; on CUDA that forward plus the sampling is a captured graph per
+   (b, attend_len) bucket. A step writes its sampled tokens and next positions back into its own input buffer, so
+   the host writes the inputs once per round, launches the steps back to back and reads every step's tokens and
+   log-probs in one copy at the end: the GPU does not wait for the host between steps. A request that stops inside a
+   round (EOS, stop string, budget) keeps its row until the round ends; the tokens past its stop are dropped.
 
 Requests join and leave between rounds; a slot is given back as soon as its request is done or cancelled. The
 lifecycle, the step lock, weight updates (in flight, drained, with or without KV recompute) and version stamping are
@@ -43,8 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Rows of the per-step input buffer: token id, position, temperature, top_k, top_p, uniform (all exact in float32:
-# ids and positions are below 2**24).
+# Rows of the decode input buffer: token id, position, temperature, top_k, top_p, then one uniform per step of the
+# round (all exact in float32: ids and positions are below 2**24). A step samples with row _UNIF and shifts the
+# later uniforms up for the next.
 _IDS, _POS, _TEMP, _TOPK, _TOPP, _UNIF = range(6)
 
 
@@ -73,7 +77,8 @@ class BatchedHfEngine(HfEngine):
         max_prefill_tokens: int = 16384,
         kv_cache_gb: float | None = None,
         cuda_graphs: bool = True,
-        prefill_wait_rounds: int = 8,
+        prefill_wait_steps: int = 8,
+        decode_steps: int = 8,
     ) -> None:
         super().__init__(model_path, dtype=dtype, device=device, tokenizer=tokenizer, max_model_len=max_model_len,
                          seed=seed, initial_version=initial_version)
@@ -81,8 +86,11 @@ class BatchedHfEngine(HfEngine):
         self.max_prefill_tokens = max_prefill_tokens
         self._kv_cache_gb = kv_cache_gb
         self._want_graphs = cuda_graphs
-        self.prefill_wait_rounds = prefill_wait_rounds
-        self._waited = 0  # decode rounds the requests waiting for a prefill have waited
+        if decode_steps < 1:
+            raise ValueError(f"policy.generation.hf_cfg.decode_steps must be >= 1 (got {decode_steps})")
+        self.prefill_wait_steps = prefill_wait_steps
+        self.decode_steps = decode_steps
+        self._waited = 0  # decode steps the requests waiting for a prefill have waited
         self._cache: SlotKVCache | None = None
         self._base: Any = None
         self._head: Any = None
@@ -91,9 +99,9 @@ class BatchedHfEngine(HfEngine):
         self._graphs: dict[tuple[int, int, bool], tuple[Any, torch.Tensor]] = {}
         self._graph_pool: Any = None
         self.rows = 0
-        self.forwards = {"prefill": 0, "decode": 0, "graph_captures": 0}
+        self.forwards = {"prefill": 0, "decode": 0, "decode_rounds": 0, "graph_captures": 0}
         # Where a round's time goes (seconds, summed): prefill forwards; decode's host-side input writing, its
-        # forward (graph replay or eager, until the tokens are on the host), and its bookkeeping of the tokens.
+        # steps (graph replays or eager forwards, until the tokens are on the host), and its bookkeeping of them.
         self.timings = {"prefill_s": 0.0, "decode_prep_s": 0.0, "decode_forward_s": 0.0, "decode_record_s": 0.0}
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -126,10 +134,12 @@ class BatchedHfEngine(HfEngine):
         self._cache = SlotKVCache(layers=cfg.num_hidden_layers, rows=self.rows, kv_heads=kv_heads,
                                   head_dim=head_dim, max_len=self.max_model_len, dtype=dt, device=self.device)
         self._free = list(range(self.rows))
-        self._inputs = torch.zeros(6, self.rows, dtype=torch.float32, device=self.device)
+        k = self.decode_steps
+        self._inputs = torch.zeros(_UNIF + k, self.rows, dtype=torch.float32, device=self.device)
+        self._step_out = torch.zeros(k, 2, self.rows, dtype=torch.float32, device=self.device)
         pin = self.device.type == "cuda"
-        self._host_inputs = torch.zeros(6, self.rows, dtype=torch.float32, pin_memory=pin)
-        self._host_out = torch.zeros(2, self.rows, dtype=torch.float32, pin_memory=pin)
+        self._host_inputs = torch.zeros(_UNIF + k, self.rows, dtype=torch.float32, pin_memory=pin)
+        self._host_out = torch.zeros(k, 2, self.rows, dtype=torch.float32, pin_memory=pin)
         # numpy views of the same memory: per-row writes from Python cost ~0.1 us there, ~5 us as tensor indexing
         self._h = self._host_inputs.numpy()
         self._o = self._host_out.numpy()
@@ -174,25 +184,27 @@ class BatchedHfEngine(HfEngine):
         with torch.inference_mode():
             decoding = [r for r in live if r.slot is not None and r.cache is not None]
             prefilling = [r for r in live if r.slot is not None and r.cache is None]
+            steps = self.decode_steps
             if prefilling and decoding and not self._prefill_due(prefilling):
                 prefilling = []
-                self._waited += 1
+                steps = max(1, min(steps, self.prefill_wait_steps - self._waited))  # the wait's bound holds
+                self._waited += steps
             if prefilling:
                 self._waited = 0
                 t0 = time.perf_counter()
                 self._guarded(self._prefill, prefilling, version)
                 self.timings["prefill_s"] += time.perf_counter() - t0
             if decoding:
-                self._guarded(self._decode, decoding, version)
+                self._guarded(self._decode, decoding, version, steps)
         self._release_slots(live)
 
     def _prefill_due(self, waiting: list[_Request]) -> bool:
         """Whether to prefill now while other requests decode. A prefill forward costs about the same whatever it
         holds (on a GPU it is bound by kernel launches: 12 ms for one 1k-token prompt of a 100M model on the H200),
         and groups of a run arrive one by one as earlier ones finish: waiting a few decode rounds lets several
-        share one forward. It waits at most `prefill_wait_rounds` rounds, and none once a quarter of the slots
-        wait (they would decode nothing meanwhile)."""
-        return self._waited >= self.prefill_wait_rounds or 4 * len(waiting) >= self.rows
+        share one forward. It waits at most `prefill_wait_steps` decode steps, and none once a quarter of the
+        slots wait (they would decode nothing meanwhile)."""
+        return self._waited >= self.prefill_wait_steps or 4 * len(waiting) >= self.rows
 
     def _release_slots(self, batch: list[_Request]) -> list[_Request]:
         """Give back the slots of requests that are done, failed or gone (cancelled); returns those still live."""
@@ -205,10 +217,10 @@ class BatchedHfEngine(HfEngine):
                 heapq.heappush(self._free, slot)
         return live
 
-    def _guarded(self, fn: Callable[[list[_Request], int], None], reqs: list[_Request], version: int) -> None:
+    def _guarded(self, fn: Callable[..., None], reqs: list[_Request], version: int, *args: Any) -> None:
         """A failed forward (e.g. out of memory on long prompts) fails the requests it carried, not the engine."""
         try:
-            fn(reqs, version)
+            fn(reqs, version, *args)
         except Exception as exc:
             log.exception("%s of %d request(s) failed", fn.__name__.strip("_"), len(reqs))
             for r in reqs:
@@ -284,20 +296,24 @@ class BatchedHfEngine(HfEngine):
         self._record(reqs, out, version)
 
     # -- decode -------------------------------------------------------------------------------------------------
-    def _decode(self, reqs: list[_Request], version: int) -> None:
+    def _decode(self, reqs: list[_Request], version: int, steps: int) -> None:
+        """Up to `steps` decode steps for `reqs`, launched back to back; their tokens are read once at the end."""
         assert self._cache is not None
         t0 = time.perf_counter()
+        # Past the longest budget left, a step would only make tokens that are dropped.
+        k = min(steps, self.decode_steps, max(r.max_tokens - len(r.tokens) for r in reqs))
         b = _bucket(max(r.slot for r in reqs if r.slot is not None) + 1, self.rows, 1)
-        # Each row attends up to its own position; the window covers the longest (the position of the fed token).
-        longest = max(len(r.prompt) + len(r.tokens) for r in reqs)
+        # Each row attends up to its own position; the window covers the longest over the round's steps.
+        longest = max(len(r.prompt) + len(r.tokens) for r in reqs) + k - 1
         # Graphs are captured per multiple of 256 (eager: of 32): few shapes, little attention over padding.
-        step = 256 if self._graphs_on else 32
-        attend = min(self.max_model_len, -(-longest // step) * step)
+        grain = 256 if self._graphs_on else 32
+        attend = min(self.max_model_len, -(-longest // grain) * grain)
         h = self._h
         slots = np.array([r.slot for r in reqs])
         counts = np.array([len(r.tokens) for r in reqs])
         # Rows without a decoding request write their (discarded) key/value at the last position, which no request
-        # ever feeds (a request stops with at most max_model_len tokens, so the last position fed is len - 2).
+        # ever feeds (a request stops with at most max_model_len tokens, so the last position fed is len - 2); a
+        # step moves a row's position on but never past it.
         h[_IDS, :b] = 0
         h[_POS, :b] = self.max_model_len - 1
         h[_TEMP, :b] = 0
@@ -306,30 +322,38 @@ class BatchedHfEngine(HfEngine):
         h[_IDS, slots] = [r.tokens[-1] for r in reqs]
         h[_POS, slots] = np.array([len(r.prompt) for r in reqs]) + counts - 1
         h[_TEMP : _TOPP + 1, slots] = self._slot_params[:, slots]
-        h[_UNIF, slots] = seeded_uniforms(self._slot_seed[slots], counts)
+        seeds = self._slot_seed[slots]
+        for j in range(k):  # token i of a request always draws uniform (seed, i), whichever step samples it
+            h[_UNIF + j, slots] = seeded_uniforms(seeds, counts + j)
         truncate = self._truncates(reqs)
         t1 = time.perf_counter()
-        self._inputs[:, :b].copy_(self._host_inputs[:, :b], non_blocking=True)
-        if self._graphs_on:
-            out = self._replay(b, attend, truncate)
-        else:
-            out = self._decode_forward(b, attend, truncate)
-        self._host_out[:, :b].copy_(out, non_blocking=True)
+        self._inputs[: _UNIF + k, :b].copy_(self._host_inputs[: _UNIF + k, :b], non_blocking=True)
+        for j in range(k):
+            out = self._replay(b, attend, truncate) if self._graphs_on else self._decode_forward(b, attend, truncate)
+            self._step_out[j, :, :b].copy_(out)
+        self._host_out[:k, :, :b].copy_(self._step_out[:k, :, :b], non_blocking=True)
         if self.device.type == "cuda":
             import torch
 
             torch.cuda.current_stream(self.device).synchronize()
-        self.forwards["decode"] += 1
+        self.forwards["decode"] += k
+        self.forwards["decode_rounds"] += 1
         t2 = time.perf_counter()
-        self._record(reqs, self._o[:, [r.slot for r in reqs if r.slot is not None]], version)
+        active = reqs
+        for j in range(k):
+            active = [r for r in active if r.finish is None]
+            if not active:
+                break
+            self._record(active, self._o[j][:, [r.slot for r in active]], version)
         t = self.timings
         t["decode_prep_s"] += t1 - t0
         t["decode_forward_s"] += t2 - t1
         t["decode_record_s"] += time.perf_counter() - t2
 
     def _decode_forward(self, b: int, attend: int, truncate: bool) -> torch.Tensor:
-        """One decode step over rows 0..b-1 from `_inputs`: [2, b] (token as float, raw log-prob). Static shapes:
-        this is what a CUDA graph captures."""
+        """One decode step over rows 0..b-1 from `_inputs`: [2, b] (token as float, raw log-prob); then `_inputs`
+        holds the next step's (the sampled tokens, positions one on, the next uniforms). Static shapes: this is what
+        a CUDA graph captures."""
         import torch
 
         assert self._cache is not None
@@ -343,7 +367,12 @@ class BatchedHfEngine(HfEngine):
         logits = self._head(hidden[:, -1])
         tokens, lps = sample_rows(logits, x[_TEMP, :b], x[_TOPK, :b].long(), x[_TOPP, :b], x[_UNIF, :b],
                                   truncate=truncate)
-        return torch.stack([tokens.float(), lps])
+        out = torch.stack([tokens.float(), lps])
+        x[_IDS, :b] = out[0]
+        x[_POS, :b] = (x[_POS, :b] + 1).clamp_(max=self.max_model_len - 1)
+        if x.shape[0] > _UNIF + 1:
+            x[_UNIF:-1, :b] = x[_UNIF + 1 :, :b].clone()
+        return out
 
     def _replay(self, b: int, attend: int, truncate: bool) -> torch.Tensor:
         import torch
@@ -351,7 +380,9 @@ class BatchedHfEngine(HfEngine):
         key = (b, attend, truncate)
         if key not in self._graphs:
             # Warm-up runs on a side stream (kernel autotuning, lazy allocations) before the capture; they write
-            # the same keys/values as the real step will, at the same positions.
+            # keys/values at the rows' next positions, which a row's own step writes again before it reads them.
+            # A step moves its inputs on, so they are put back for the real one.
+            inputs = self._inputs.clone()
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
@@ -363,6 +394,7 @@ class BatchedHfEngine(HfEngine):
                 out = self._decode_forward(b, attend, truncate)
             self._graphs[key] = (graph, out)
             self.forwards["graph_captures"] += 1
+            self._inputs.copy_(inputs)
         graph, out = self._graphs[key]
         graph.replay()
         return out

@@ -66,6 +66,41 @@ async def test_greedy_tokens_and_logprobs_equal_the_one_request_path_as_requests
     assert eng.forwards["decode"] < sum(s.max_new_tokens for s in specs) / 2  # rows shared decode forwards
 
 
+async def test_requests_that_stop_inside_a_multi_step_round_match_one_step_rounds_and_the_one_request_path(
+    tiny_model: Path,
+) -> None:
+    # Each request stops on a token it would emit a few steps in (so inside an 8-step round), or runs into the end
+    # of a short context (its lookahead steps then sit at the last position), or samples with its own seed.
+    max_len = 40
+    free = [greedy(30) for _ in PROMPTS]
+    ref_free = await run_all(HfEngine(tiny_model, max_model_len=max_len, device="cpu"), free)
+    specs = []
+    for i, g in enumerate(ref_free):
+        if i % 3 == 0:
+            specs.append(SamplingSpec(max_new_tokens=30, temperature=0, ignore_eos=True,
+                                      stop_token_ids=[g.token_ids[3 + i % 5]]))
+        elif i % 3 == 1:
+            specs.append(greedy(60))
+        else:
+            specs.append(SamplingSpec(max_new_tokens=17, temperature=0.9, top_p=0.9, seed=i, ignore_eos=True))
+    ref = await run_all(HfEngine(tiny_model, max_model_len=max_len, device="cpu"), specs)
+    runs = {}
+    for steps in (1, 8):
+        eng = BatchedHfEngine(tiny_model, max_model_len=max_len, device="cpu", max_num_seqs=5, decode_steps=steps)
+        runs[steps] = await run_all(eng, specs, stagger_s=0.01)
+        assert eng.forwards["decode_rounds"] * (1 if steps == 1 else 2) <= eng.forwards["decode"]
+    assert {g.finish_reason for g in ref} == {"stop", "length"}
+    for i, r in enumerate(ref):
+        one, multi = runs[1][i], runs[8][i]
+        assert one.token_ids == multi.token_ids and one.finish_reason == multi.finish_reason
+        assert one.token_versions == multi.token_versions  # log-probs: the attended window differs, so < TOL
+        assert max(abs(a - b) for a, b in zip(one.logprobs, multi.logprobs, strict=True)) < TOL
+        if specs[i].temperature == 0:  # the sequential engine samples from its own generator
+            assert multi.token_ids == r.token_ids and multi.finish_reason == r.finish_reason
+            assert max(abs(a - b) for a, b in zip(multi.logprobs, r.logprobs, strict=True)) < TOL
+        assert len(PROMPTS[i]) + len(multi.token_ids) <= max_len
+
+
 async def test_a_seeded_request_samples_the_same_tokens_alone_or_in_a_crowd(tiny_model: Path) -> None:
     spec = SamplingSpec(max_new_tokens=24, temperature=1.0, top_p=0.95, seed=11, ignore_eos=True)
     other = SamplingSpec(max_new_tokens=30, temperature=0.8, top_k=20, ignore_eos=True)
