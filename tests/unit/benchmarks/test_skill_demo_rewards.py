@@ -31,3 +31,20 @@ def test_blocks_average_each_seeds_steps_and_leave_an_unfinished_block_out(
     second = [statistics.mean(t["reward"] for t in r["train"] if 11 <= t["step"] <= 20) for r in trl[1:]]
     assert f"1-10: {' '.join(f'{x:.3f}' for x in first)} (mean {statistics.mean(first):.3f})" in line
     assert f"11-20: {' '.join(f'{x:.3f}' for x in second)} (mean {statistics.mean(second):.3f})" in line
+
+
+def test_reward_reach_is_the_first_step_whose_trailing_window_mean_reaches_the_level() -> None:
+    run = next(r for r in json.loads((ROOT / "benchmarks/results/arith_compare.json").read_text())["runs"]
+               if r["name"] == "sync-s1")
+    train = run["train"]
+    hit = skill_demo.reward_reach(train, 0.45)
+    assert hit is not None
+    rewards = {t["step"]: t["reward"] for t in train}
+    window = [rewards[s] for s in range(hit["step"] - 9, hit["step"] + 1)]
+    assert statistics.mean(window) >= 0.45
+    assert all(statistics.mean(rewards[s] for s in range(end - 9, end + 1)) < 0.45 for end in range(10, hit["step"]))
+    # A gap in the steps (a run's record lost) never lets a shorter window count.
+    gapped = [t for t in train if t["step"] != hit["step"] - 3]
+    later = skill_demo.reward_reach(gapped, 0.45)
+    assert later is None or later["step"] >= hit["step"] + 7
+    assert skill_demo.reward_reach(train, 2.0) is None
