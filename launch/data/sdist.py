@@ -53,7 +53,9 @@ def fetch_sdist(package: str, version: str, sha256: str, cache_dir: str | Path) 
     if hit is not None:
         return hit
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+        # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment that prepares the sdist's
+        # metadata too (setuptools built from its own sdist): toolz took 17 s to download in the image, 3.5 s without.
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
                "--disable-pip-version-check", f"{package}=={version}", "-d", tmp]
         log.info("downloading sdist %s==%s", package, version)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
