@@ -103,6 +103,7 @@ class BatchedHfEngine(HfEngine):
         # Where a round's time goes (seconds, summed): prefill forwards; decode's host-side input writing, its
         # steps (graph replays or eager forwards, until the tokens are on the host), and its bookkeeping of them.
         self.timings = {"prefill_s": 0.0, "decode_prep_s": 0.0, "decode_forward_s": 0.0, "decode_record_s": 0.0}
+        self._launched = 0  # decode steps launched and not yet read
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -189,13 +190,16 @@ class BatchedHfEngine(HfEngine):
                 prefilling = []
                 steps = max(1, min(steps, self.prefill_wait_steps - self._waited))  # the wait's bound holds
                 self._waited += steps
+            # The decode steps are launched first and the prefill after them: on a GPU the steps run while the host
+            # launches the prefill's kernels (a prefill forward is bound by its launches, the steps by the device).
+            launched = bool(decoding) and self._guarded(self._launch_decode, decoding, version, steps)
             if prefilling:
                 self._waited = 0
                 t0 = time.perf_counter()
                 self._guarded(self._prefill, prefilling, version)
                 self.timings["prefill_s"] += time.perf_counter() - t0
-            if decoding:
-                self._guarded(self._decode, decoding, version, steps)
+            if launched:
+                self._guarded(self._finish_decode, decoding, version)
         self._release_slots(live)
 
     def _prefill_due(self, waiting: list[_Request]) -> bool:
@@ -217,15 +221,29 @@ class BatchedHfEngine(HfEngine):
                 heapq.heappush(self._free, slot)
         return live
 
-    def _guarded(self, fn: Callable[..., None], reqs: list[_Request], version: int, *args: Any) -> None:
-        """A failed forward (e.g. out of memory on long prompts) fails the requests it carried, not the engine."""
+    def _guarded(self, fn: Callable[..., None], reqs: list[_Request], version: int, *args: Any) -> bool:
+        """A failed forward (e.g. out of memory on long prompts) fails the requests it carried, not the engine.
+        Returns whether `fn` succeeded."""
         try:
             fn(reqs, version, *args)
+            return True
         except Exception as exc:
             log.exception("%s of %d request(s) failed", fn.__name__.strip("_"), len(reqs))
             for r in reqs:
                 if r.finish is None:
                     r.error = exc
+            return False
+
+    def _on_device(self, values: Any, dtype: torch.dtype) -> torch.Tensor:
+        """A host list or array as a device tensor without waiting for the device: from pinned memory, copied
+        asynchronously. (A plain copy from pageable memory synchronises the stream, so a prefill would wait for
+        the decode steps launched before it.)"""
+        import torch
+
+        t = torch.as_tensor(np.asarray(values), dtype=dtype)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _record(self, reqs: list[_Request], out: Any, version: int) -> None:
         """Tokens and raw log-probs ([2, n] on the host, row i for reqs[i]) appended, finish reasons set."""
@@ -264,29 +282,29 @@ class BatchedHfEngine(HfEngine):
         assert self._cache is not None
         seqs = [g[0].prompt + g[0].tokens for g in groups]
         n, width = len(seqs), max(len(s) for s in seqs)
-        ids = torch.zeros(n, width, dtype=torch.long)
+        ids = np.zeros((n, width), dtype=np.int64)
         for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
+            ids[i, : len(s)] = s
         dev = self.device
-        lens = torch.tensor([len(s) for s in seqs], device=dev)
-        self._cache.prefill(torch.tensor([g[0].slot for g in groups], device=dev))
+        lens = self._on_device([len(s) for s in seqs], torch.long)
+        self._cache.prefill(self._on_device([g[0].slot for g in groups], torch.long))
         hidden = self._base(
-            input_ids=ids.to(dev), position_ids=torch.arange(width, device=dev).expand(n, width),
+            input_ids=self._on_device(ids, torch.long), position_ids=torch.arange(width, device=dev).expand(n, width),
             attention_mask={"full_attention": None}, past_key_values=self._cache, use_cache=True,
         ).last_hidden_state
         logits = self._head(hidden[torch.arange(n, device=dev), lens - 1])
         src = [g[0].slot for g in groups for _ in g[1:]]
         if src:
             dst = [r.slot for g in groups for r in g[1:]]
-            self._cache.copy_rows(torch.tensor(src, device=dev), torch.tensor(dst, device=dev), width)
+            self._cache.copy_rows(self._on_device(src, torch.long), self._on_device(dst, torch.long), width)
         reqs = [r for g in groups for r in g]
-        logits = logits[torch.tensor([i for i, g in enumerate(groups) for _ in g], device=dev)]
+        logits = logits[self._on_device([i for i, g in enumerate(groups) for _ in g], torch.long)]
         n_req = len(reqs)
         slots = np.array([r.slot for r in reqs])
         host = self._prefill_host[:, :n_req].numpy()
         host[:3] = self._slot_params[:, slots]
         host[3] = seeded_uniforms(self._slot_seed[slots], np.array([len(r.tokens) for r in reqs]))
-        params = self._prefill_host[:, :n_req].to(dev)
+        params = self._prefill_host[:, :n_req].to(dev, non_blocking=True)
         tokens, lps = sample_rows(logits, params[0], params[1].long(), params[2], params[3],
                                   truncate=self._truncates(reqs))
         out = torch.stack([tokens.float(), lps]).cpu().numpy()
@@ -296,8 +314,9 @@ class BatchedHfEngine(HfEngine):
         self._record(reqs, out, version)
 
     # -- decode -------------------------------------------------------------------------------------------------
-    def _decode(self, reqs: list[_Request], version: int, steps: int) -> None:
-        """Up to `steps` decode steps for `reqs`, launched back to back; their tokens are read once at the end."""
+    def _launch_decode(self, reqs: list[_Request], version: int, steps: int) -> None:
+        """Up to `steps` decode steps for `reqs`, launched back to back (on CUDA nothing waits for them here);
+        `_finish_decode` reads their tokens."""
         assert self._cache is not None
         t0 = time.perf_counter()
         # Past the longest budget left, a step would only make tokens that are dropped.
@@ -332,10 +351,18 @@ class BatchedHfEngine(HfEngine):
             out = self._replay(b, attend, truncate) if self._graphs_on else self._decode_forward(b, attend, truncate)
             self._step_out[j, :, :b].copy_(out)
         self._host_out[:k, :, :b].copy_(self._step_out[:k, :, :b], non_blocking=True)
+        self._launched = k
+        self.timings["decode_prep_s"] += t1 - t0
+        self.timings["decode_forward_s"] += time.perf_counter() - t1
+
+    def _finish_decode(self, reqs: list[_Request], version: int) -> None:
+        """Wait for the launched steps and record each request's tokens up to its stop."""
+        t1 = time.perf_counter()
         if self.device.type == "cuda":
             import torch
 
             torch.cuda.current_stream(self.device).synchronize()
+        k, self._launched = self._launched, 0
         self.forwards["decode"] += k
         self.forwards["decode_rounds"] += 1
         t2 = time.perf_counter()
@@ -346,7 +373,6 @@ class BatchedHfEngine(HfEngine):
                 break
             self._record(active, self._o[j][:, [r.slot for r in active]], version)
         t = self.timings
-        t["decode_prep_s"] += t1 - t0
         t["decode_forward_s"] += t2 - t1
         t["decode_record_s"] += time.perf_counter() - t2
 
