@@ -188,6 +188,18 @@ async def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
             row["slots"] = getattr(eng, "rows", None)
         finally:
             await eng.stop()
+    for spec in filter(None, args.extra.split(",")):  # other settings at the largest load only
+        k_text, _, order = spec.partition(":")
+        eng = make("batched", path, args, decode_steps=int(k_text))
+        eng.overlap_prefill = order != "prefill-first"  # type: ignore[attr-defined]
+        await eng.start()
+        try:
+            r = {"decode_steps": int(k_text), "order": order or "overlap", **await load(eng, max(loads), args, vocab)}
+            print(f"{shape} batched {spec} n={max(loads)}: {r['tok_s']:.0f} tok/s {r['engine_timings_s']} "
+                  f"{r['engine_forwards']}", flush=True)
+            row.setdefault("extra", []).append(r)
+        finally:
+            await eng.stop()
     if args.skip_sequential:
         return row
     eng = make("sequential", path, args)
@@ -228,6 +240,8 @@ if __name__ == "__main__":
     p.add_argument("--new", type=int, default=128, help="mean new tokens per request")
     p.add_argument("--slots", type=int, default=256, help="max_num_seqs of the batched engine")
     p.add_argument("--decode-steps", default="8", help="decode steps per round, batched engine (one engine each)")
+    p.add_argument("--extra", default="", help="STEPS:ORDER,... more batched engines at the largest load only; "
+                   "ORDER overlap (decode steps launched before the prefill, the default) or prefill-first")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--warmup", type=float, default=15.0)
     p.add_argument("--window", type=float, default=20.0)

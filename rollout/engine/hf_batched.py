@@ -104,6 +104,7 @@ class BatchedHfEngine(HfEngine):
         # steps (graph replays or eager forwards, until the tokens are on the host), and its bookkeeping of them.
         self.timings = {"prefill_s": 0.0, "decode_prep_s": 0.0, "decode_forward_s": 0.0, "decode_record_s": 0.0}
         self._launched = 0  # decode steps launched and not yet read
+        self.overlap_prefill = True  # False: prefill, then decode (the order before; kept to measure the gain)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -192,12 +193,16 @@ class BatchedHfEngine(HfEngine):
                 self._waited += steps
             # The decode steps are launched first and the prefill after them: on a GPU the steps run while the host
             # launches the prefill's kernels (a prefill forward is bound by its launches, the steps by the device).
-            launched = bool(decoding) and self._guarded(self._launch_decode, decoding, version, steps)
+            launched = False
+            if decoding and self.overlap_prefill:
+                launched = self._guarded(self._launch_decode, decoding, version, steps)
             if prefilling:
                 self._waited = 0
                 t0 = time.perf_counter()
                 self._guarded(self._prefill, prefilling, version)
                 self.timings["prefill_s"] += time.perf_counter() - t0
+            if decoding and not self.overlap_prefill:
+                launched = self._guarded(self._launch_decode, decoding, version, steps)
             if launched:
                 self._guarded(self._finish_decode, decoding, version)
         self._release_slots(live)
