@@ -105,8 +105,9 @@ def decode_microbench(engine: Any, b: int, attend: int, out_dir: Path, name: str
     from torch.profiler import ProfilerActivity, profile
 
     cuda = engine.device.type == "cuda"
-    engine._inputs.zero_()
-    engine._inputs[1, :b] = torch.arange(b) % (attend - 1)  # positions inside the window
+    steps = engine._steps
+    steps.inputs.zero_()
+    steps.inputs[1, :b] = torch.arange(b) % (attend - 1)  # positions inside the window
 
     def timed(fn: Any, reps: int) -> float:
         fn()
@@ -121,13 +122,13 @@ def decode_microbench(engine: Any, b: int, attend: int, out_dir: Path, name: str
 
     with torch.inference_mode():
         out = {"rows": float(b), "attend": float(attend),
-               "eager_ms": timed(lambda: engine._decode_forward(b, attend, False), 10)}
-        if cuda and engine._graphs_on:
-            out["graph_ms"] = timed(lambda: engine._replay(b, attend, False), 30)
+               "eager_ms": timed(lambda: steps.forward(b, attend, False), 10)}
+        if cuda and steps.graphs_on:
+            out["graph_ms"] = timed(lambda: steps.replay(b, attend, False), 30)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=acts) as prof:
             for _ in range(3):
-                engine._decode_forward(b, attend, False)
+                steps.forward(b, attend, False)
             if cuda:
                 torch.cuda.synchronize()
     key = "cuda_time_total" if cuda else "cpu_time_total"

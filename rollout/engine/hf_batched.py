@@ -8,11 +8,10 @@ requests share a `SlotKVCache` (one row per request, each at its own position), 
    prefilled together: right-padded batches of at most `max_prefill_tokens`, causal attention among the new tokens,
    and the first token sampled from each row's last real position;
 2. every request with KV advances by up to `decode_steps` tokens, each step a single forward over rows `0..b-1`
-   attending over the first `attend_len` positions; on CUDA that forward plus the sampling is a captured graph per
-   (b, attend_len) bucket. A step writes its sampled tokens and next positions back into its own input buffer, so
-   the host writes the inputs once per round, launches the steps back to back and reads every step's tokens and
-   log-probs in one copy at the end: the GPU does not wait for the host between steps. A request that stops inside a
-   round (EOS, stop string, budget) keeps its row until the round ends; the tokens past its stop are dropped.
+   (`decode_steps.py`: on CUDA a captured graph per shape; a step feeds the next on the device, so the host writes
+   a round's inputs once and reads its tokens once). A request that stops inside a round (EOS, stop string, budget)
+   keeps its row until the round ends; the tokens past its stop are dropped. The round's steps are launched before
+   its prefill, so on a GPU they run while the host launches the prefill's kernels.
 
 Requests join and leave between rounds; a slot is given back as soon as its request is done or cancelled. The
 lifecycle, the step lock, weight updates (in flight, drained, with or without KV recompute) and version stamping are
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rollout.engine.batch_sampling import sample_rows, seeded_uniforms
+from rollout.engine.decode_steps import IDS, POS, TEMP, TOPP, UNIF, DecodeSteps, fill_idle_rows
 from rollout.engine.hf_engine import HfEngine, _Request
 
 if TYPE_CHECKING:
@@ -45,11 +45,6 @@ if TYPE_CHECKING:
     from rollout.engine.slot_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
-
-# Rows of the decode input buffer: token id, position, temperature, top_k, top_p, then one uniform per step of the
-# round (all exact in float32: ids and positions are below 2**24). A step samples with row _UNIF and shifts the
-# later uniforms up for the next.
-_IDS, _POS, _TEMP, _TOPK, _TOPP, _UNIF = range(6)
 
 
 def _bucket(n: int, cap: int, smallest: int) -> int:
@@ -96,8 +91,7 @@ class BatchedHfEngine(HfEngine):
         self._head: Any = None
         self._free: list[int] = []
         self._owner: dict[int, _Request] = {}
-        self._graphs: dict[tuple[int, int, bool], tuple[Any, torch.Tensor]] = {}
-        self._graph_pool: Any = None
+        self._steps: DecodeSteps | None = None
         self.rows = 0
         self.forwards = {"prefill": 0, "decode": 0, "decode_rounds": 0, "graph_captures": 0}
         # Where a round's time goes (seconds, summed): prefill forwards; decode's host-side input writing, its
@@ -136,25 +130,16 @@ class BatchedHfEngine(HfEngine):
         self._cache = SlotKVCache(layers=cfg.num_hidden_layers, rows=self.rows, kv_heads=kv_heads,
                                   head_dim=head_dim, max_len=self.max_model_len, dtype=dt, device=self.device)
         self._free = list(range(self.rows))
-        k = self.decode_steps
-        self._inputs = torch.zeros(_UNIF + k, self.rows, dtype=torch.float32, device=self.device)
-        self._step_out = torch.zeros(k, 2, self.rows, dtype=torch.float32, device=self.device)
-        pin = self.device.type == "cuda"
-        self._host_inputs = torch.zeros(_UNIF + k, self.rows, dtype=torch.float32, pin_memory=pin)
-        self._host_out = torch.zeros(k, 2, self.rows, dtype=torch.float32, pin_memory=pin)
-        # numpy views of the same memory: per-row writes from Python cost ~0.1 us there, ~5 us as tensor indexing
-        self._h = self._host_inputs.numpy()
-        self._o = self._host_out.numpy()
-        self._prefill_host = torch.zeros(4, self.rows, dtype=torch.float32, pin_memory=pin)
+        self._steps = DecodeSteps(base=self._base, head=self._head, cache=self._cache, rows=self.rows,
+                                  max_len=self.max_model_len, steps=self.decode_steps, device=self.device,
+                                  graphs=self._want_graphs)
+        self._prefill_host = torch.zeros(4, self.rows, dtype=torch.float32, pin_memory=self.device.type == "cuda")
         # Per slot, set when a request takes it: its sampling stream and parameters (decode writes them as arrays).
         self._slot_seed = np.zeros(self.rows, dtype=np.uint64)
         self._slot_params = np.zeros((3, self.rows), dtype=np.float32)  # temperature, top_k, top_p
-        self._graphs_on = self._want_graphs and self.device.type == "cuda"
-        if self._graphs_on:
-            self._graph_pool = torch.cuda.graph_pool_handle()
         log.info("batched hf engine: %d slots x %d tokens (%.2f GB KV cache), CUDA graphs %s", self.rows,
                  self.max_model_len, self.rows * self.max_model_len * per_token / 2**30,
-                 "on" if self._graphs_on else "off")
+                 "on" if self._steps.graphs_on else "off")
 
     def _default_kv_bytes(self) -> float:
         import torch
@@ -166,9 +151,8 @@ class BatchedHfEngine(HfEngine):
 
     async def stop(self) -> None:
         await super().stop()
-        self._graphs.clear()
         self._owner.clear()
-        self._cache = self._base = self._head = None
+        self._cache = self._base = self._head = self._steps = None
 
     # -- one round ----------------------------------------------------------------------------------------------
     def _step_all(self, batch: list[_Request], version: int) -> None:
@@ -322,51 +306,38 @@ class BatchedHfEngine(HfEngine):
     def _launch_decode(self, reqs: list[_Request], version: int, steps: int) -> None:
         """Up to `steps` decode steps for `reqs`, launched back to back (on CUDA nothing waits for them here);
         `_finish_decode` reads their tokens."""
-        assert self._cache is not None
+        d = self._steps
+        assert d is not None
         t0 = time.perf_counter()
         # Past the longest budget left, a step would only make tokens that are dropped.
         k = min(steps, self.decode_steps, max(r.max_tokens - len(r.tokens) for r in reqs))
         b = _bucket(max(r.slot for r in reqs if r.slot is not None) + 1, self.rows, 1)
         # Each row attends up to its own position; the window covers the longest over the round's steps.
         longest = max(len(r.prompt) + len(r.tokens) for r in reqs) + k - 1
-        # Graphs are captured per multiple of 256 (eager: of 32): few shapes, little attention over padding.
-        grain = 256 if self._graphs_on else 32
+        grain = d.attend_grain()
         attend = min(self.max_model_len, -(-longest // grain) * grain)
-        h = self._h
+        h = d.host_inputs
         slots = np.array([r.slot for r in reqs])
         counts = np.array([len(r.tokens) for r in reqs])
-        # Rows without a decoding request write their (discarded) key/value at the last position, which no request
-        # ever feeds (a request stops with at most max_model_len tokens, so the last position fed is len - 2); a
-        # step moves a row's position on but never past it.
-        h[_IDS, :b] = 0
-        h[_POS, :b] = self.max_model_len - 1
-        h[_TEMP, :b] = 0
-        h[_TOPK, :b] = 0
-        h[_TOPP, :b] = 1
-        h[_IDS, slots] = [r.tokens[-1] for r in reqs]
-        h[_POS, slots] = np.array([len(r.prompt) for r in reqs]) + counts - 1
-        h[_TEMP : _TOPP + 1, slots] = self._slot_params[:, slots]
+        fill_idle_rows(h, b, self.max_model_len)
+        h[IDS, slots] = [r.tokens[-1] for r in reqs]
+        h[POS, slots] = np.array([len(r.prompt) for r in reqs]) + counts - 1
+        h[TEMP : TOPP + 1, slots] = self._slot_params[:, slots]
         seeds = self._slot_seed[slots]
         for j in range(k):  # token i of a request always draws uniform (seed, i), whichever step samples it
-            h[_UNIF + j, slots] = seeded_uniforms(seeds, counts + j)
-        truncate = self._truncates(reqs)
+            h[UNIF + j, slots] = seeded_uniforms(seeds, counts + j)
         t1 = time.perf_counter()
-        self._inputs[: _UNIF + k, :b].copy_(self._host_inputs[: _UNIF + k, :b], non_blocking=True)
-        for j in range(k):
-            out = self._replay(b, attend, truncate) if self._graphs_on else self._decode_forward(b, attend, truncate)
-            self._step_out[j, :, :b].copy_(out)
-        self._host_out[:k, :, :b].copy_(self._step_out[:k, :, :b], non_blocking=True)
+        d.launch(b, attend, self._truncates(reqs), k)
         self._launched = k
+        self.forwards["graph_captures"] = d.captures
         self.timings["decode_prep_s"] += t1 - t0
         self.timings["decode_forward_s"] += time.perf_counter() - t1
 
     def _finish_decode(self, reqs: list[_Request], version: int) -> None:
         """Wait for the launched steps and record each request's tokens up to its stop."""
+        assert self._steps is not None
         t1 = time.perf_counter()
-        if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.current_stream(self.device).synchronize()
+        self._steps.wait()
         k, self._launched = self._launched, 0
         self.forwards["decode"] += k
         self.forwards["decode_rounds"] += 1
@@ -376,56 +347,7 @@ class BatchedHfEngine(HfEngine):
             active = [r for r in active if r.finish is None]
             if not active:
                 break
-            self._record(active, self._o[j][:, [r.slot for r in active]], version)
+            self._record(active, self._steps.host_out[j][:, [r.slot for r in active]], version)
         t = self.timings
         t["decode_forward_s"] += t2 - t1
         t["decode_record_s"] += time.perf_counter() - t2
-
-    def _decode_forward(self, b: int, attend: int, truncate: bool) -> torch.Tensor:
-        """One decode step over rows 0..b-1 from `_inputs`: [2, b] (token as float, raw log-prob); then `_inputs`
-        holds the next step's (the sampled tokens, positions one on, the next uniforms). Static shapes: this is what
-        a CUDA graph captures."""
-        import torch
-
-        assert self._cache is not None
-        x = self._inputs
-        self._cache.positions[:b].copy_(x[_POS, :b].long())
-        mask = self._cache.decode(b, attend)
-        hidden = self._base(
-            input_ids=x[_IDS, :b].long()[:, None], position_ids=self._cache.positions[:b, None],
-            attention_mask={"full_attention": mask}, past_key_values=self._cache, use_cache=True,
-        ).last_hidden_state
-        logits = self._head(hidden[:, -1])
-        tokens, lps = sample_rows(logits, x[_TEMP, :b], x[_TOPK, :b].long(), x[_TOPP, :b], x[_UNIF, :b],
-                                  truncate=truncate)
-        out = torch.stack([tokens.float(), lps])
-        x[_IDS, :b] = out[0]
-        x[_POS, :b] = (x[_POS, :b] + 1).clamp_(max=self.max_model_len - 1)
-        if x.shape[0] > _UNIF + 1:
-            x[_UNIF:-1, :b] = x[_UNIF + 1 :, :b].clone()
-        return out
-
-    def _replay(self, b: int, attend: int, truncate: bool) -> torch.Tensor:
-        import torch
-
-        key = (b, attend, truncate)
-        if key not in self._graphs:
-            # Warm-up runs on a side stream (kernel autotuning, lazy allocations) before the capture; they write
-            # keys/values at the rows' next positions, which a row's own step writes again before it reads them.
-            # A step moves its inputs on, so they are put back for the real one.
-            inputs = self._inputs.clone()
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._decode_forward(b, attend, truncate)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                out = self._decode_forward(b, attend, truncate)
-            self._graphs[key] = (graph, out)
-            self.forwards["graph_captures"] += 1
-            self._inputs.copy_(inputs)
-        graph, out = self._graphs[key]
-        graph.replay()
-        return out
