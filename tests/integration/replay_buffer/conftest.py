@@ -18,12 +18,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rb_service_helpers import Client
 
 from fleet.config import MasterConfig, load_config
 from services.replay_buffer.embedded import EmbeddedRedis, start_embedded_redis
 from services.replay_buffer.server import ReplayBufferApp, build
+from services.runtime.client import make_channel
 
 ROOT = Path(__file__).resolve().parents[3]
 _prefixes = itertools.count()
@@ -80,6 +84,7 @@ async def buffer(redis_server: EmbeddedRedis) -> AsyncIterator[Callable[..., Awa
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
+        await _until_serving(app.service.address, cfg, task)
         running = Running(app, cfg, app.service.address, redis_server.url)
         started.append((running, stop, task))
         return running
@@ -90,6 +95,30 @@ async def buffer(redis_server: EmbeddedRedis) -> AsyncIterator[Callable[..., Awa
             await c.close()
         stop.set()
         assert await asyncio.wait_for(task, 30) == 0
+
+
+async def _until_serving(address: str, cfg: MasterConfig, task: asyncio.Task[int]) -> None:
+    """Wait for the service's health check to answer SERVING. The port is known once it is bound, before the server
+    starts: a test that called then could wait for a server that was not yet accepting (a CI run on a loaded machine
+    lost three tests to its 10 s deadline that way)."""
+    channel = make_channel(address, cfg.services, token="")
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        deadline = asyncio.get_running_loop().time() + 120
+        while asyncio.get_running_loop().time() < deadline:
+            if task.done():
+                task.result()
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=5, wait_for_ready=True)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"the replay buffer at {address} did not report SERVING in 120 s")
+    finally:
+        await channel.close()
 
 
 @dataclass
