@@ -211,7 +211,7 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
     import matplotlib.pyplot as plt
 
     colors = {"sync": "tab:blue", "async": "tab:orange", "trl": "tab:purple", "trl-scorekl": "tab:pink",
-              "sync-pinned": "tab:gray",
+              "sync-pinned": "tab:gray", "sync-hf": "tab:blue", "async-hf": "tab:orange",
               "sync-k3grad": "tab:cyan", "async-k3grad": "tab:brown", "tis": "tab:orange",
               "icepop": "tab:green", "seq-mask-tis": "tab:red", "tis+fix": "tab:blue"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
