@@ -1,7 +1,11 @@
-"""The whole fleet in agent mode on CPU -- tiny model, real vLLM, real sandbox sessions, real Redis -- through
-`grpo-fleet up`, asynchronous with in-flight pushes and two rollout workers. One worker is SIGKILLed while its
+"""The whole fleet in agent mode on CPU -- tiny model, the batched `hf` engine, real sandbox sessions, real Redis --
+through `grpo-fleet up`, asynchronous with in-flight pushes and two rollout workers. One worker is SIGKILLed while its
 episodes hold sandbox sessions: the executor removes them once their owner stops renewing, and the run completes
-with every group accounted for. Trajectories have several turns, the loss counts exactly the generated tokens."""
+with every group accounted for. Trajectories have several turns, the loss counts exactly the generated tokens.
+
+The engine is the in-process `hf` one: what this test checks lives in the worker's episode loop, the sandbox and the
+buffer, and the vLLM path has its own fleet tests (test_fleet_e2e.py, test_chaos.py). A vLLM engine costs about
+20 CPU-seconds of imports in its three processes before it loads a model, and this test starts three."""
 
 from __future__ import annotations
 
@@ -20,13 +24,14 @@ import pytest
 from fleet_helpers import ROOT, fleet_cmd, metrics
 from test_fleet_e2e import _accounting, _steps
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 AGENT = ["env.code.mode=agent", "env.code.agent.max_turns=3", "env.code.agent.max_new_tokens_per_turn=24",
          "env.code.agent.max_observation_tokens=48", "env.code.agent.command_timeout_s=10",
          "env.code.agent.episode_timeout_s=300", "policy.max_total_sequence_length=1536",
          "data.train.max_prompt_length=1200", "sandbox.sessions.lease_s=5", "grpo.max_num_steps=3",
-         "rollout.num_workers=2", "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20"]
+         "rollout.num_workers=2", "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20",
+         "policy.generation.backend=hf"]
 
 
 def _sandbox_url(run_dir: Path) -> str | None:
@@ -58,7 +63,7 @@ def test_agent_fleet_runs_multi_turn_episodes_and_leaves_no_session_behind(task_
 
     def killer() -> None:
         # Kill the first worker seen holding sessions (mid-episode), then watch the executor remove them. Which
-        # worker that is depends on which vLLM came up first: on a loaded machine one worker can sample every group.
+        # worker that is depends on which engine came up first: on a loaded machine one worker can sample every group.
         deadline = time.monotonic() + 1500
         while time.monotonic() < deadline and proc.poll() is None:
             pids, url = run_dir / "logs" / "processes" / "pids.json", _sandbox_url(run_dir)

@@ -7,9 +7,9 @@ previous kill (so that each kill hits a fleet that has healed). The run finishes
 exactly its groups, each once, and when the run has ended no process of it is left (found by session: every process
 the launcher starts leads its own; vLLM renames its processes, so command lines would miss them).
 
-And the bound: Redis stopped (SIGSTOP: it holds its socket and answers nothing) for longer than
-`services.outage_tolerance_s` ends the run non-zero with a message that names Redis, and the same command afterwards
-resumes with nothing lost.
+And the bound (one rollout worker, on the `hf` engine): Redis stopped (SIGSTOP: it holds its socket and answers
+nothing) for longer than `services.outage_tolerance_s` ends the run non-zero with a message that names Redis, and the
+same command afterwards resumes with nothing lost.
 
 What each kill cost (the stall of the training loop) is printed and written to RUN/chaos.json; docs/operations.md
 quotes it.
@@ -244,10 +244,11 @@ def test_fleet_heals_sigkills_of_each_process_and_leaves_none_behind(task_slice:
 def test_redis_down_past_the_bound_stops_the_run_and_the_same_command_resumes(task_slice: Path,
                                                                              tmp_path: Path) -> None:
     run_dir = tmp_path / "bound"
-    # One rollout worker: the bound is each client's, the same for one worker as for two; a second worker's vLLM
-    # engine, started for the failed run and again for its resume, only costs the suite time.
+    # One rollout worker on the in-process `hf` engine: the bound is each client's, the same for one worker as for
+    # two and whatever the engine; a vLLM engine (about 20 CPU-seconds of imports in three processes), started for
+    # the failed run and again for its resume, only costs the suite time. The heal test above runs vLLM.
     cmd = fleet_cmd(run_dir, task_slice, "grpo.max_num_steps=2", "services.outage_tolerance_s=20", *ASYNC,
-                    "rollout.num_workers=1")
+                    "rollout.num_workers=1", "policy.generation.backend=hf")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     out: list[str] = []

