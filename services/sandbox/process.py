@@ -162,6 +162,25 @@ def open_pipe() -> tuple[int, int]:
     return read_fd, write_fd
 
 
+async def kill_and_reap(proc: asyncio.subprocess.Process, grace_s: float = _DRAIN_GRACE_S) -> None:
+    """SIGKILL `proc` (started with asyncio pipes) and wait until it is reaped, reading and dropping what its pipes
+    still hold. On Python 3.11 `Process.wait()` returns only once every pipe has closed, and a pipe whose reader
+    stopped reading with its buffer full (the transport paused) does not read its end: a `wait()` after the kill of
+    a process whose output was cut short can wait for ever (a session's finish did, in CI). Nobody may be reading
+    `proc`'s streams (cancel and await such readers first). Gives up after `grace_s` if a child of `proc` still
+    holds a pipe; the exit is recorded (`proc.returncode`) all the same."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+    async def drop(stream: asyncio.StreamReader) -> None:
+        while await stream.read(1 << 16):
+            pass
+
+    streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(drop(s) for s in streams), proc.wait()), grace_s)
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.sandbox.process import kill_and_reap
+
 log = logging.getLogger(__name__)
 
 GIT_TIMEOUT_S = 120.0
@@ -72,8 +74,7 @@ async def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
         out, err = await asyncio.wait_for(proc.communicate(stdin), GIT_TIMEOUT_S)
     except BaseException:
         if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            await kill_and_reap(proc)
         raise
     return GitResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 
@@ -103,10 +104,9 @@ async def git_capped(*args: str, cwd: Path, cap: int) -> GitResult | None:
         await asyncio.wait_for(proc.wait(), GIT_TIMEOUT_S)
         err = await err_task
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        err_task.cancel()
+        err_task.cancel()  # kill_and_reap reads stderr to its end itself
+        await asyncio.gather(err_task, return_exceptions=True)
+        await kill_and_reap(proc)  # at once for a process that exited and was read to the end
     return GitResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 
 

@@ -10,13 +10,14 @@ retried: it is reported at once, naming the image.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.sandbox.process import kill_and_reap
 
 log = logging.getLogger(__name__)
 _TOOL_TIMEOUT_S = 3600.0
@@ -67,9 +68,7 @@ async def _tool(argv: list[str], timeout_s: float = _TOOL_TIMEOUT_S) -> tuple[in
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+        await kill_and_reap(proc)
         raise
     return proc.returncode or 0, out.decode(errors="replace")[-2000:]
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fleet.config.infra import SandboxConfig
 from services.sandbox.bwrap import Interpreter, SandboxPolicy, UidRange
-from services.sandbox.process import TailBuffer, run_limited
+from services.sandbox.process import TailBuffer, kill_and_reap, run_limited
 from services.sandbox.workspace import parse_numstat, read_regular, rename_sources, unquote_git_path
 
 
@@ -129,6 +131,23 @@ async def test_run_limited_reads_every_byte_of_many_small_writes_and_of_what_an_
                                output_cap=1 << 20)
     lines = result.stdout.text().splitlines()
     assert (result.exit_code, len(lines), lines[-1], result.stderr.text()) == (0, 3000, "line-2999", "last\n")
+
+
+async def test_a_writer_killed_after_its_reader_stopped_is_reaped() -> None:
+    # A session diff past max_diff_kb: the reader stops at the cap, the writer fills the reader's buffer (asyncio
+    # pauses the pipe), then is killed. On Python 3.11 a bare `proc.wait()` never returned there (a CI run hung 900 s).
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('x' * 4096)",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    read = 0
+    while read <= 1 << 20:
+        read += len(await proc.stdout.read(1 << 20))
+    await asyncio.sleep(0.5)  # the writer refills the pipe and the reader's buffer meanwhile
+    await kill_and_reap(proc)
+    assert proc.returncode == -9
+    assert proc.stdout.at_eof(), "the paused pipe was read to its end (else wait() would wait for it forever)"
+    await asyncio.wait_for(proc.wait(), 10)
 
 
 async def test_run_limited_reports_the_exit_code(tmp_path: Path) -> None:
