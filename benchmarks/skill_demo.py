@@ -76,7 +76,8 @@ K3GRAD = ["loss_fn.kl_score_function_gradient=false"]
 HF_LAYOUT = ["policy.generation.backend=hf", "policy.prefix_sharing=true", *SYNC_CORES]
 FLEET_MODES = {"sync": [*SYNC, *SYNC_CORES], "async": [], "sync-pinned": SYNC, "async-unpinned": SYNC_CORES,
                "sync-k3grad": [*SYNC, *SYNC_CORES, *K3GRAD], "async-k3grad": K3GRAD,
-               "sync-hf": [*SYNC, *HF_LAYOUT], "async-hf": HF_LAYOUT}
+               "sync-hf": [*SYNC, *HF_LAYOUT], "async-hf": HF_LAYOUT,
+               "async-hf-age1": [*HF_LAYOUT, "grpo.async_grpo.max_trajectory_age_steps=1"]}
 # The fix for the async collapse of the arith demo (docs/services/trainer.md): `variants tis+fix` adds these.
 FIX = ["policy.optimizer.lr=3e-4", "grpo.async_grpo.max_trajectory_age_steps=1", "grpo.skip_update_without_signal=true"]
 VARIANTS = {
@@ -212,6 +213,7 @@ def _plot(runs: list[dict[str, Any]], path: Path, title: str, offpolicy: bool = 
 
     colors = {"sync": "tab:blue", "async": "tab:orange", "trl": "tab:purple", "trl-scorekl": "tab:pink",
               "sync-pinned": "tab:gray", "sync-hf": "tab:blue", "async-hf": "tab:orange",
+              "async-hf-age1": "tab:red",
               "sync-k3grad": "tab:cyan", "async-k3grad": "tab:brown", "tis": "tab:orange",
               "icepop": "tab:green", "seq-mask-tis": "tab:red", "tis+fix": "tab:blue"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
