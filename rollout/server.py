@@ -76,8 +76,10 @@ async def serve(cfg: MasterConfig) -> int:
     service = GrpcService("rollout", cfg.services.rollout, cfg.services)
     buffer = BufferClient(cfg.services, cfg.redis, cfg.run.dir)
     scorer = Scorer(cfg.env)
-    await engine.start()
+    # The port first: the launcher picked it free, and a vLLM engine's start (30 s on a loaded CPU host) opens
+    # sockets of its own on random ports; bound after it, the port was once taken and the worker started twice.
     port = service.bind()
+    await engine.start()
     host, wid = advertised_host(cfg.rollout, cfg.services.rollout.host), worker_id(cfg.rollout)
     runners = episode_runners(cfg, engine, tokenizer, wid)
     worker = RolloutWorker(cfg, wid, f"{host}:{port}", engine, scorer, buffer, Decoder(tokenizer), runners)
