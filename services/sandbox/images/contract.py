@@ -25,10 +25,11 @@ from typing import Any
 from fleet.contracts.sandbox import TaskSpec, TaskStatus, Verdict
 from fleet.contracts.swe_eval import GIT as _GIT
 from fleet.contracts.swe_eval import WORKDIR, derived_eval_script
+from services.sandbox.gitcmd import parse_numstat, rename_sources
 from services.sandbox.images.parsers import r2e
 from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
-from services.sandbox.workspace import InfraError, parse_numstat, rename_sources
+from services.sandbox.workspace import InfraError
 
 EVAL_LOG_CAP = 16 << 20
 """Eval output kept for grading: the parsers need the whole marked slice, not a tail."""
