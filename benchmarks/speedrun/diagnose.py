@@ -111,7 +111,7 @@ def _hunk_kind(file_lines: list[str], hunk: Hunk) -> tuple[str, str]:
 def diagnose(answer: str, gold_patch: str, read_file: Callable[[str], str | None], prompt: str = "") -> Diagnosis:
     """`read_file(path)` -> the file's text at the base commit, or None where there is none."""
     extracted = extract_patch(answer)
-    if not extracted.ok:
+    if not extracted.patch:  # a diff that changes nothing is still read: where it points says what the model tried
         return Diagnosis("format", extracted.status)
     mine, gold = hunks(extracted.patch), hunks(gold_patch)
     gold_paths = {h.path for h in gold}

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 class SweEnvironment:
     """Format errors (no usable patch) come back as a verdict with status `format_error` that never reached a
-    sandbox, plus `ScoreResult.format_error` = missing | malformed | truncated."""
+    sandbox, plus `ScoreResult.format_error` = missing | malformed | truncated | no_change (`envs/swe/patch.py`)."""
 
     name = "swe"
 

@@ -5,6 +5,9 @@ Outcomes are distinct because they are scored and logged differently:
   missing    no patch block at all
   malformed  a complete block whose content is not a unified diff
   truncated  the output ends inside a block (the generation hit its token limit)
+  no_change  a unified diff that changes nothing: every hunk adds back exactly the lines it removes. It cannot fix
+             anything, and graded it would earn the share of tests that already pass (`pass_rate`): a small model
+             learned to answer that way (docs/swe-learning.md). Scored as a format error, never sent to a sandbox.
 Several blocks: the last complete one wins (models revise); a trailing unfinished block counts only when there is
 no complete one. Without any block, a bare diff in plain text (`diff --git` / `---`+`+++`) is accepted.
 """
@@ -16,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-PatchStatus = Literal["ok", "missing", "malformed", "truncated"]
+PatchStatus = Literal["ok", "missing", "malformed", "truncated", "no_change"]
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,63 @@ def _hunk(lines: list[str], i: int, out: list[str]) -> int:
     return j
 
 
+# Header lines that make a patch change something even where its hunks do not: a new, deleted, renamed or copied
+# file, a mode change.
+_CHANGING_HEADERS = ("new file mode", "deleted file mode", "rename ", "copy ", "similarity ", "old mode", "new mode",
+                     "--- /dev/null", "+++ /dev/null")
+
+
+def changes_nothing(patch: str) -> bool:
+    """True when the normalised unified diff `patch` (hunk counts exact, as `normalize_diff` writes them) leaves every
+    file as it was: no header that changes a file, each file's old and new path the same, and every hunk's + lines
+    equal to its - lines, in order."""
+    lines = patch.splitlines()
+    old_path = ""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = HUNK_HEADER.match(line)
+        if m:  # the body by the header's counts: a removed "-- x" line reads like a file header
+            old_left, new_left = int(m.group(2) or 1), int(m.group(4) or 1)
+            removed: list[str] = []
+            added: list[str] = []
+            i += 1
+            while i < len(lines) and (old_left or new_left):
+                body = lines[i]
+                if body.startswith("\\"):
+                    return False  # a final newline removed or added
+                if body[:1] in (" ", "-"):
+                    old_left -= 1
+                if body[:1] in (" ", "+"):
+                    new_left -= 1
+                if body[:1] == "-":
+                    removed.append(body[1:])
+                elif body[:1] == "+":
+                    added.append(body[1:])
+                i += 1
+            if removed != added or (i < len(lines) and lines[i].startswith("\\")):
+                return False
+            continue
+        if line.startswith(_CHANGING_HEADERS):
+            return False
+        if line.startswith("--- "):
+            old_path = line[4:].removeprefix("a/")
+        elif line.startswith("+++ ") and line[4:].removeprefix("b/") != old_path:
+            return False
+        i += 1
+    return True
+
+
 def extract_patch(text: str) -> PatchExtraction:
+    """The answer's patch (the last complete block wins), `ok` or why there is none to grade."""
+    found = _extract(text)
+    if found.ok and changes_nothing(found.patch):
+        return PatchExtraction("no_change", found.patch, found.source,
+                               "every hunk adds back the lines it removes: the patch changes nothing")
+    return found
+
+
+def _extract(text: str) -> PatchExtraction:
     blocks = sorted(_fences(text) + _patch_tags(text) + _tool_calls(text), key=lambda b: b.end)
     complete = [b for b in blocks if b.content is not None]
     if complete:

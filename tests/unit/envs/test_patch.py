@@ -133,3 +133,42 @@ def test_a_removed_line_that_starts_like_a_file_header_stays_in_its_hunk(tmp_pat
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True)
     assert (tmp_path / "q.sql").read_text() == "select 1;\nselect 2;\n"
+
+
+def _diff(*hunk: str, path: str = "pkg/mod.py") -> str:
+    body = "".join(line + "\n" for line in hunk)
+    return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1,9 +1,9 @@\n{body}"
+
+
+def test_a_diff_that_rewrites_lines_as_they_were_changes_nothing_and_keeps_its_patch():
+    r = extract_patch("```diff\n" + _diff(" a = 1", "-b = 2", "-c = 4", "+b = 2", "+c = 4") + "```\n")
+    assert (r.status, r.ok, r.source) == ("no_change", False, "diff_fence")
+    assert "-b = 2\n-c = 4\n+b = 2\n+c = 4\n" in r.patch  # kept: diagnosis reads where it points
+    assert "changes nothing" in r.detail
+
+
+@pytest.mark.parametrize("hunk", [
+    (" a = 1", "-b = 2", "+b = 2 "),  # trailing whitespace is a change
+    (" a = 1", "-b = 2", "-c = 4", "+c = 4", "+b = 2"),  # so is the order
+    ("-b = 2", "+b = 2", " x", "-c = 4"),  # one pair no-op, then a real removal in the same hunk
+    ("--- a comment", "+--- a comment", "-x = 1", "+x = 2"),  # a removed line that reads like a file header
+])
+def test_a_diff_that_changes_anything_stays_ok(hunk):
+    assert extract_patch("```diff\n" + _diff(*hunk) + "```\n").status == "ok"
+
+
+def test_only_every_hunk_unchanged_makes_a_multi_hunk_diff_a_no_change():
+    noop = _diff("-b = 2", "+b = 2")
+    second = "@@ -20,1 +20,1 @@\n-y = 1\n+y = 1\n"
+    assert extract_patch(f"<patch>\n{noop}{second}</patch>").status == "no_change"
+    changed = "@@ -20,1 +20,1 @@\n-y = 1\n+y = 0\n"
+    assert extract_patch(f"<patch>\n{noop}{changed}</patch>").status == "ok"
+
+
+def test_header_changes_count_even_with_unchanged_hunks():
+    new_mode = _diff("-b = 2", "+b = 2").replace("--- a/", "old mode 100644\nnew mode 100755\n--- a/", 1)
+    assert extract_patch(f"<patch>\n{new_mode}</patch>").status == "ok"
+    renamed = _diff("-b = 2", "+b = 2").replace("+++ b/pkg/mod.py", "+++ b/pkg/other.py")
+    assert extract_patch(f"<patch>\n{renamed}</patch>").status == "ok"
+    newline = _diff(" a = 1", "-b = 2", "\\ No newline at end of file", "+b = 2")
+    assert extract_patch(f"<patch>\n{newline}</patch>").status == "ok"

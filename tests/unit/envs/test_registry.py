@@ -62,7 +62,8 @@ def test_swe_environment_scores_through_the_scorer_and_flags_format_errors():
     assert (ok.verdict.resolution, ok.format_error) == ("FULL", None)
     assert seen[0].patch == DIFF.replace("@@ -1 +1 @@", "@@ -1,1 +1,1 @@")
     for text, status in [("no patch here", "missing"), ("```diff\nnope\n```", "malformed"),
-                         (f"```diff\n{DIFF[:40]}", "truncated")]:
+                         (f"```diff\n{DIFF[:40]}", "truncated"),
+                         (f"```diff\n{DIFF.replace('+a = 2', '+a = 1')}```", "no_change")]:
         r = asyncio.run(env.score(payload, text))
         assert (r.format_error, r.verdict.status, r.verdict.resolution) == (status, "format_error", "NO")
     assert len(seen) == 1  # format errors never reach a sandbox
