@@ -12,7 +12,8 @@ Asynchronous, step s:
   step s+1 at once; the main thread waits for a push only when the next one is ready (one push in flight at most).
 
 Both: validation every `grpo.val_period` steps, a checkpoint every `checkpointing.save_period` steps followed by
-CommitStep, metrics and a progress bar on rank 0, and a clean stop (checkpoint included) on SIGTERM.
+CommitStep, metrics and a progress bar on rank 0, and a clean stop (checkpoint included) on SIGTERM or when the
+`grpo.max_train_s` budget is spent (then with a last validation round).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from weightsync.dtypes import DTYPES
 from weightsync.header import WeightSnapshot
 
 log = logging.getLogger(__name__)
+
+BUDGET_SPENT = "the grpo.max_train_s budget is spent"
 
 
 @dataclass
@@ -85,18 +88,26 @@ class TrainLoop:
     _push: concurrent.futures.Future[dict[str, float]] | None = None
     _pending_metrics: dict[str, float] = field(default_factory=dict)
     _last_validation: dict[str, float] = field(default_factory=dict)
+    _validated_weights: int = -1
+    """The weights step the last validation round measured."""
+    _deadline: float | None = None
+    """`grpo.max_train_s` after the first step's start (monotonic); None: no budget."""
 
     # -- entry --------------------------------------------------------------------------------------------------------
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         s = self.progress_state
         self._begin(s)
+        if self.grpo.max_train_s is not None:
+            self._deadline = time.monotonic() + self.grpo.max_train_s
         code = 0
         while s.step < self.grpo.max_num_steps:
             msg = self.dist.broadcast_object(self._prepare(s.step) if self.dist.is_main else None)
             if msg.stop:
-                code = 0 if msg.stop in ("done", "sigterm") else 1
+                code = 0 if msg.stop in ("done", "sigterm", BUDGET_SPENT) else 1
                 log.log(logging.INFO if code == 0 else logging.ERROR, "stopping at step %d: %s", s.step, msg.stop)
+                if msg.stop == BUDGET_SPENT:
+                    self._validate_last(s)
                 break
             self._train(msg)
         self._finish(s)
@@ -135,6 +146,8 @@ class TrainLoop:
         r0 = self.rank0
         if self.stop.is_set():
             return StepMessage(None, "sigterm")
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return StepMessage(None, BUDGET_SPENT)
         r0.state.set_phase("waiting_for_data")
         t0 = time.monotonic()
         try:
@@ -214,6 +227,7 @@ class TrainLoop:
         showing its metrics (verdict breakdown included) until the next round."""
         assert self.rank0 is not None
         round_ = self.rank0.coordinator.validate(weights_step)
+        self._validated_weights = weights_step
         metrics = round_.metrics
         self.rank0.metrics.log(log_step, metrics)
         if round_.verdicts:
@@ -222,6 +236,14 @@ class TrainLoop:
                                      "answers": round_.answers}) + "\n")
         self._last_validation = {k: v for k, v in metrics.items() if k.startswith("val/")}
         self.rank0.state.metrics = {**self.rank0.state.metrics, **self._last_validation}
+
+    def _validate_last(self, s: TrainerCheckpoint) -> None:
+        """The round a budget stop owes: the final weights, unless the last round measured them already."""
+        if not self.grpo.val_period or self.rank0 is None or self._validated_weights == s.step or s.step == 0:
+            return
+        self._wait_push()
+        self.rank0.state.set_phase("validating")
+        self._validate(s.step - 1, s.step)
 
     def _save(self, s: TrainerCheckpoint) -> None:
         if self.ckpt is None or s.step == self.saved_step:

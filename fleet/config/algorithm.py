@@ -34,6 +34,10 @@ class GrpoConfig(Section):
     """G: answers generated per prompt."""
     max_num_steps: int = Field(1000, ge=1)
     """Optimizer steps of the run."""
+    max_train_s: float | None = Field(None, gt=0)
+    """Wall-clock budget of the training loop, counted from its first step (None: none). No step starts after it;
+    the run then ends as at `max_num_steps`, with a last validation round of the final weights where `val_period`
+    is set and they were not validated yet. For a fixed allocation: a job's time limit, a benchmark's window."""
     use_leave_one_out_baseline: bool = True
     """Baseline of sample i is the mean reward of the other G-1 samples of its group."""
     normalize_rewards: bool = True

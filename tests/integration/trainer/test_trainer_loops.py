@@ -57,6 +57,26 @@ def test_sync_loop_trains_each_step_on_fresh_weights(tmp_path: Path, tiny_model_
     assert stats["validation_ready"] == 0
 
 
+def test_a_spent_time_budget_ends_the_run_with_a_last_validation_round(
+        tmp_path: Path, tiny_model_path: str, replay_buffer, fake_rollout) -> None:  # type: ignore[no-untyped-def]
+    config = write_config(tmp_path, tiny_model_path, async_on=True, steps=1000, grpo__max_train_s=3.0,
+                          grpo__val_period=1000, grpo__max_val_samples=2)
+    fake_rollout(replay_buffer(config), tiny_model_path)
+    trainer = start_trainer(config)
+    assert trainer.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    run = tmp_path / "run"
+    done = len(_step_records(run))
+    assert 1 <= done < 1000
+    assert "the grpo.max_train_s budget is spent" in (tmp_path / "trainer.log").read_text()
+    # val_period (1000) was never reached: the one round is the one the budget stop owes, of the final weights.
+    [val] = [r for r in read_jsonl(run / "logs" / "metrics.jsonl") if "val/accuracy" in r]
+    assert val["step"] == done - 1 and val["val/tasks"] == 2
+    [logged] = [json.loads(x) for x in (run / "logs" / "validation_tasks.jsonl").read_text().splitlines()]
+    assert logged["step"] == done
+    saved = json.loads((run / "checkpoints" / f"step_{done:08d}" / "trainer.json").read_text())
+    assert saved["step"] == done
+
+
 @pytest.mark.slow
 def test_sigterm_stops_after_the_step_with_a_checkpoint(tmp_path: Path, tiny_model_path: str, replay_buffer,
                                                         fake_rollout) -> None:  # type: ignore[no-untyped-def]
