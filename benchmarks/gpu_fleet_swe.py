@@ -42,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_fleet_x2 import SHAPE, accounting, n_params, supervise  # noqa: E402
 
+from launch.data.gold import phase_times  # noqa: E402
+from services.sandbox.executor import read_run_log  # noqa: E402
 from trainer.metrics import read_jsonl  # noqa: E402
 
 STEP_KEYS = {  # per-step figure -> metrics.jsonl key
@@ -149,6 +151,18 @@ def validation_rounds(run_dir: Path) -> list[dict[str, Any]]:
             for r in read_jsonl(run_dir / "logs" / "metrics.jsonl") if "val/tasks" in r]
 
 
+def sandbox_runs(run_dir: Path) -> dict[str, Any]:
+    """Where the sandbox's time went, from its log: the phases of every run (`phase_times`), overall and for the
+    runs whose tests ran (the patch applied), and the runs by status."""
+    log = run_dir / "logs" / "processes" / "sandbox.log"
+    if not log.exists():
+        return {}
+    runs = read_run_log(log.read_text(errors="replace"))
+    tested = [t for _, t in runs if "tests_s" in t or "first_tests_s" in t]
+    return {"all": phase_times(t for _, t in runs), "tests_ran": phase_times(tested),
+            "by_status": {s: sum(status == s for status, _ in runs) for s in sorted({s for s, _ in runs})}}
+
+
 def main() -> int:
     args = parse()
     from fleet.config import load_config
@@ -178,7 +192,7 @@ def main() -> int:
         "config_overrides": ovr, "fleet": fleet, "accounting": acc,
         "trained_groups": {"steps": len(trained), "groups": len(ids), "unique": len(set(ids)),
                            "per_step": [len(t["groups"]) for t in trained]},
-        "per_step": steps, "validation": validation_rounds(run_dir),
+        "per_step": steps, "validation": validation_rounds(run_dir), "sandbox_runs": sandbox_runs(run_dir),
         "validation_tasks": [json.loads(x) for x in val_path.read_text().splitlines()] if val_path.exists() else [],
     }
     out = Path(args.out)

@@ -75,7 +75,7 @@ def make_model(cpu: bool) -> tuple[str, int]:
 
 
 def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
-    from launch.up import free_port
+    from launch.up import free_ports
 
     o = [
         f"run.dir={run_dir}", f"policy.model_name={model}", "policy.generation.backend=hf",
@@ -98,7 +98,7 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
     else:
         o += ["policy.precision=bfloat16", "policy.generation.device=cuda",
               f"policy.compile={str(args.compile).lower()}", "policy.weight_sync.transport=nccl",
-              f"policy.weight_sync.nccl_address=127.0.0.1:{free_port()}"]
+              f"policy.weight_sync.nccl_address=127.0.0.1:{free_ports(1)[0]}"]
     return [*o, *args.overrides]
 
 
@@ -151,7 +151,8 @@ async def accounting(run_dir: Path) -> dict[str, Any]:
     from redis.asyncio import Redis
 
     from services.replay_buffer.embedded import start_embedded_redis
-    from services.replay_buffer.store import ReplayStore, StoreSettings
+    from services.replay_buffer.models import StoreSettings
+    from services.replay_buffer.store import ReplayStore
 
     url, handle = start_embedded_redis(run_dir / "redis")
     try:

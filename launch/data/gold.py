@@ -13,8 +13,9 @@ executors by URL; this module does not know which.
 from __future__ import annotations
 
 import asyncio
+import statistics
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +145,13 @@ def format_report(rows: Sequence[RowCheck]) -> str:
         return f"{name:<{width}}  {cells}  {rate:>17}"
 
     out = [head, *(line(repo, c) for repo, c in table.items()), "-" * len(head), line("total", total)]
+    cost = run_times(rows)
+    if cost["runs"]:
+        phases = ", ".join(f"{k.removesuffix('_s')} {v['median']:.2f}" for k, v in cost["phases"].items()
+                           if k not in ("total_s", "queued_s"))
+        out += ["", f"one sandbox run: median {cost['phases']['total_s']['median']:.2f} s, p90 "
+                    f"{cost['phases']['total_s']['p90']:.2f} s, slowest {cost['phases']['total_s']['max']:.2f} s "
+                    f"({phases}; medians in s, over {cost['runs']} runs)"]
     failing = [r for r in rows if not r.ok]
     if failing:
         out += ["", f"{len(failing)} of {len(rows)} rows do not validate (gold must be FULL, empty NO):"]
@@ -153,13 +161,38 @@ def format_report(rows: Sequence[RowCheck]) -> str:
     return "\n".join(out)
 
 
+def phase_times(timings: Iterable[dict[str, float]]) -> dict[str, Any]:
+    """Median, p90 and slowest of each phase that sandbox verdicts timed (`Verdict.timings`: the wait for a slot
+    `queued_s`, `checkout_s`, `apply_s`, `tests_s`, `grade_s`, and `total_s`, the run without the wait), each over
+    the runs that went through it."""
+    runs = 0
+    phases: dict[str, list[float]] = defaultdict(list)
+    for t in timings:
+        runs += 1
+        for name, seconds in t.items():
+            phases[name].append(seconds)
+
+    def spread(xs: list[float]) -> dict[str, float]:
+        xs = sorted(xs)
+        return {"median": statistics.median(xs), "p90": xs[min(len(xs) - 1, int(0.9 * len(xs)))], "max": xs[-1]}
+
+    return {"runs": runs, "phases": {name: spread(xs) for name, xs in sorted(phases.items())}}
+
+
+def run_times(rows: Sequence[RowCheck]) -> dict[str, Any]:
+    """What one sandbox run costs on this host (`phase_times` over every run of `rows` that was timed; a remote
+    executor's verdicts carry the same timings)."""
+    return phase_times(v.timings for r in rows for v in (r.gold, r.empty) if v.timings)
+
+
 def report_json(rows: Sequence[RowCheck], dataset: str) -> dict[str, Any]:
     def verdict(v: Verdict) -> dict[str, Any]:
         return {"kind": verdict_kind(v), "status": v.status, "resolution": v.resolution, "error": v.error[:2000],
-                "tests_passed": v.tests_passed, "tests_failed": v.tests_failed}
+                "tests_passed": v.tests_passed, "tests_failed": v.tests_failed, "timings": v.timings}
 
     return {
         "dataset": dataset, "ok": all(r.ok for r in rows), "repos": per_repo(rows), "total": _counts(rows),
+        "run_times": run_times(rows),
         "rows": [{"instance_id": r.instance_id, "repo": r.repo, "ok": r.ok, "gold": verdict(r.gold),
                   "empty": verdict(r.empty)} for r in rows],
     }

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -39,6 +40,18 @@ from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
 from services.sandbox.workspace import InfraError, TreeLimits, Workspace, remove_tree
 
 log = logging.getLogger(__name__)
+
+
+# One line per run, with its phases: where a slow run's time went, read back from a service's log by `read_run_log`
+# (benchmarks/gpu_fleet_swe.py sums a fleet's runs with it).
+RUN_LOG = "task %s@%.12s: %s %s in %.2f s (%s)"
+_RUN_LINE = re.compile(r"task \S+@\w+: (\w+) \w* ?in [0-9.]+ s \(((?:\w+=[0-9.]+ ?)*)\)")
+
+
+def read_run_log(text: str) -> list[tuple[str, dict[str, float]]]:
+    """(status, timings) of every run line in an executor's log, in order."""
+    return [(m[1], {k: float(v) for k, v in (kv.split("=", 1) for kv in m[2].split())})
+            for m in _RUN_LINE.finditer(text)]
 
 
 class Executor:
@@ -241,8 +254,8 @@ class Executor:
             await asyncio.to_thread(ws.remove)
         timings["total_s"] = time.monotonic() - t0
         verdict.timings = {k: round(v, 4) for k, v in timings.items()}
-        log.info("task %s@%.12s: %s %s in %.2f s", spec.repo_url, spec.base_commit, verdict.status,
-                 verdict.resolution, timings["total_s"])
+        log.info(RUN_LOG, spec.repo_url, spec.base_commit, verdict.status, verdict.resolution, timings["total_s"],
+                 " ".join(f"{k}={v:.3f}" for k, v in timings.items()))
         return verdict
 
     async def _execute(self, spec: TaskSpec, slot: int, ws: Workspace, timings: dict[str, float]) -> Verdict:

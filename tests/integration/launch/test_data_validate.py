@@ -38,10 +38,17 @@ def test_a_dataset_whose_gold_resolves_validates_and_exits_zero(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     repo = make_calc_repo(tmp_path / "calc")
     rows = [_row(repo, "calc__calc-1", repo.gold), _row(repo, "calc__calc-2", repo.gold)]
-    assert _validate(tmp_path, rows, "--gold", "0", "--workers", "2") == 0
+    report = tmp_path / "report.json"
+    assert _validate(tmp_path, rows, "--gold", "0", "--workers", "2", "--out", str(report)) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[1].split() == ["calc/calc", "2", "2", "2", "0", "0", "100%"]
     assert "all 2 rows validate" in out
+    # What a run costs on this host, from the executor's own timings: four runs (gold and empty of each row).
+    assert "one sandbox run: median" in out and "over 4 runs" in out
+    times = json.loads(report.read_text())["run_times"]
+    assert times["runs"] == 4
+    tests, total = times["phases"]["tests_s"], times["phases"]["total_s"]
+    assert 0 < tests["median"] <= tests["p90"] <= tests["max"] < total["max"]
 
 
 def test_a_gold_that_does_not_resolve_exits_nonzero_and_names_the_instance(

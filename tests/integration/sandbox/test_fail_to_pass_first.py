@@ -4,12 +4,14 @@ one a spec without the flag gets. The reward under `fail_to_pass` and `binary` n
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from sandbox_helpers import ADD_ONLY, CORE, F2P, FIXED, P2P, CalcRepo
 
 from fleet.contracts.sandbox import Verdict
 from sandbox_client.reward import reward_from_verdict
-from services.sandbox.executor import Executor
+from services.sandbox.executor import Executor, read_run_log
 from services.sandbox.verdicts import FIRST_RUN_NOTE
 
 
@@ -71,3 +73,16 @@ async def test_a_first_run_past_the_time_limit_is_the_verdict(executor: Executor
     assert (first.status, first.resolution) == ("timeout", "NO") and FIRST_RUN_NOTE in first.error
     assert "tests_s" not in first.timings  # one run of 3 s, not two
     assert reward_from_verdict(first, "fail_to_pass") == 0.0
+
+
+async def test_each_run_logs_its_phases_and_the_log_reads_back_to_the_verdicts_timings(
+        executor: Executor, calc_repo: CalcRepo, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="services.sandbox.executor")
+    verdicts = [await executor.run(calc_repo.spec(calc_repo.gold, fail_to_pass_first=True)),
+                await executor.run(calc_repo.spec("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n"))]
+    runs = read_run_log(caplog.text)
+    assert [status for status, _ in runs] == ["completed", "not_applied"]
+    for (_, logged), verdict in zip(runs, verdicts, strict=True):
+        assert logged.keys() == verdict.timings.keys()
+        assert all(abs(logged[k] - verdict.timings[k]) < 1e-3 for k in logged)
+    assert {"first_tests_s", "tests_s", "checkout_s", "total_s"} <= runs[0][1].keys()
