@@ -211,10 +211,12 @@ def grpo(args: argparse.Namespace) -> None:
             f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
             f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
             f"policy.optimizer.lr={args.lr}", f"env.code.reward_mode={args.reward_mode}",
+            f"env.code.format_error_reward={args.format_error_reward}",
             # The failing tests alone first: most answers fail them, and the reward does not need the rest.
             f"env.code.fail_to_pass_first={str(args.reward_mode != 'pass_rate').lower()}",
             f"logger.val_answers_logged={args.val_tasks}",
-            f"sandbox.pool_size={max(2, (os.cpu_count() or 2) - 4)}", *args.overrides]
+            f"sandbox.pool_size={max(2, (os.cpu_count() or 2) - 4)}", f"env.code.task_timeout={args.task_timeout}",
+            *([f"grpo.max_train_s={args.max_train_s}"] if args.max_train_s else []), *args.overrides]
     log.info("%s", " ".join(cmd))
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     path = args.out / f"grpo_{args.mode}.json"
@@ -410,12 +412,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--generations", type=int, default=2 if name == "smoke" else 8)
         s.add_argument("--val-period", type=int, default=1 if name == "smoke" else 20)
         s.add_argument("--val-tasks", type=int, default=2 if name == "smoke" else 400)
-        s.add_argument("--lr", type=float, default=3e-5)
+        s.add_argument("--lr", type=float, default=1e-4,
+                       help="GRPO's learning rate (the fourth run's 3e-5 moved nothing in 16 steps)")
         # pass_rate pays a patch that changes nothing its PASS_TO_PASS share, and GRPO learned exactly that here
         # (docs/swe-learning.md): only progress on the failing tests is credited.
         s.add_argument("--reward-mode", choices=get_args(RewardMode), default="fail_to_pass")
+        # Below an answer that applies and changes the code (0), which alone teaches naming a real file and copying
+        # its lines: 220 of 286 base answers did not apply. A diff that changes nothing is one of these.
+        s.add_argument("--format-error-reward", type=float, default=-0.1,
+                       help="env.code.format_error_reward: no diff, a diff that changes nothing or does not apply")
         s.add_argument("--timeout", type=float, default=240.0 if name == "smoke" else 540.0,
                        help="seconds the fleet may run (a device call may run 600)")
+        s.add_argument("--max-train-s", type=float, default=None,
+                       help="grpo.max_train_s: the training loop's budget, a last validation round after it (keep "
+                            "--timeout above it by the start, the first round and the last)")
+        s.add_argument("--task-timeout", type=float, default=20.0,
+                       help="env.code.task_timeout: a sync step waits for its slowest verdict")
         s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")
         s.add_argument("overrides", nargs="*", help="grpo: extra config overrides")
     return p.parse_args(argv)

@@ -10,6 +10,8 @@
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
 #           bash benchmarks/swe_speedrun.sh grpo sync
 #           bash benchmarks/swe_speedrun.sh grpo async
+#   or      bash benchmarks/swe_speedrun.sh model         # base then sft in one call (~8 min; one call less to lose
+#                                                         # to the 30 s idle release), when everything CPU-side travels
 #
 # The corpus (and optionally SFT examples or a task set made here) travels in a call of its own: with the wheels
 # (25 MB) and the tree (15 MB) it would pass the 64 MiB a call may carry. What a call leaves in /tmp stays while the
@@ -39,8 +41,7 @@ source benchmarks/lent_gpu_env.sh
 # Context lines of an SFT diff (git diff -U<N>): fewer lines to copy exactly; the corpus's fixes made here must match.
 DIFF_CONTEXT=${DIFF_CONTEXT:-1}
 quiet() { grep --line-buffered -v "^ \|Writing\|Loading" || true; }
-case "$stage" in
-  base)
+base() {
     [ -f "$DATA/corpus/train.jsonl.xz" ] || cp -r .speedrun/corpus "$DATA/"
     for d in fixes tasks; do  # what `stash` had no room for may travel with this call
       if [ -d ".speedrun/$d" ] && [ ! -e "$DATA/$d" ]; then cp -r ".speedrun/$d" "$DATA/"; fi
@@ -65,6 +66,15 @@ case "$stage" in
          --recipe benchmarks/speedrun/sft.yaml --out "$DATA/sft-tasks" --max-per-repo "$SFT_PER_REPO" --workers 14 \
          --cache-dir .speedrun/sdists --max-seconds "${SFT_BUILD_SECONDS:-300}" > "$WORK/sft-build.log" 2>&1
        echo "sft task build exited $?" >> "$WORK/sft-build.log"
+     fi
+     # What one sandbox run costs on this host beside a busy GPU (the fleet's steps wait for verdicts): the gold and
+     # empty patches of training tasks, a few at a time, then as many at a time as the fleet's pool.
+     if [ "${PROBE_ROWS:-0}" -gt 0 ]; then
+       for workers in 2 12; do
+         python3 -m launch.cli data validate --gold $(( PROBE_ROWS * workers / 12 )) --workers "$workers" \
+           --out "$WORK/sandbox_probe_$workers.json" data.train.dataset_name=swe_embedded \
+           data.train.data_path="$DATA/tasks" > "$WORK/sandbox_probe_$workers.log" 2>&1 || true
+       done
      fi) &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/pretrain.json "$OUT"/
@@ -75,8 +85,12 @@ case "$stage" in
       fi
     done
     if [ -f "$WORK/fixes.json" ]; then cp "$WORK/fixes.json" "$OUT"/; fi
-    tail -3 "$WORK/fixes.log" 2>/dev/null || true ;;
-  sft)
+    for f in "$WORK"/sandbox_probe_*.json; do if [ -f "$f" ]; then cp "$f" "$OUT"/; fi; done
+    grep -h "one sandbox run" "$WORK"/sandbox_probe_*.log 2>/dev/null || true
+    tail -3 "$WORK/fixes.log" 2>/dev/null || true
+}
+
+sft() {
     python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" --diff-context "$DIFF_CONTEXT" \
       2>&1 | quiet
     cp "$WORK"/sft_examples.json "$OUT"/
@@ -86,7 +100,13 @@ case "$stage" in
       cp "$WORK"/fixes.json "$OUT"/sft_tasks_built.json
     fi
     python3 benchmarks/swe_speedrun.py sft --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
-    cp "$WORK"/sft.json "$OUT"/ ;;
+    cp "$WORK"/sft.json "$OUT"/
+}
+
+case "$stage" in
+  base) base "$@" ;;
+  sft) sft "$@" ;;
+  model) base && sft ;;
   grpo)
     mode=${1:-sync}
     shift || true
@@ -96,5 +116,5 @@ case "$stage" in
     # Copied whatever the outcome: a fleet that ran out of time still reports the steps and rounds it finished.
     if [ -f "$WORK/grpo_$mode.json" ]; then cp "$WORK/grpo_$mode.json" "$OUT"/; fi
     exit "$status" ;;
-  *) echo "usage: $0 stash|base|sft|grpo sync|async [options]" >&2; exit 2 ;;
+  *) echo "usage: $0 stash|base|sft|model|grpo sync|async [options]" >&2; exit 2 ;;
 esac
