@@ -71,7 +71,7 @@ base() {
      # empty patches of training tasks, a few at a time, then as many at a time as the fleet's pool.
      if [ "${PROBE_ROWS:-0}" -gt 0 ]; then
        for workers in 2 12; do
-         python3 -m launch.cli data validate --gold $(( PROBE_ROWS * workers / 12 )) --workers "$workers" \
+         timeout 150 python3 -m launch.cli data validate --gold $(( PROBE_ROWS * workers / 12 )) --workers "$workers" \
            --out "$WORK/sandbox_probe_$workers.json" data.train.dataset_name=swe_embedded \
            data.train.data_path="$DATA/tasks" > "$WORK/sandbox_probe_$workers.log" 2>&1 || true
        done
