@@ -117,7 +117,7 @@ def _trainer_state(env: dict[str, str], project: str) -> tuple[str, int]:
 
 
 def _wait_for_the_run(env: dict[str, str], project: str, timeout: float = 1500) -> tuple[str | None, float]:
-    """Kill one rollout replica (`docker kill`: SIGKILL to the whole container, its vLLM engine included) once a
+    """Kill one rollout replica (`docker kill`: SIGKILL to the whole container, its engine included) once a
     step has trained, while the trainer trains the next; return its id and when it was killed, after the trainer
     exited."""
     killed, at = None, 0.0
