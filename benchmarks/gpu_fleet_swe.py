@@ -91,6 +91,7 @@ def make_model(cpu: bool) -> str:
 def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
     is_async = args.mode == "async"
     batch = args.prompts * args.generations
+    pool = max(2, (os.cpu_count() or 2) // 2)
     o = [
         f"run.dir={run_dir}", f"policy.model_name={model}", "policy.generation.backend=hf",
         f"policy.generation.max_new_tokens={args.max_new_tokens}", "policy.max_total_sequence_length=2048",
@@ -106,7 +107,8 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
         "data.train.dataset_name=swe_embedded", f"data.train.data_path={args.tasks}",
         "data.train.max_prompt_length=1536", "data.train.context=none",
         "env.code.reward_mode=pass_rate", "env.code.task_timeout=60",
-        f"sandbox.pool_size={max(2, (os.cpu_count() or 2) // 2)}",
+        # The one worker keeps env.code.num_workers tasks in flight: as many as the pool runs.
+        f"sandbox.pool_size={pool}", f"env.code.num_workers={pool}",
         f"rollout.max_groups_in_flight={2 * args.prompts}", "checkpointing.enabled=false",
         "logger.tensorboard_enabled=false", "logger.progress_bar=false", "policy.weight_sync.transport=tcp",
     ]

@@ -60,7 +60,8 @@ class CodeEnvConfig(Section):
     """Seconds one task may take in the sandbox (tests included); 1800 is the SWE-bench harness's default. The
     executor refuses a task above `sandbox.max_timeout_s`."""
     num_workers: int = Field(4, ge=1)
-    """Sandbox tasks one rollout worker keeps in flight."""
+    """Sandbox tasks one rollout worker keeps in flight. The executors run at most `rollout.num_workers` times this
+    at once, whatever their `sandbox.pool_size`: size it to the pool (one worker and 12 runners need 12)."""
     format_error_reward: float = 0.0
     """Reward of an answer with no usable patch."""
     integrity_violation_reward: float = -1.0
