@@ -201,11 +201,11 @@ def sft(args: argparse.Namespace) -> None:
 
 def grpo(args: argparse.Namespace) -> None:
     """GRPO through the whole fleet (benchmarks/gpu_fleet_swe.py) with greedy validation on held-out repos."""
-    pool = max(2, (os.cpu_count() or 2) - 4)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_fleet_swe.py"), "--mode", args.mode, "--model",
            str(args.model), "--tasks", str(args.data / "tasks"), "--steps", str(args.steps), "--prompts",
            str(args.prompts), "--generations", str(args.generations), "--max-new-tokens", str(MAX_NEW),
-           "--timeout", str(args.timeout), "--out", str(args.out / f"grpo_{args.mode}.json")]
+           "--timeout", str(args.timeout), "--pool", str(max(2, (os.cpu_count() or 2) - 4)),
+           "--out", str(args.out / f"grpo_{args.mode}.json")]
     if args.cpu:
         cmd.append("--cpu")
     cmd += [f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
@@ -216,9 +216,7 @@ def grpo(args: argparse.Namespace) -> None:
             # The failing tests alone first: most answers fail them, and the reward does not need the rest.
             f"env.code.fail_to_pass_first={str(args.reward_mode != 'pass_rate').lower()}",
             f"logger.val_answers_logged={args.val_tasks}",
-            # One rollout worker keeps env.code.num_workers tasks in flight (default 4): the pool's size, or most
-            # of the pool idles (the fourth run scored its 128 answers 4 at a time on 12 runners).
-            f"sandbox.pool_size={pool}", f"env.code.num_workers={pool}", f"env.code.task_timeout={args.task_timeout}",
+            f"env.code.task_timeout={args.task_timeout}",
             *([f"grpo.max_train_s={args.max_train_s}"] if args.max_train_s else []), *args.overrides]
     log.info("%s", " ".join(cmd))
     rc = subprocess.run(cmd, cwd=ROOT).returncode

@@ -147,11 +147,11 @@ def format_report(rows: Sequence[RowCheck]) -> str:
     out = [head, *(line(repo, c) for repo, c in table.items()), "-" * len(head), line("total", total)]
     cost = run_times(rows)
     if cost["runs"]:
+        run = cost["phases"]["total_s"]
         phases = ", ".join(f"{k.removesuffix('_s')} {v['median']:.2f}" for k, v in cost["phases"].items()
                            if k not in ("total_s", "queued_s"))
-        out += ["", f"one sandbox run: median {cost['phases']['total_s']['median']:.2f} s, p90 "
-                    f"{cost['phases']['total_s']['p90']:.2f} s, slowest {cost['phases']['total_s']['max']:.2f} s "
-                    f"({phases}; medians in s, over {cost['runs']} runs)"]
+        out += ["", f"one sandbox run: median {run['median']:.2f} s, p90 {run['p90']:.2f} s, slowest "
+                    f"{run['max']:.2f} s ({phases}; medians in s, over {cost['runs']} runs)"]
     failing = [r for r in rows if not r.ok]
     if failing:
         out += ["", f"{len(failing)} of {len(rows)} rows do not validate (gold must be FULL, empty NO):"]

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 # One line per run, with its phases: where a slow run's time went, read back from a service's log by `read_run_log`
 # (benchmarks/gpu_fleet_swe.py sums a fleet's runs with it).
 RUN_LOG = "task %s@%.12s: %s %s in %.2f s (%s)"
-_RUN_LINE = re.compile(r"task \S+@\w+: (\w+) \w* ?in [0-9.]+ s \(((?:\w+=[0-9.]+ ?)*)\)")
+_RUN_LINE = re.compile(r"task \S+: (\w+) \w* ?in [0-9.]+ s \(((?:\w+=[0-9.]+ ?)*)\)")
 
 
 def read_run_log(text: str) -> list[tuple[str, dict[str, float]]]:

@@ -46,12 +46,9 @@ class TreeLimits:
     apply_prefix: tuple[str, ...] = ()
 
 
-
 def _raise_if_disk(err: str) -> None:
     if "No space left" in err or "Disk quota exceeded" in err:
         raise InfraError(f"disk full: {err.strip()[-300:]}")
-
-
 
 
 class Workspace:
