@@ -106,7 +106,9 @@ sft() {
 case "$stage" in
   base) base "$@" ;;
   sft) sft "$@" ;;
-  model) base && sft ;;
+  # One call of ~8 min: pre-training and SFT sized to fit it (the fourth run's figures: 240 s, then 2 epochs).
+  model) base --pretrain-seconds "${PRETRAIN_SECONDS:-240}" "$@" \
+           && sft --sft-epochs "${SFT_EPOCHS:-2}" --task-weight "${TASK_WEIGHT:-3}" ;;
   grpo)
     mode=${1:-sync}
     shift || true
