@@ -66,7 +66,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--generations", type=int, default=8, help="grpo.num_generations_per_prompt")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--pool", type=int, default=max(2, (os.cpu_count() or 2) // 2),
-                   help="sandbox.pool_size, and the tasks the one worker keeps in flight (env.code.num_workers)")
+                   help="sandbox.pool_size (the one worker keeps that many tasks in flight)")
     p.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="a task set from `grpo-fleet data build`")
     p.add_argument("--model", default=None, help="an HF model folder (default: the random 0.5B shape, made here)")
     p.add_argument("--run-dir", default=None)
@@ -109,9 +109,9 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
         "data.train.dataset_name=swe_embedded", f"data.train.data_path={args.tasks}",
         "data.train.max_prompt_length=1536", "data.train.context=none",
         "env.code.reward_mode=pass_rate", "env.code.task_timeout=60",
-        # The one worker keeps env.code.num_workers tasks in flight (default 4): as many as the pool runs, or most
-        # of the pool idles (the fourth speedrun run scored its 128 answers 4 at a time on 12 runners).
-        f"sandbox.pool_size={args.pool}", f"env.code.num_workers={args.pool}",
+        # env.code.num_workers is left unset: the one worker then keeps as many tasks in flight as the pool has
+        # runners (the fourth speedrun run, with a fixed 4, scored its 128 answers 4 at a time on 12 runners).
+        f"sandbox.pool_size={args.pool}",
         f"rollout.max_groups_in_flight={2 * args.prompts}", "checkpointing.enabled=false",
         "logger.tensorboard_enabled=false", "logger.progress_bar=false", "policy.weight_sync.transport=tcp",
     ]

@@ -2,8 +2,14 @@
 
 Per task: pick the up executor with the fewest outstanding tasks, submit, long-poll the result. Transport errors and
 5xx answers are retried with exponential backoff, preferring another executor; a 401 (wrong token) or 400 (bad task)
-raises at once, since retrying cannot fix configuration. Every task has a deadline (`task_timeout` + slack for
-queueing); when retries or the deadline run out the result says `infra_error`, never a failed patch.
+raises at once, since retrying cannot fix configuration. Every task has a deadline (`task_timeout` + slack), moved out
+by the time the task waits queued at an executor; when retries or the deadline run out the result says `infra_error`,
+never a failed patch.
+
+Tasks in flight: `max_concurrency` if given, else as many as the executors that are up have runners (the `pool_size`
+their /healthz reports, probed once before the first task, then by the prober every `probe_interval_s`). Several
+clients (rollout workers) may then each fill the whole pool; the extra tasks wait in the executors' queues, which is
+why queued time does not count against the deadline.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S, TOKEN_ENV, TaskSpec, Verdict
-from sandbox_client.endpoints import EndpointPool, EndpointState, http_session, stop_task
+from sandbox_client.endpoints import EndpointPool, EndpointState, Gate, http_session, stop_task
 from sandbox_client.results import SandboxAuthError, SandboxRequestError, SandboxResult, SandboxUnavailable
 
 if TYPE_CHECKING:
@@ -28,6 +34,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+# Queueing at executors may stretch a task's deadline to at most (1 + this) times its length. With every client
+# filling the executors' whole capacity, a task waits behind at most (clients - 1) rounds of others, each ended by its
+# timeout at the latest: 4 rounds cover five rollout workers whose every task runs to its timeout (real tasks are far
+# shorter). A task queued longer than that is behind a wedged queue, and ends as an infra_error like any other.
+_QUEUED_DEADLINES = 4
 
 
 class _Retryable(Exception):
@@ -41,6 +52,29 @@ class _DeadlineExceeded(Exception):
     pass
 
 
+class _Deadline:
+    """When a task must have its verdict: `length_s` after it started, plus the time it waited queued at an executor
+    for a runner that other tasks held (a shared pool at work, not a failure), at most `_QUEUED_DEADLINES` x
+    `length_s` of it."""
+
+    def __init__(self, length_s: float) -> None:
+        now = asyncio.get_running_loop().time()
+        self.length_s, self.queued_s = length_s, 0.0
+        self.at, self._latest = now + length_s, now + length_s * (1 + _QUEUED_DEADLINES)
+
+    def left(self) -> float:
+        return self.at - asyncio.get_running_loop().time()
+
+    def queued(self, seconds: float) -> None:
+        moved = max(0.0, min(seconds, self._latest - self.at))
+        self.at += moved
+        self.queued_s += moved
+
+    def __str__(self) -> str:
+        queued = f" (+{self.queued_s:.1f} s queued at executors)" if self.queued_s else ""
+        return f"deadline of {self.length_s:g} s{queued}"
+
+
 class SandboxClient:
     """`result = await client.evaluate(spec)`; `client.run` is a `Scorer` (returns the Verdict or raises)."""
 
@@ -51,7 +85,7 @@ class SandboxClient:
         token: str | None = None,
         task_timeout: float = DEFAULT_TASK_TIMEOUT_S,
         max_retries: int = 5,
-        max_concurrency: int = 4,
+        max_concurrency: int | None = None,
         integrity_check: bool = True,
         deadline_slack_s: float = 60.0,
         request_timeout_s: float = 30.0,
@@ -66,7 +100,11 @@ class SandboxClient:
         self.deadline_slack_s, self.request_timeout_s = deadline_slack_s, request_timeout_s
         self.poll_wait_s, self.backoff_s, self.max_backoff_s = poll_wait_s, backoff_s, max_backoff_s
         self.probe_interval_s = probe_interval_s
-        self._sem = asyncio.Semaphore(max_concurrency)
+        self.max_concurrency = max_concurrency
+        """Tasks in flight at most; None: the executors' capacity (`EndpointPool.capacity`)."""
+        self._gate = Gate(self.pool.capacity() if max_concurrency is None else max_concurrency)
+        self._sized = max_concurrency is not None
+        self._sizing = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
         self._prober: asyncio.Task[None] | None = None
 
@@ -112,8 +150,19 @@ class SandboxClient:
 
     async def evaluate(self, spec: TaskSpec, *, deadline_s: float | None = None) -> SandboxResult:
         """Run `spec` on some executor. Raises only SandboxAuthError / SandboxRequestError (configuration bugs)."""
-        async with self._sem:
+        await self._size_gate()
+        async with self._gate:
             return await self._evaluate(spec, deadline_s or self.task_timeout + self.deadline_slack_s)
+
+    async def _size_gate(self) -> None:
+        """Before the first task: ask the executors their capacity once, rather than admit the first batch by a
+        guess (too few idles runners until the prober's next round, too many queues where a pool is small)."""
+        if self._sized:
+            return
+        async with self._sizing:
+            if not self._sized:
+                await self.health()
+                self._sized = True
 
     async def health(self) -> dict[str, bool]:
         """Probe every executor's /healthz now (also updates which are up)."""
@@ -136,6 +185,11 @@ class SandboxClient:
 
         return sum(await asyncio.gather(*(one(s) for s in self.pool.states if s.up)))
 
+    @property
+    def in_flight_limit(self) -> int:
+        """Tasks this client runs at once now: `max_concurrency`, or the executors' capacity as last probed."""
+        return self._gate.limit
+
     def endpoint_states(self) -> list[EndpointState]:
         return [replace(s) for s in self.pool.states]
 
@@ -148,7 +202,7 @@ class SandboxClient:
     async def _evaluate(self, spec: TaskSpec, deadline_s: float) -> SandboxResult:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        deadline = t0 + deadline_s
+        deadline = _Deadline(deadline_s)
         body, attempts = self._body(spec), 0
         errors: list[str] = []
         avoid: set[str] = set()
@@ -161,10 +215,10 @@ class SandboxClient:
         while True:
             state = self._choose(avoid, attempts)
             if state is None:  # no fresh executor up: back off, waking early if one comes back
-                await self.pool.wait_up(min(self._backoff(attempts), deadline - loop.time()))
+                await self.pool.wait_up(min(self._backoff(attempts), deadline.left()))
                 state = self.pool.pick(avoid) or self.pool.fallback()
-            if loop.time() >= deadline:
-                return failure(f"deadline of {deadline_s:g} s exceeded after {attempts} attempts")
+            if deadline.left() <= 0:
+                return failure(f"{deadline} exceeded after {attempts} attempts")
             attempts += 1
             try:
                 verdict = await self._attempt(state, body, deadline)
@@ -178,7 +232,7 @@ class SandboxClient:
                 continue
             except _DeadlineExceeded:
                 errors.append(f"{state.url}: no verdict yet")
-                return failure(f"deadline of {deadline_s:g} s exceeded")
+                return failure(f"{deadline} exceeded")
             self.pool.mark_up(state)
             state.verdicts += 1
             elapsed = loop.time() - t0
@@ -197,7 +251,7 @@ class SandboxClient:
         base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
         return base * (0.5 + random.random() / 2)  # jitter: retries of many tasks do not arrive in lockstep
 
-    async def _attempt(self, state: EndpointState, body: dict[str, Any], deadline: float) -> Verdict:
+    async def _attempt(self, state: EndpointState, body: dict[str, Any], deadline: _Deadline) -> Verdict:
         async with self.pool.track(state):
             task_id = await self._submit(state, body, deadline)
             try:
@@ -210,8 +264,8 @@ class SandboxClient:
             await self._forget(state, task_id)
             return verdict
 
-    def _timeout(self, deadline: float, extra: float = 0.0) -> aiohttp.ClientTimeout:
-        remaining = deadline - asyncio.get_running_loop().time()
+    def _timeout(self, deadline: _Deadline, extra: float = 0.0) -> aiohttp.ClientTimeout:
+        remaining = deadline.left()
         if remaining <= 0:
             raise _DeadlineExceeded()
         return aiohttp.ClientTimeout(total=min(self.request_timeout_s + extra, remaining))
@@ -238,7 +292,7 @@ class SandboxClient:
         down = bool(data.get("draining")) or (status == 404 and not lost)
         raise _Retryable(f"HTTP {status}: {message}", down=down)
 
-    async def _submit(self, state: EndpointState, body: dict[str, Any], deadline: float) -> str:
+    async def _submit(self, state: EndpointState, body: dict[str, Any], deadline: _Deadline) -> str:
         session = self._ensure_session()
         try:
             async with session.post(f"{state.url}/task/submit", json=body, timeout=self._timeout(deadline)) as resp:
@@ -250,11 +304,12 @@ class SandboxClient:
             raise _Retryable(f"submit failed: {type(exc).__name__}: {exc}", down=True) from exc
         raise AssertionError("unreachable")
 
-    async def _poll(self, state: EndpointState, task_id: str, deadline: float) -> Verdict:
+    async def _poll(self, state: EndpointState, task_id: str, deadline: _Deadline) -> Verdict:
         session = self._ensure_session()
-        transient = 0
+        loop = asyncio.get_running_loop()
+        transient, answered = 0, loop.time()
         while True:
-            wait = max(0.0, min(self.poll_wait_s, deadline - asyncio.get_running_loop().time() - 0.5))
+            wait = max(0.0, min(self.poll_wait_s, deadline.left() - 0.5))
             url = f"{state.url}/task/{task_id}/result?wait={wait:.2f}"
             try:
                 async with session.get(url, timeout=self._timeout(deadline, extra=wait)) as resp:
@@ -264,6 +319,11 @@ class SandboxClient:
                         return Verdict.from_json(data)
                     if resp.status != 202:
                         self._raise_for(state, resp.status, data)
+                # A task goes pending -> running, never back: pending now means pending since the last answer. The
+                # interval in which it started is not counted, so up to one poll (poll_wait_s) of queueing still is.
+                if data.get("status") == "pending":
+                    deadline.queued(loop.time() - answered)
+                answered = loop.time()
                 transient = 0
             except aiohttp.ClientConnectorError as exc:  # connection refused: the executor is gone
                 raise _Retryable(f"executor unreachable: {exc}", down=True) from exc
@@ -288,6 +348,9 @@ class SandboxClient:
         try:
             async with session.get(f"{state.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 ok = resp.status == 200
+                if ok:
+                    size = (await self._json(resp)).get("pool_size")
+                    state.pool_size = size if isinstance(size, int) and size > 0 else None
         except _TRANSPORT_ERRORS as exc:
             ok, state.last_error = False, f"healthz: {type(exc).__name__}: {exc}"
         if ok:
@@ -296,6 +359,8 @@ class SandboxClient:
             self.pool.mark_up(state)
         elif state.up:
             self.pool.mark_down(state, state.last_error or "healthz not ok")
+        if self.max_concurrency is None:
+            self._gate.set_limit(self.pool.capacity())
         return ok
 
     async def _probe_loop(self) -> None:

@@ -1,14 +1,17 @@
-"""The executors a client spreads work over: which are up, how busy each is, and which one gets the next task.
+"""The executors a client spreads work over: which are up, how busy each is, which one gets the next task, and how
+many tasks they can run at once.
 
 Least outstanding first (ties: the one used longest ago), so a slow or small executor gets fewer tasks instead of
 an equal share. An executor is marked down on a transport failure; the client's prober brings it back once its
-/healthz answers 200 again.
+/healthz answers 200 again, and records the `pool_size` it reports there (`EndpointPool.capacity`, which sizes the
+client's `Gate`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -42,6 +45,9 @@ class EndpointState:
     last_error: str = ""
     last_used: float = 0.0
     verdicts: int = 0
+    pool_size: int | None = None
+    """Runners the executor reported on its last healthy /healthz; None until one did (or from an executor that
+    does not report it)."""
 
 
 class EndpointPool:
@@ -101,3 +107,49 @@ class EndpointPool:
 
     def down(self) -> list[EndpointState]:
         return [s for s in self.states if not s.up]
+
+    def capacity(self) -> int:
+        """Tasks the executors that are up run at once: the sum of their reported `pool_size` (1 for one that has not
+        reported it). Never below one per executor, so that tasks still reach the client's retry and deadline logic
+        (and then an infra_error) while none is up."""
+        return max(len(self.states), sum(s.pool_size or 1 for s in self.states if s.up))
+
+
+class Gate:
+    """A semaphore whose limit may change while tasks wait: a rise admits waiters at once, a fall lets the holders
+    finish and admits no one until fewer than the new limit hold it. Waiters are admitted in the order they came."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.active = limit, 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        self._admit()
+
+    async def __aenter__(self) -> None:
+        if self.active < self.limit and not self._waiters:
+            self.active += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # `_admit` counted us in `active` before waking us: no later arrival can take the place
+        except asyncio.CancelledError:
+            if not waiter.cancelled():  # admitted, then cancelled before it ran: pass the place on
+                self.active -= 1
+                self._admit()
+            elif waiter in self._waiters:  # `_admit` may have dropped it already
+                self._waiters.remove(waiter)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.active -= 1
+        self._admit()
+
+    def _admit(self) -> None:
+        while self._waiters and self.active < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.active += 1
+                waiter.set_result(None)

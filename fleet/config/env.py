@@ -59,9 +59,11 @@ class CodeEnvConfig(Section):
     task_timeout: float = Field(DEFAULT_TASK_TIMEOUT_S, gt=0)
     """Seconds one task may take in the sandbox (tests included); 1800 is the SWE-bench harness's default. The
     executor refuses a task above `sandbox.max_timeout_s`."""
-    num_workers: int = Field(4, ge=1)
-    """Sandbox tasks one rollout worker keeps in flight. The executors run at most `rollout.num_workers` times this
-    at once, whatever their `sandbox.pool_size`: size it to the pool (one worker and 12 runners need 12)."""
+    num_workers: int | None = Field(None, ge=1)
+    """Sandbox tasks one rollout worker keeps in flight. None: as many as the executors that are up have runners (the
+    `sandbox.pool_size` each reports on /healthz, followed as executors go down and come back), so one worker keeps
+    every runner busy; with several workers the extra tasks queue at the executors, and time queued there does not
+    count against `task_timeout`. A number caps it (the executors then run at most `rollout.num_workers` times it)."""
     format_error_reward: float = 0.0
     """Reward of an answer with no usable patch."""
     integrity_violation_reward: float = -1.0

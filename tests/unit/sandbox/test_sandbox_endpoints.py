@@ -1,4 +1,5 @@
-"""Executor selection: least outstanding first, failed ones avoided, down ones waited for until they come back."""
+"""Executor selection: least outstanding first, failed ones avoided, down ones waited for until they come back; the
+capacity of the ones that are up, and the gate it sizes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 
 from fleet.contracts.sandbox import Verdict
-from sandbox_client.endpoints import EndpointPool
+from sandbox_client.endpoints import EndpointPool, Gate
 from sandbox_client.results import SandboxResult
 
 
@@ -62,3 +63,72 @@ def test_a_result_is_a_verdict_or_an_infra_failure_never_a_mix() -> None:
         SandboxResult(None)
     with pytest.raises(ValueError):
         SandboxResult(Verdict(status="infra_error", error="disk full"))
+
+
+def test_capacity_counts_the_runners_of_executors_that_are_up() -> None:
+    pool = EndpointPool(["http://a", "http://b", "http://c"])
+    a, b, c = pool.states
+    a.pool_size, b.pool_size = 12, 4
+    assert pool.capacity() == 12 + 4 + 1  # c has not reported its pool: one
+    pool.mark_down(a, "gone")
+    assert pool.capacity() == 4 + 1
+    pool.mark_up(a)
+    assert pool.capacity() == 12 + 4 + 1
+    for state in pool.states:
+        pool.mark_down(state, "gone")
+    assert pool.capacity() == 3  # one per executor while none is up: tasks still reach the retries
+
+
+async def _entered(gate: Gate) -> None:
+    async with gate:
+        await asyncio.Event().wait()  # held until cancelled
+
+
+async def _settle() -> None:
+    for _ in range(5):  # enough loop turns for every woken waiter to run
+        await asyncio.sleep(0)
+
+
+async def test_gate_admits_waiters_when_its_limit_rises() -> None:
+    gate = Gate(1)
+    holders = [asyncio.create_task(_entered(gate)) for _ in range(3)]
+    await _settle()
+    assert gate.active == 1 and [h.done() for h in holders] == [False] * 3
+    gate.set_limit(3)
+    await _settle()
+    assert gate.active == 3
+    for holder in holders:
+        holder.cancel()
+    await asyncio.gather(*holders, return_exceptions=True)
+    assert gate.active == 0
+
+
+async def test_gate_lowered_lets_holders_finish_and_admits_no_one_above_it() -> None:
+    gate = Gate(2)
+    first, second = asyncio.create_task(_entered(gate)), asyncio.create_task(_entered(gate))
+    await _settle()
+    waiter = asyncio.create_task(_entered(gate))
+    gate.set_limit(1)
+    first.cancel()
+    await _settle()
+    assert gate.active == 1 and not waiter.done()  # second still holds the one place
+    second.cancel()
+    await _settle()
+    assert gate.active == 1  # the waiter got it
+    waiter.cancel()
+    await asyncio.gather(first, second, waiter, return_exceptions=True)
+    assert gate.active == 0
+
+
+async def test_gate_passes_on_the_place_of_a_waiter_cancelled_after_admission() -> None:
+    gate = Gate(1)
+    await gate.__aenter__()
+    first, second = asyncio.create_task(_entered(gate)), asyncio.create_task(_entered(gate))
+    await _settle()
+    await gate.__aexit__(None, None, None)  # admits `first`...
+    first.cancel()  # ...which is cancelled before it runs
+    await _settle()
+    assert first.cancelled() and gate.active == 1 and not second.done()  # second holds the place first gave back
+    second.cancel()
+    await asyncio.gather(second, return_exceptions=True)
+    assert gate.active == 0 and not gate._waiters
