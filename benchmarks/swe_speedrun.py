@@ -5,7 +5,7 @@
     python benchmarks/swe_speedrun.py pretrain --out DIR # GPU: a Qwen2 from random weights, pre-trained
     python benchmarks/swe_speedrun.py sft-examples --out DIR   # SFT examples from part of the training functions
     python benchmarks/swe_speedrun.py sft --out DIR      # GPU: SFT of DIR/models/base on them
-    python benchmarks/swe_speedrun.py grpo --mode sync --model DIR/sft --out DIR   # GPU: GRPO through the fleet
+    python benchmarks/swe_speedrun.py grpo --mode both --model DIR/sft --out DIR   # GPU: GRPO, sync and async
     python benchmarks/swe_speedrun.py diagnose --report DIR/grpo_sync.json   # why the held-out answers fail
     python benchmarks/swe_speedrun.py smoke --out DIR    # every stage at toy size on CPU (the wiring; CI runs it)
 
@@ -200,15 +200,40 @@ def sft(args: argparse.Namespace) -> None:
 
 
 def grpo(args: argparse.Namespace) -> None:
-    """GRPO through the whole fleet (benchmarks/gpu_fleet_swe.py) with greedy validation on held-out repos."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_fleet_swe.py"), "--mode", args.mode, "--model",
+    """GRPO through the whole fleet (benchmarks/gpu_fleet_swe.py) with greedy validation on held-out repos.
+
+    `--mode both` runs a sync and an async fleet side by side on the one GPU, each with half the sandbox's runners:
+    one device call instead of two, and the two modes share the same machine at the same time (the model is small;
+    the sandbox, not the GPU, bounds the step)."""
+    modes = ["sync", "async"] if args.mode == "both" else [args.mode]
+    pool = args.pool or max(2, ((os.cpu_count() or 2) - 4) // len(modes))
+    runs: dict[str, subprocess.Popen[bytes]] = {}
+    for mode in modes:
+        cmd = fleet_command(args, mode, pool)
+        log.info("%s", " ".join(cmd))
+        # Side by side, each fleet writes its own log (interleaved lines would be unreadable).
+        stdout = (args.out / f"grpo_{mode}.log").open("wb") if len(modes) > 1 else None
+        runs[mode] = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
+    failed = []
+    for mode, proc in runs.items():
+        rc = proc.wait()
+        path = args.out / f"grpo_{mode}.json"
+        if path.is_file():  # a fleet that ran out of time still reports the rounds it finished
+            finish_report(path, args.data)
+        if rc:
+            failed.append(f"{mode} exited {rc}")
+    if failed:
+        raise SystemExit(f"gpu_fleet_swe.py: {', '.join(failed)}")
+
+
+def fleet_command(args: argparse.Namespace, mode: str, pool: int) -> list[str]:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_fleet_swe.py"), "--mode", mode, "--model",
            str(args.model), "--tasks", str(args.data / "tasks"), "--steps", str(args.steps), "--prompts",
            str(args.prompts), "--generations", str(args.generations), "--max-new-tokens", str(MAX_NEW),
-           "--timeout", str(args.timeout), "--pool", str(max(2, (os.cpu_count() or 2) - 4)),
-           "--out", str(args.out / f"grpo_{args.mode}.json")]
+           "--timeout", str(args.timeout), "--pool", str(pool), "--out", str(args.out / f"grpo_{mode}.json")]
     if args.cpu:
         cmd.append("--cpu")
-    cmd += [f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
+    return [*cmd, f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
             f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
             f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
             f"policy.optimizer.lr={args.lr}", f"env.code.reward_mode={args.reward_mode}",
@@ -218,13 +243,6 @@ def grpo(args: argparse.Namespace) -> None:
             f"logger.val_answers_logged={args.val_tasks}",
             f"env.code.task_timeout={args.task_timeout}",
             *([f"grpo.max_train_s={args.max_train_s}"] if args.max_train_s else []), *args.overrides]
-    log.info("%s", " ".join(cmd))
-    rc = subprocess.run(cmd, cwd=ROOT).returncode
-    path = args.out / f"grpo_{args.mode}.json"
-    if path.is_file():  # a fleet that ran out of time still reports the rounds it finished
-        finish_report(path, args.data)
-    if rc:
-        raise SystemExit(f"gpu_fleet_swe.py exited {rc}")
 
 
 def finish_report(path: Path, data: Path) -> None:
@@ -407,7 +425,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--sft-seconds", type=float, default=180.0)
         s.add_argument("--model", type=Path, default=None)
         s.add_argument("--sft-from-train", type=float, default=0.5)
-        s.add_argument("--mode", choices=["sync", "async"], default="sync")
+        s.add_argument("--mode", choices=["sync", "async", "both"], default="both" if name == "smoke" else "sync",
+                       help="grpo: both = a sync and an async fleet side by side, half the sandbox's runners each")
+        s.add_argument("--pool", type=int, default=None,
+                       help="grpo: sandbox runners per fleet (default: the cores but 4, split between the fleets)")
         s.add_argument("--steps", type=int, default=1 if name == "smoke" else 40)
         s.add_argument("--prompts", type=int, default=2 if name == "smoke" else 16)
         s.add_argument("--generations", type=int, default=2 if name == "smoke" else 8)

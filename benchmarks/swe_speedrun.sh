@@ -8,8 +8,7 @@
 #           bash benchmarks/swe_speedrun.sh base          # carry [".whl", ".gpu/deb", "grpofleet", ".speedrun/sdists"]
 #                                                         # (+ ".speedrun/tasks" where stash had no room for it)
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
-#           bash benchmarks/swe_speedrun.sh grpo sync
-#           bash benchmarks/swe_speedrun.sh grpo async
+#           bash benchmarks/swe_speedrun.sh grpo both     # sync and async side by side, or `grpo sync|async`
 #   or      bash benchmarks/swe_speedrun.sh model         # base then sft in one call (~8 min; one call less to lose
 #                                                         # to the 30 s idle release), when everything CPU-side travels
 #
@@ -109,14 +108,19 @@ case "$stage" in
   # One call of ~8 min: pre-training and SFT sized to fit it (the fourth run's figures: 240 s, then 2 epochs).
   model) base --pretrain-seconds "${PRETRAIN_SECONDS:-240}" "$@" \
            && sft --sft-epochs "${SFT_EPOCHS:-2}" --task-weight "${TASK_WEIGHT:-3}" ;;
-  grpo)
-    mode=${1:-sync}
+  grpo)  # sync, async, or both side by side (one call; swe_speedrun.py splits the sandbox's runners between them)
+    mode=${1:-both}
     shift || true
     status=0
     python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "$WORK/models/sft" \
       --out "$WORK" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
     # Copied whatever the outcome: a fleet that ran out of time still reports the steps and rounds it finished.
-    if [ -f "$WORK/grpo_$mode.json" ]; then cp "$WORK/grpo_$mode.json" "$OUT"/; fi
+    for m in sync async; do
+      for f in "$WORK/grpo_$m.json" "$WORK/grpo_$m.log"; do
+        if [ -f "$f" ]; then cp "$f" "$OUT"/; fi
+      done
+      if [ "$mode" = both ] && [ -f "$WORK/grpo_$m.log" ]; then grep -v "^ " "$WORK/grpo_$m.log" | tail -15; fi
+    done
     exit "$status" ;;
-  *) echo "usage: $0 stash|base|sft|model|grpo sync|async [options]" >&2; exit 2 ;;
+  *) echo "usage: $0 stash|base|sft|model|grpo sync|async|both [options]" >&2; exit 2 ;;
 esac

@@ -34,21 +34,25 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
     assert sft["steps"] >= 1 and all(math.isfinite(p["loss"]) for p in sft["curve"])
     # The SFT model is an HF folder the fleet serves and trains.
     assert (out / "models" / "sft" / "config.json").is_file() and (out / "models" / "sft" / "tokenizer.json").is_file()
-    grpo = json.loads((out / "grpo_sync.json").read_text())
-    assert grpo["fleet"]["rc"] == 0 and not grpo["accounting"]["violations"]
-    rounds = grpo["validation"]
-    assert len(rounds) == 2 and all(r["val/tasks"] == 2 for r in rounds)
-    assert [r["val/step"] for r in rounds] == [0.0, 1.0]
-    # Every validation task got exactly one verdict kind, and each round's verdicts are kept per task.
-    for r in rounds:
-        assert sum(v for k, v in r.items() if k.startswith("val/verdict/")) == r["val/tasks"]
-    per_task = grpo["validation_tasks"]
-    assert [r["step"] for r in per_task] == [0, 1] and all(len(r["verdicts"]) == 2 for r in per_task)
-    # The answers of the first `logger.val_answers_logged` tasks (the speedrun logs them all) are kept, as token ids.
-    assert all(len(r["answers"]) == 2 and all(isinstance(t, int) for a in r["answers"].values() for t in a)
-               for r in per_task)
-    assert all(set(r["errors"]) <= set(r["verdicts"]) for r in per_task)
-    assert [h["step"] for h in grpo["heldout"]] == [0, 1] and grpo["heldout"][0]["change"] == 0.0
-    # Every logged answer is diagnosed against its task's code (speedrun/diagnose.py), one kind each.
-    assert [d["step"] for d in grpo["diagnosis"]] == [0, 1]
-    assert all(sum(d["kinds"].values()) == d["answers"] == 2 for d in grpo["diagnosis"])
+    # The smoke runs a sync and an async fleet side by side (`--mode both`, as the lent GPU does), each logging apart.
+    for mode in ("sync", "async"):
+        assert (out / f"grpo_{mode}.log").stat().st_size > 0
+        grpo = json.loads((out / f"grpo_{mode}.json").read_text())
+        assert grpo["mode"] == mode
+        assert grpo["fleet"]["rc"] == 0 and not grpo["accounting"]["violations"]
+        rounds = grpo["validation"]
+        assert len(rounds) == 2 and all(r["val/tasks"] == 2 for r in rounds)
+        assert [r["val/step"] for r in rounds] == [0.0, 1.0]
+        # Every validation task got exactly one verdict kind, and each round's verdicts are kept per task.
+        for r in rounds:
+            assert sum(v for k, v in r.items() if k.startswith("val/verdict/")) == r["val/tasks"]
+        per_task = grpo["validation_tasks"]
+        assert [r["step"] for r in per_task] == [0, 1] and all(len(r["verdicts"]) == 2 for r in per_task)
+        # The answers of the first `logger.val_answers_logged` tasks (the speedrun logs all) are kept, as token ids.
+        assert all(len(r["answers"]) == 2 and all(isinstance(t, int) for a in r["answers"].values() for t in a)
+                   for r in per_task)
+        assert all(set(r["errors"]) <= set(r["verdicts"]) for r in per_task)
+        assert [h["step"] for h in grpo["heldout"]] == [0, 1] and grpo["heldout"][0]["change"] == 0.0
+        # Every logged answer is diagnosed against its task's code (speedrun/diagnose.py), one kind each.
+        assert [d["step"] for d in grpo["diagnosis"]] == [0, 1]
+        assert all(sum(d["kinds"].values()) == d["answers"] == 2 for d in grpo["diagnosis"])
