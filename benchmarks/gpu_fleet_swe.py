@@ -124,17 +124,19 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
 
 
 async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir: Path) -> dict[str, Any]:
+    from launch.ports import pick_ports
     from launch.topology import fleet_processes
-    from launch.up import pick_ports
     from services.replay_buffer.embedded import start_embedded_redis
 
     redis_url, redis = start_embedded_redis(run_dir / "redis")
-    specs = fleet_processes(cfg, None, ovr, pick_ports(cfg.rollout), redis_url)
+    ports, held = pick_ports(cfg.rollout)  # held until the fleet stops: every service binds with SO_REUSEPORT
+    specs = fleet_processes(cfg, None, ovr, ports, redis_url)
     for s in specs:  # the worker and the trainer share the one GPU; the services see none
         s.env["CUDA_VISIBLE_DEVICES"] = "" if args.cpu or s.role not in ("rollout", "trainer") else "0"
         s.restartable = False  # a measurement: any death is a failure, not something to paper over
     try:
-        return await supervise(specs, run_dir, args.timeout)
+        with held:
+            return await supervise(specs, run_dir, args.timeout)
     finally:
         redis.stop()
 

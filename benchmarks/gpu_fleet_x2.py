@@ -75,7 +75,7 @@ def make_model(cpu: bool) -> tuple[str, int]:
 
 
 def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
-    from launch.up import free_ports
+    from launch.ports import free_ports
 
     o = [
         f"run.dir={run_dir}", f"policy.model_name={model}", "policy.generation.backend=hf",
@@ -103,12 +103,13 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
 
 
 async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir: Path) -> dict[str, Any]:
+    from launch.ports import pick_ports
     from launch.topology import fleet_processes
-    from launch.up import pick_ports
     from services.replay_buffer.embedded import start_embedded_redis
 
     redis_url, redis = start_embedded_redis(run_dir / "redis")
-    specs = fleet_processes(cfg, None, ovr, pick_ports(cfg.rollout), redis_url)
+    ports, held = pick_ports(cfg.rollout)  # held until the fleet stops: every service binds with SO_REUSEPORT
+    specs = fleet_processes(cfg, None, ovr, ports, redis_url)
     if not args.sandbox:
         specs = [s for s in specs if s.role != "sandbox"]
     # Trainer ranks on GPUs 0..n-1, the rollout worker on GPU n. Both see every GPU (so NCCL can use NVLink between
@@ -120,7 +121,8 @@ async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir:
         s.env["CUDA_VISIBLE_DEVICES"] = gpu[s.role]
         s.restartable = False  # a measurement: any death is a failure, not something to paper over
     try:
-        return await supervise(specs, run_dir, args.timeout)
+        with held:
+            return await supervise(specs, run_dir, args.timeout)
     finally:
         redis.stop()
 

@@ -4,40 +4,22 @@ of the fleet as local processes on loopback, and supervise them until the traine
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
-import socket
 from pathlib import Path
 
 from fleet.config import MasterConfig
-from fleet.config.infra import RolloutConfig
 from fleet.config.loader import write_resolved
 from fleet.logs import setup_logging
 from fleet.paths import ROOT, run_dir
 from fleet.progress import waiting
+from launch.ports import pick_ports
 from launch.supervisor import FleetFailed, Supervisor
-from launch.topology import Ports, ProcessSpec, check_cpu_affinity, embedded_redis_process, fleet_processes
+from launch.topology import ProcessSpec, check_cpu_affinity, embedded_redis_process, fleet_processes
 from workshop.resolve import resolve_model
 
 log = logging.getLogger(__name__)
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct free ports: every socket stays bound until all are picked, since the kernel may hand a port
-    that was just released out again (two services of one fleet were once given the same one)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in socks]
-
-
-def pick_ports(rollout: RolloutConfig) -> Ports:
-    """Free loopback ports for every service of a local fleet, all different; each rollout worker gets its own."""
-    replay_buffer, sandbox, trainer, *rollout_ports = free_ports(3 + rollout.num_workers)
-    return Ports(replay_buffer=replay_buffer, sandbox=sandbox, trainer=trainer, rollout=rollout_ports)
 
 
 def prepare(cfg: MasterConfig) -> None:
@@ -80,9 +62,12 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         redis_spec, redis_url = embedded_redis_process(rd / "redis", cfg.redis.appendfsync)
         redis_specs.append(redis_spec)
         print(f"grpo-fleet: embedded Redis at {redis_url} (AOF in {rd / 'redis'})", flush=True)
-    ports = pick_ports(cfg.rollout)
+    ports, held = pick_ports(cfg.rollout)
     specs = redis_specs + fleet_processes(cfg, config_path, [*overrides, f"run.dir={rd}"], ports, redis_url)
     sup = Supervisor(specs, rd / "logs" / "processes", cwd=ROOT, max_restarts=3)
+    # Each port stays bound by the launcher until its service listens on it (launch/ports.py): a rollout worker
+    # binds only after its imports, and the ephemeral range is the whole host's.
+    releaser = asyncio.create_task(held.release_when_listening(), name="release-ports")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -106,6 +91,8 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         rc = 1
     finally:
         await sup.stop_all(grace_s=cfg.services.grace_s + 120)
+        releaser.cancel()
+        held.close()
         trainer = sup.procs.get("trainer")
         if stop.is_set() and trainer is not None and trainer.returncode not in (0, None, -signal.SIGTERM):
             rc = trainer.returncode or 1

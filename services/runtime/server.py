@@ -55,7 +55,11 @@ class GrpcService:
         if token:
             interceptors.append(AuthInterceptor(token))
         interceptors.append(ErrorInterceptor())
-        self.server = aio.server(interceptors=interceptors, options=channel_options(services))
+        # SO_REUSEPORT (gRPC's default, asked for here so that nothing turns it off unnoticed): `grpo-fleet up` keeps
+        # the port it gave this service bound until the service listens (launch/ports.py), and only a socket that
+        # sets it too can bind the port meanwhile.
+        options = [*channel_options(services), ("grpc.so_reuseport", 1)]
+        self.server = aio.server(interceptors=interceptors, options=options)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = [health.SERVICE_NAME, reflection.SERVICE_NAME]

@@ -91,7 +91,9 @@ class SandboxServer:
         self.failed = asyncio.get_running_loop().create_future()
         self._runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        # reuse_port: `grpo-fleet up` keeps the port it gave the sandbox bound until the sandbox listens
+        # (launch/ports.py); only a socket with SO_REUSEPORT can bind it meanwhile.
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=True)
         await site.start()
         self.port = int(self._runner.addresses[0][1])  # the real port when 0 was asked for
         self._janitor = asyncio.create_task(self._expire_loop(), name="sandbox-result-janitor")

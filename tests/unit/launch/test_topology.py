@@ -22,12 +22,13 @@ def test_a_configured_repos_root_is_left_alone() -> None:
 
 
 def test_every_local_service_gets_a_port_of_its_own() -> None:
-    from launch.up import pick_ports
+    from launch.ports import pick_ports
 
     # The kernel may hand a just-released ephemeral port out again: a fleet once had its sandbox and replay buffer
     # on one port.
     rollout = parse_config({"rollout": {"num_workers": 4}}).rollout
     for _ in range(3000):  # the old picker collided about once in 1,000 draws
-        ports = pick_ports(rollout)
+        ports, held = pick_ports(rollout)
+        held.close()
         every = [ports.replay_buffer, ports.sandbox, ports.trainer, *ports.rollout]
         assert len(set(every)) == len(every) == 7
