@@ -123,7 +123,8 @@ def fixes_stage(args: argparse.Namespace) -> None:
         figures["corpus"] = fixes.corpus_examples(args.data / "corpus" / "train.jsonl.xz", tokenizer,
                                                   args.data / "fixes" / "corpus.jsonl.xz", n=args.corpus_fixes,
                                                   max_prompt_length=MAX_PROMPT, workers=args.workers,
-                                                  context_lines=args.diff_context, per_file=args.per_file)
+                                                  context_lines=args.diff_context, per_file=args.per_file,
+                                                  rename_share=args.rename_share)
     if args.sft_tasks:
         figures["sft_tasks"] = fixes.build(args.sft_tasks, tokenizer, args.data / "fixes" / f"{args.name}.jsonl.xz",
                                            max_prompt_length=MAX_PROMPT, context=CONTEXT,
@@ -359,7 +360,7 @@ def smoke(args: argparse.Namespace) -> None:
                          max_prompt_length=MAX_PROMPT, context=CONTEXT)
     from_corpus = fixes.corpus_examples(data / "corpus" / "train.jsonl.xz", data / "corpus" / "tokenizer",
                                         data / "fixes" / "corpus.jsonl.xz", n=4, max_prompt_length=MAX_PROMPT,
-                                        workers=1)
+                                        workers=1, rename_share=0.5)
     write(args.out, "prepare.json", {"sft_examples": counts, "corpus_examples": from_corpus})
     args.data = data
     args.name = "smoke"
@@ -393,6 +394,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     fx.add_argument("--corpus-fixes", type=int, default=8000, help="examples from the corpus's functions")
     fx.add_argument("--sft-tasks", type=Path, default=None, help="a task set built from speedrun/sft.yaml")
     fx.add_argument("--per-file", type=int, default=1, help="corpus fixes: at most this many per file")
+    fx.add_argument("--rename-share", type=float, default=0.5,
+                    help="corpus fixes: the share whose package gets an unseen name, so that paths are copied off "
+                         "the prompt, not written from memory (speedrun/fixes.py `rename_project`)")
     fx.add_argument("--name", default="sft_tasks", help="--sft-tasks: examples go to fixes/NAME.jsonl.xz")
     fx.add_argument("--workers", type=int, default=None)
     fx.add_argument("--diff-context", type=int, default=3, help="context lines around each change of an SFT diff")

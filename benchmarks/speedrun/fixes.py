@@ -259,14 +259,22 @@ def _mutate_function(text: str, path: str, start: int, end: int, rng: random.Ran
     return buggy, kind
 
 
-def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int]
+def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int, float]
               ) -> tuple[dict[str, str] | None, str]:
     """One example from one corpus file, or None and why: a random function, kind and site, mutated; the fix is the
-    mutation undone."""
+    mutation undone. With probability `rename_share` (the job's last item) the project gets an unseen name first
+    (`rename_project`)."""
     from envs.swe.prompt import render_prompt
     from envs.swe.retrieval import function_docs, rank
 
-    package, path, text, neighbours, max_prompt_length, seed, context_lines = job
+    package, path, text, neighbours, max_prompt_length, seed, context_lines, rename_share = job
+    renamed = None
+    if rename_share > 0:  # its own generator: the same file draws the same function and site either way
+        rename_rng = random.Random(f"{seed}-rename")
+        if rename_rng.random() < rename_share:
+            renamed = rename_project(path, text, neighbours, package, rename_rng)
+    if renamed is not None:
+        path, text, neighbours, package, _ = renamed
     rng = random.Random(seed)
     functions = [f for f in function_spans(text) if f[2] - f[1] < 150]
     rng.shuffle(functions)
@@ -286,12 +294,13 @@ def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int]
     patch = git_diff(path, buggy, text, context_lines)
     if not fix_visible(prompt.text, patch):
         return None, "fix_not_in_prompt"
-    return {"instance_id": f"corpus__{package}__{seed}", "repo": package, "bug_kind": kind, "prompt": prompt.text,
-            "completion": completion(patch, context_lines)}, "examples"
+    example = {"instance_id": f"corpus__{package}__{seed}", "repo": package, "bug_kind": kind, "prompt": prompt.text,
+               "completion": completion(patch, context_lines)}
+    return ({**example, "renamed": renamed[-1]} if renamed else example), "examples"
 
 
 def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int,
-          context_lines: int = 3, per_file: int = 1) -> Iterator[tuple[Any, ...]]:
+          context_lines: int = 3, per_file: int = 1, rename_share: float = 0.0) -> Iterator[tuple[Any, ...]]:
     """One job per library file in a seeded order; `per_file` passes over them, each pass drawing other functions
     (the seed differs), so that a corpus smaller than `n` files still gives `n` examples."""
     folders: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
@@ -310,14 +319,54 @@ def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int,
             rng.shuffle(others)
             neighbours = [(o["path"], o["text"]) for o in others[:_NEIGHBOURS]]
             job_seed = f"{seed}-{i}" if k == 0 else f"{seed}-{i}-{k}"
-            yield r["package"], r["path"], r["text"], neighbours, max_prompt_length, job_seed, context_lines
+            yield (r["package"], r["path"], r["text"], neighbours, max_prompt_length, job_seed, context_lines,
+                   rename_share)
+
+
+_CONSONANTS, _VOWELS = "bcdfgklmnprstvz", "aeiou"
+_IDENT_EDGE = r"(?<![A-Za-z0-9_]){}(?![A-Za-z0-9_])"
+
+
+def import_root(path: str) -> str | None:
+    """The top-level package (or module) a library file belongs to: `src/accelerate/utils.py` -> `accelerate`."""
+    parts = [p for p in PurePosixPath(path).parts[:-1] if p not in ("src", "lib")]
+    root = parts[0] if parts else PurePosixPath(path).stem
+    return root if root.isidentifier() and root != "__init__" else None
+
+
+def synthetic_name(rng: random.Random) -> str:
+    """A package name no corpus file uses: two or three syllables, sometimes a trailing consonant."""
+    name = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(2, 3)))
+    return name + (rng.choice(_CONSONANTS) if rng.random() < 0.5 else "")
+
+
+def rename_project(path: str, text: str, neighbours: list[tuple[str, str]], package: str, rng: random.Random
+                   ) -> tuple[str, str, list[tuple[str, str]], str, str] | None:
+    """The file, its neighbours and the package's name as if its top-level package had an unseen name: every
+    identifier-bounded mention renamed alike (paths, imports, code), so the fix made of them applies to the code shown.
+    A model pre-trained on the corpus knows its ~230 package names and writes them from memory; the held-out
+    repositories' names it mangles (117 of 286 base answers of the fourth run named a file that does not exist,
+    docs/swe-learning.md). An unseen name can only be copied off the context's `[start of PATH]` headers.
+    Returns (path, text, neighbours, package, "old->new"), or None when the root is no identifier."""
+    old = import_root(path)
+    if old is None:
+        return None
+    texts = [text, *(t for _, t in neighbours)]
+    new = synthetic_name(rng)
+    while any(re.search(_IDENT_EDGE.format(re.escape(new)), t) for t in texts):
+        new = synthetic_name(rng)
+    mention = re.compile(_IDENT_EDGE.format(re.escape(old)))
+    return (mention.sub(new, path), mention.sub(new, text), [(mention.sub(new, p), mention.sub(new, t))
+                                                             for p, t in neighbours],
+            mention.sub(new, package), f"{old}->{new}")
 
 
 def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int, max_prompt_length: int,
                     seed: int = 0, workers: int | None = None, context_lines: int = 3,
-                    per_file: int = 1) -> dict[str, Any]:
+                    per_file: int = 1, rename_share: float = 0.0) -> dict[str, Any]:
     """Write up to `n` examples from the corpus's files (up to `per_file` per file, in a seeded order) to `out`
-    (JSONL, xz) as `build` does; return the counts."""
+    (JSONL, xz) as `build` does; return the counts. `rename_share` of the files get an unseen package name
+    (`rename_project`)."""
     with lzma.open(corpus_file, "rt") as f:
         records = [json.loads(line) for line in f]
     counts: Counter[str] = Counter()
@@ -326,7 +375,7 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     with lzma.open(out, "wt") as f, ProcessPoolExecutor(workers, initializer=_init_worker,
                                                         initargs=(str(tokenizer_dir),)) as pool:
-        jobs = _jobs(records, max_prompt_length, seed, context_lines, per_file)
+        jobs = _jobs(records, max_prompt_length, seed, context_lines, per_file, rename_share)
         while counts["examples"] < n:
             batch = [j for _, j in zip(range(4 * workers), jobs, strict=False)]
             if not batch:
@@ -338,6 +387,7 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
                 counts[outcome] += 1
                 if example is not None:
                     kinds[example["bug_kind"]] += 1
+                    counts["renamed"] += "renamed" in example
                     f.write(json.dumps(example) + "\n")
     return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": "bm25_functions",
-            "context_lines": context_lines, "per_file": per_file}
+            "context_lines": context_lines, "per_file": per_file, "rename_share": rename_share}

@@ -139,7 +139,7 @@ def test_a_corpus_fix_names_the_function_but_leaves_the_path_to_the_code_context
     made = 0
     for i, name in enumerate(MODULES[:3]):
         path = f"lib/{name}"
-        example, outcome = fixes._one_file(("stdlib", path, (STDLIB / name).read_text(), [], 1792, f"t-{i}", 1))
+        example, outcome = fixes._one_file(("stdlib", path, (STDLIB / name).read_text(), [], 1792, f"t-{i}", 1, 0.0))
         if example is None:
             continue
         made += 1
@@ -149,3 +149,58 @@ def test_a_corpus_fix_names_the_function_but_leaves_the_path_to_the_code_context
         assert prompt.count(path) == headers >= 2, prompt[:600]
         assert f"+++ b/{path}" in answer
     assert made >= 2
+
+
+def test_package_roots_are_read_off_library_paths() -> None:
+    assert fixes.import_root("src/accelerate/commands/merge.py") == "accelerate"
+    assert fixes.import_root("addict/addict.py") == "addict"
+    assert fixes.import_root("six.py") == "six"
+    assert fixes.import_root("lib/yaml/__init__.py") == "yaml"
+    assert fixes.import_root("python-dateutil/x.py") is None  # not an identifier: nothing to rename
+
+
+@pytest.mark.parametrize(("name", "path"), [("shlex.py", "shlex.py"), ("textwrap.py", "src/textwrap/wrap.py")])
+def test_a_renamed_package_is_renamed_everywhere_and_its_fix_still_applies(tmp_path: Path, name: str,
+                                                                           path: str) -> None:
+    """shlex.py defines `class shlex`: the code shown and the diff mention the package's name, renamed alike."""
+    import json
+    import lzma
+    import re
+
+    import corpus
+
+    (tmp_path / "corpus").mkdir()
+    with lzma.open(tmp_path / "corpus" / "train.jsonl.xz", "wt") as f:
+        f.write(json.dumps({"package": "stdlib", "path": name, "text": (STDLIB / name).read_text()}) + "\n")
+    fixes._init_worker(str(corpus.train_tokenizer(tmp_path / "corpus", tmp_path / "tok", vocab_size=512)))
+    original = (STDLIB / name).read_text()
+    old = fixes.import_root(path)
+    renamed = []
+    for i in range(12):
+        example, _ = fixes._one_file(("stdlib", path, original, [], 1792, f"r-{i}", 1, 1.0))
+        if example is not None:
+            renamed.append(example)
+            # Renamed before the prompt is rendered: within the same token budget as every other prompt.
+            assert len(fixes._worker_tok(example["prompt"])["input_ids"]) <= 1792
+    assert len(renamed) >= 3
+    for k, example in enumerate(renamed):
+        assert example is not None
+        was, new = example["renamed"].split("->")
+        assert was == old and new != old and new.isidentifier()
+        mention = re.compile(rf"(?<![A-Za-z0-9_]){old}(?![A-Za-z0-9_])")
+        assert not mention.search(example["prompt"]) and not mention.search(example["completion"])
+        new_path = mention.sub(new, path)
+        assert f"[start of {new_path}:" in example["prompt"] and f"+++ b/{new_path}" in example["completion"]
+        # The renamed fix takes the renamed project's buggy file back to the renamed original: undone, then redone.
+        repo = tmp_path / f"repo-{k}"
+        file = commit_bug(repo, new_path, mention.sub(new, original))
+        extracted = extract_patch(example["completion"])
+        assert extracted.ok, extracted.detail
+        (repo / "fix.diff").write_text(extracted.patch)
+        git(repo, "apply", "-R", "fix.diff")
+        assert file.read_text() != mention.sub(new, original)
+        git(repo, "apply", "fix.diff")
+        assert file.read_text() == mention.sub(new, original)
+    if name == "shlex.py":  # the methods of `class shlex` shown under the new name: `[start of NEW.py:N NEW.method]`
+        assert any(re.search(rf"\[start of {new}\.py:\d+ {new}\.\w", ex["prompt"])
+                   for ex in renamed if ex for new in [ex["renamed"].split("->")[1]])
