@@ -1,0 +1,93 @@
+"""The speedrun's GRPO reports read back (`swe_speedrun.py grpo`, `diagnose --finish`): held-out resolve rates
+compared task by task with a paired bootstrap interval, why patches did not apply, and the diagnosis of every logged
+held-out answer (`diagnose.py`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import diagnose
+
+log = logging.getLogger("speedrun")
+
+
+def finish_report(path: Path, data: Path, max_prompt: int, context: str) -> None:
+    """Add to a fleet's report the held-out changes with their intervals, why patches did not apply, and the
+    diagnosis of every logged answer (`grpo` does it where it ran; `diagnose --finish` anywhere, for a report whose
+    device call ran out before this step)."""
+    report = json.loads(path.read_text())
+    report["heldout"] = heldout_changes(report["validation_tasks"])
+    report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
+                                for r in report["validation_tasks"]]
+    report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, max_prompt, context)
+    path.write_text(json.dumps(report, indent=1))
+    log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
+    for r in report["diagnosis"]:
+        log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
+
+
+def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, context: str) -> list[dict[str, Any]]:
+    """`speedrun/diagnose.py` over the rounds' logged answers, with the prompts they answered (rebuilt as GRPO
+    builds them) to tell a line copied from elsewhere in the prompt from one made up."""
+    from transformers import AutoTokenizer
+
+    from envs.swe.prompt import build_prompt
+    from envs.swe.taskset import read_split
+
+    ids = {t for r in rounds for t in r.get("answers", {})}
+    if not ids:
+        return []
+    tasks = {t.instance_id: t for split in ("train", "validation") for t in read_split(data / "tasks", split)
+             if t.instance_id in ids}
+    tok = AutoTokenizer.from_pretrained(data / "corpus" / "tokenizer")
+    prompts = {i: build_prompt(t, tok, max_prompt, context, repos_root=data / "tasks" / "repos").text
+               for i, t in tasks.items()}
+    return diagnose.round_table(rounds, tasks, tok, data / "tasks" / "repos", prompts)
+
+
+def error_kinds(errors: dict[str, str], top: int = 12) -> dict[str, int]:
+    """How many tasks' verdict errors share a first line once paths and numbers are blanked (`error: patch failed:
+    PATH:N`): why patches do not apply, at a glance."""
+    def kind(text: str) -> str:
+        first = (text.strip().splitlines() or [""])[0]
+        first = re.sub(r"[\w./-]*\.py\b", "PATH", first)
+        return re.sub(r"\d+", "N", first)[:120]
+
+    return dict(Counter(kind(e) for e in errors.values()).most_common(top))
+
+
+def paired_bootstrap(before: list[bool], after: list[bool], *, samples: int = 10_000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Change of the resolve rate from `before` to `after` (the same tasks, in order) with a 95% bootstrap interval:
+    tasks resampled with replacement, each keeping its own pair of outcomes."""
+    n = len(before)
+    diffs = [int(a) - int(b) for b, a in zip(before, after, strict=True)]
+    if not n:
+        return 0.0, 0.0, 0.0
+    rng = random.Random(seed)
+    stats = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
+    return sum(diffs) / n, stats[int(0.025 * samples)], stats[int(0.975 * samples) - 1]
+
+
+def heldout_changes(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per validation round: resolved tasks, and the change since the first round with its 95% bootstrap interval
+    (infrastructure errors in either round leave the task out of the pair)."""
+    if not rounds:
+        return []
+    first = rounds[0]["verdicts"]
+    out = []
+    for r in rounds:
+        tasks = sorted(t for t, k in r["verdicts"].items()
+                       if k != "infra_error" and first.get(t, "infra_error") != "infra_error")
+        diff, lo, hi = paired_bootstrap([first[t] == "resolved" for t in tasks],
+                                        [r["verdicts"][t] == "resolved" for t in tasks])
+        out.append({"step": r["step"], "tasks": len(tasks),
+                    "resolved": sum(r["verdicts"][t] == "resolved" for t in tasks),
+                    "change": diff, "change_ci95": [lo, hi]})
+    return out
