@@ -18,8 +18,11 @@ Without xdist (`pytest tests/unit/...`) none of this applies and everything runs
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +32,15 @@ import pytest
 # Child processes started by tests (services, torchrun) must not fight over the two cores with BLAS threads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# vLLM's processes talk over ZeroMQ sockets named <VLLM_RPC_BASE_PATH>/<uuid> (default: /tmp itself), and an engine
+# killed with SIGKILL (the chaos and process-lifetime tests do it on purpose) never removes its own: over a day of
+# suite runs on the CI host 1,258 of them had piled up in /tmp. The session's processes, xdist workers and the
+# fleets they start alike, inherit one folder of their own, which the process that made it removes when it exits.
+if "VLLM_RPC_BASE_PATH" not in os.environ:
+    _IPC = tempfile.mkdtemp(prefix="grpo-fleet-ipc-")  # short: a socket's path has at most 107 bytes
+    os.environ["VLLM_RPC_BASE_PATH"] = _IPC
+    atexit.register(shutil.rmtree, _IPC, ignore_errors=True)
 
 # (prefix of a test id, lane), first match wins.
 LANES = (

@@ -17,8 +17,13 @@ def fleet_cmd(run_dir: Path, tasks: Path, *overrides: str) -> list[str]:
 
 
 def metrics(run_dir: Path) -> list[dict[str, float]]:
+    """The rows of RUN/logs/metrics.jsonl written whole so far: tests read it while the trainer appends, and a row
+    without its newline yet is half written (a chaos run's watcher once died on one: `Unterminated string`)."""
     path = run_dir / "logs" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    *whole, _ = path.read_text().split("\n")  # the piece after the last newline: empty, or still being written
+    return [json.loads(line) for line in whole if line.strip()]
 
 
 def pids(run_dir: Path) -> dict[str, int]:
