@@ -215,6 +215,8 @@ def grpo(args: argparse.Namespace) -> None:
         # Side by side, each fleet writes its own log (interleaved lines would be unreadable).
         stdout = (args.out / f"grpo_{mode}.log").open("wb") if len(modes) > 1 else None
         runs[mode] = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
+        if stdout is not None:
+            stdout.close()  # the child holds its own copy
     failed = []
     for mode, proc in runs.items():
         rc = proc.wait()
@@ -348,7 +350,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--sft-seconds", type=float, default=180.0)
         s.add_argument("--model", type=Path, default=None)
         s.add_argument("--sft-from-train", type=float, default=0.5)
-        s.add_argument("--mode", choices=["sync", "async", "both"], default="both" if name == "smoke" else "sync",
+        s.add_argument("--mode", choices=["sync", "async", "both"], default="both",
                        help="grpo: both = a sync and an async fleet side by side, half the sandbox's runners each")
         s.add_argument("--pool", type=int, default=None,
                        help="grpo: sandbox runners per fleet (default: the cores but 4, split between the fleets)")

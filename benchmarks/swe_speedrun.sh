@@ -115,7 +115,9 @@ case "$stage" in
     python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "$WORK/models/sft" \
       --out "$WORK" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
     # Copied whatever the outcome: a fleet that ran out of time still reports the steps and rounds it finished.
-    for m in sync async; do
+    modes=$mode
+    if [ "$mode" = both ]; then modes="sync async"; fi
+    for m in $modes; do  # only this call's: an earlier call's reports may still lie in $WORK
       for f in "$WORK/grpo_$m.json" "$WORK/grpo_$m.log"; do
         if [ -f "$f" ]; then cp "$f" "$OUT"/; fi
       done
