@@ -115,6 +115,8 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
         f"rollout.max_groups_in_flight={2 * args.prompts}", "checkpointing.enabled=false",
         "logger.tensorboard_enabled=false", "logger.progress_bar=false", "policy.weight_sync.transport=tcp",
     ]
+    if os.environ.get("GRPO_FLEET_TEST_PYTHON"):  # lent_gpu_env.sh: the pytest the task set's ids were made with
+        o += [f"sandbox.python={os.environ['GRPO_FLEET_TEST_PYTHON']}"]
     if args.cpu:
         o += ["policy.precision=float32", "policy.generation.device=cpu", "policy.max_total_sequence_length=1024",
               "data.train.max_prompt_length=896"]

@@ -36,6 +36,13 @@ EOF
   # shellcheck disable=SC2086
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" --platform any -d .whl $pins
+  # The tests' pytest as here: a task set's test ids are the names pytest gave them (9.0 renamed long string
+  # parameters), so the lent host's own pytest would grade some gold patches NO (lent_gpu_env.sh puts these in a venv).
+  mkdir -p .whl/test
+  # shellcheck disable=SC2046
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform any -d .whl/test $($py -c "import importlib.metadata as md
+print(' '.join(f'{n}=={md.version(n)}' for n in ['pytest', 'pluggy', 'iniconfig', 'packaging', 'pygments']))")
   (cd .gpu/deb && apt-get download bubblewrap libcap2 2>/dev/null)
   [ -f .gpu/tasks/SOURCES_SHA256 ] || .venv/bin/grpo-fleet data build --out .gpu/tasks \
     --repos toolz,inflection,parse --max-per-repo 12

@@ -37,6 +37,8 @@ if [ "$stage" = stash ]; then
 fi
 # shellcheck source=benchmarks/lent_gpu_env.sh
 source benchmarks/lent_gpu_env.sh
+# The tests' interpreter (lent_gpu_env.sh): builds and fleets grade with the pytest the carried task set was made with.
+TEST_PYTHON_ARG=${GRPO_FLEET_TEST_PYTHON:+--python $GRPO_FLEET_TEST_PYTHON}
 # Context lines of an SFT diff (git diff -U<N>): fewer lines to copy exactly; the corpus's fixes made here must match.
 DIFF_CONTEXT=${DIFF_CONTEXT:-1}
 quiet() { grep --line-buffered -v "^ \|Writing\|Loading" || true; }
@@ -49,7 +51,7 @@ base() {
     (if [ ! -f "$DATA/tasks/train.jsonl" ]; then
        timeout $(( ${BUILD_SECONDS:-420} + 120 )) python3 -m launch.cli data build \
          --recipe benchmarks/speedrun/tasks.yaml --out "$DATA/tasks" --max-per-repo "${MAX_PER_REPO:-48}" \
-         --workers 14 --cache-dir .speedrun/sdists --max-seconds "${BUILD_SECONDS:-420}" > "$WORK/build.log" 2>&1
+         --workers 14 --cache-dir .speedrun/sdists --max-seconds "${BUILD_SECONDS:-420}" ${TEST_PYTHON_ARG} > "$WORK/build.log" 2>&1
        echo "task build exited $?" >> "$WORK/build.log"
      fi
      if [ ! -f "$DATA/fixes/corpus.jsonl.xz" ]; then
@@ -63,7 +65,7 @@ base() {
        # guards against a hang past it.
        timeout $(( ${SFT_BUILD_SECONDS:-300} + 120 )) python3 -m launch.cli data build \
          --recipe benchmarks/speedrun/sft.yaml --out "$DATA/sft-tasks" --max-per-repo "$SFT_PER_REPO" --workers 14 \
-         --cache-dir .speedrun/sdists --max-seconds "${SFT_BUILD_SECONDS:-300}" > "$WORK/sft-build.log" 2>&1
+         --cache-dir .speedrun/sdists --max-seconds "${SFT_BUILD_SECONDS:-300}" ${TEST_PYTHON_ARG} > "$WORK/sft-build.log" 2>&1
        echo "sft task build exited $?" >> "$WORK/sft-build.log"
      fi
      # What one sandbox run costs on this host beside a busy GPU (the fleet's steps wait for verdicts): the gold and
@@ -72,7 +74,8 @@ base() {
        for workers in 2 12; do
          timeout 150 python3 -m launch.cli data validate --gold $(( PROBE_ROWS * workers / 12 )) --workers "$workers" \
            --out "$WORK/sandbox_probe_$workers.json" data.train.dataset_name=swe_embedded \
-           data.train.data_path="$DATA/tasks" > "$WORK/sandbox_probe_$workers.log" 2>&1 || true
+           data.train.data_path="$DATA/tasks" ${GRPO_FLEET_TEST_PYTHON:+sandbox.python=$GRPO_FLEET_TEST_PYTHON} \
+           > "$WORK/sandbox_probe_$workers.log" 2>&1 || true
        done
      fi) &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet

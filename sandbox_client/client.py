@@ -349,8 +349,10 @@ class SandboxClient:
             async with session.get(f"{state.url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 ok = resp.status == 200
                 if ok:
-                    size = (await self._json(resp)).get("pool_size")
+                    health = await self._json(resp)
+                    size, runner = health.get("pool_size"), health.get("test_runner")
                     state.pool_size = size if isinstance(size, int) and size > 0 else None
+                    state.test_runner = runner if isinstance(runner, dict) else None
         except _TRANSPORT_ERRORS as exc:
             ok, state.last_error = False, f"healthz: {type(exc).__name__}: {exc}"
         if ok:

@@ -48,6 +48,8 @@ class EndpointState:
     pool_size: int | None = None
     """Runners the executor reported on its last healthy /healthz; None until one did (or from an executor that
     does not report it)."""
+    test_runner: dict[str, str] | None = None
+    """The versions its tests run with (`{"python", "pytest"}`), as its last healthy /healthz reported them."""
 
 
 class EndpointPool:

@@ -135,6 +135,11 @@ async def executor_runner(repos_root: Path, opts: BuildOptions) -> AsyncIterator
         yield ex.run
 
 
+def _test_runner(run: Runner) -> dict[str, str]:
+    """The versions the executor behind `run` tests with ({} for a stand-in runner that is not an executor's)."""
+    return dict(getattr(getattr(run, "__self__", None), "test_runner", None) or {})
+
+
 async def select_in_order(
     candidates: list[Candidate], validate: Callable[[Candidate], Coroutine[Any, Any, Outcome]], want: int,
     per_function: int, concurrency: int, on_decided: Callable[[Outcome], None] | None = None,
@@ -304,6 +309,7 @@ async def _build_locked(opts: BuildOptions, make_runner: RunnerFactory, out: Pat
     # order; asyncio.Lock is FIFO), while the repositories already fetched are being validated.
     download = asyncio.Lock()
     async with make_runner(repos_root.resolve(), opts) as run, asyncio.TaskGroup() as group:
+        test_runner = _test_runner(run)
         # A TaskGroup: one repository failing cancels the others instead of leaving them running unobserved.
         deadline = t0 + opts.max_seconds if opts.max_seconds is not None else None
         jobs = [group.create_task(_build_repo(r, recipe, opts, run, work, repos_root, download, deadline))
@@ -320,6 +326,9 @@ async def _build_locked(opts: BuildOptions, make_runner: RunnerFactory, out: Pat
         "max_per_repo": opts.max_per_repo, "kinds": list(opts.kinds), "workers": opts.workers,
         "tasks": len(tasks), "build_seconds": round(seconds, 1), "max_seconds": opts.max_seconds,
         "cut_short": sorted(n for n, r in reports.items() if r.cut_short),
+        # The ids in FAIL_TO_PASS / PASS_TO_PASS are pytest's names under these versions (TrustedRunner.versions):
+        # `data validate` and the fleet compare them with the executor's.
+        "test_runner": test_runner,
         "repos": {n: r.to_json() for n, r in reports.items()},
     })
     _swap_into_place(staging, out)

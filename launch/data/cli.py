@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--recipe", type=Path, default=None, help="recipe YAML (default: launch/data/recipe.yaml)")
     b.add_argument("--kinds", default="", help="comma-separated bug kinds (default: all)")
     b.add_argument("--verbose", action="store_true", help="log every sandbox run")
+    b.add_argument("--python", default=None,
+                   help="the interpreter (and its pytest) the tasks' tests run on, as sandbox.python: the set's test "
+                        "ids are that pytest's names, so train on the same (default: this Python)")
     b.add_argument("--images", action="store_true",
                    help="build an instance image per task (SWE-bench style), push it to --registry and record it in "
                         "the rows, so the fleet runs the set on the image path (the set is built first if missing)")
@@ -97,6 +100,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _build_tasks(args: argparse.Namespace) -> int:
     from envs.swe.taskset import format_summary, summarize
+    from fleet.config.infra import SandboxConfig
     from launch.data.builder import BuildOptions, build_taskset
     from launch.data.mutations import BUG_KINDS
 
@@ -115,7 +119,8 @@ def _build_tasks(args: argparse.Namespace) -> int:
         logging.getLogger("services.sandbox.executor").setLevel(logging.WARNING)
     opts = BuildOptions(out=args.out, repos=[r for r in args.repos.split(",") if r] or None,
                         max_per_repo=args.max_per_repo, seed=args.seed, workers=args.workers,
-                        cache_dir=args.cache_dir, recipe_path=args.recipe, kinds=kinds, max_seconds=args.max_seconds)
+                        cache_dir=args.cache_dir, recipe_path=args.recipe, kinds=kinds, max_seconds=args.max_seconds,
+                        sandbox=SandboxConfig(python=args.python) if args.python else None)
     try:
         report = asyncio.run(build_taskset(opts))
     except (KeyError, ValueError, RuntimeError) as exc:
@@ -162,8 +167,10 @@ def _validate(args: argparse.Namespace) -> int:
     from envs.registry import load_dataset
     from envs.swe.loaders import DatasetFormatError
     from envs.swe.paths import repos_dir
+    from envs.swe.taskset import read_manifest
     from fleet.config import ConfigError, load_config
     from launch.data.gold import format_report, pick_rows, report_json, validate_tasks
+    from services.sandbox.trusted import describe_runner, runner_mismatch
 
     if args.gold < 0 or args.workers < 1:
         print("error: --gold must be >= 0 and --workers >= 1", file=sys.stderr)
@@ -191,10 +198,18 @@ def _validate(args: argparse.Namespace) -> int:
     where = ", ".join(cfg.env.code.sandbox_urls) if args.remote else "an in-process executor"
     print(f"grading {len(tasks)} of {len(dataset)} rows of {dataset.name} (gold and empty patch) on {where}",
           file=sys.stderr)
-    rows = asyncio.run(validate_tasks(tasks, cfg, remote=args.remote, concurrency=args.workers))
+    result = asyncio.run(validate_tasks(tasks, cfg, remote=args.remote, concurrency=args.workers))
+    rows = result.rows
+    made_with = read_manifest(dataset.root).get("test_runner", {}) if dataset.root is not None else {}
+    mismatch = runner_mismatch(made_with, result.test_runner)
     print(format_report(rows))
+    print(f"\ntests ran with {describe_runner(result.test_runner)}"
+          + (f"; the task set's ids were made with {describe_runner(made_with)}" if made_with else ""))
+    if mismatch:
+        print(f"warning: {mismatch}")
     if args.out is not None:
-        args.out.write_text(json.dumps(report_json(rows, dataset.name), indent=2) + "\n")
+        runner = {"executor": result.test_runner, "task_set": made_with, "mismatch": mismatch}
+        args.out.write_text(json.dumps(report_json(rows, dataset.name, runner), indent=2) + "\n")
     return 0 if all(r.ok for r in rows) else 1
 
 

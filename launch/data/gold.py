@@ -185,21 +185,28 @@ def run_times(rows: Sequence[RowCheck]) -> dict[str, Any]:
     return phase_times(v.timings for r in rows for v in (r.gold, r.empty) if v.timings)
 
 
-def report_json(rows: Sequence[RowCheck], dataset: str) -> dict[str, Any]:
+def report_json(rows: Sequence[RowCheck], dataset: str, test_runner: dict[str, Any] | None = None) -> dict[str, Any]:
     def verdict(v: Verdict) -> dict[str, Any]:
         return {"kind": verdict_kind(v), "status": v.status, "resolution": v.resolution, "error": v.error[:2000],
                 "tests_passed": v.tests_passed, "tests_failed": v.tests_failed, "timings": v.timings}
 
     return {
         "dataset": dataset, "ok": all(r.ok for r in rows), "repos": per_repo(rows), "total": _counts(rows),
-        "run_times": run_times(rows),
+        "run_times": run_times(rows), "test_runner": test_runner or {},
         "rows": [{"instance_id": r.instance_id, "repo": r.repo, "ok": r.ok, "gold": verdict(r.gold),
                   "empty": verdict(r.empty)} for r in rows],
     }
 
 
+@dataclass(frozen=True)
+class Validation:
+    rows: list[RowCheck]
+    test_runner: dict[str, str]
+    """The versions the executor tested with (`Executor.test_runner`; an executor's /healthz when remote)."""
+
+
 async def validate_tasks(tasks: Sequence[Task], cfg: MasterConfig, *, remote: bool, concurrency: int,
-                         on_done: Callable[[RowCheck], None] | None = None) -> list[RowCheck]:
+                         on_done: Callable[[RowCheck], None] | None = None) -> Validation:
     """Grade `tasks` on an in-process executor (`cfg.sandbox`), or with `remote` on the executors of
     `env.code.sandbox_urls` through the client the rollout workers use (its retries, its auth token)."""
     timeout_s = cfg.env.code.task_timeout
@@ -214,11 +221,15 @@ async def validate_tasks(tasks: Sequence[Task], cfg: MasterConfig, *, remote: bo
                 assert result.verdict is not None
                 return result.verdict
 
-            return await check_rows(tasks, run_remote, concurrency=concurrency, timeout_s=timeout_s,
+            await client.health()
+            rows = await check_rows(tasks, run_remote, concurrency=concurrency, timeout_s=timeout_s,
                                     on_done=on_done)
+            versions = next((s.test_runner for s in client.pool.states if s.test_runner), {})
+            return Validation(rows, dict(versions))
     from services.sandbox.executor import Executor
 
     # The executor's pool bounds what runs at once; the semaphore only keeps the queue from holding every row.
     sandbox = cfg.sandbox.model_copy(update={"pool_size": cfg.sandbox.pool_size or concurrency})
     async with Executor(sandbox) as ex:
-        return await check_rows(tasks, ex.run, concurrency=concurrency, timeout_s=timeout_s, on_done=on_done)
+        rows = await check_rows(tasks, ex.run, concurrency=concurrency, timeout_s=timeout_s, on_done=on_done)
+        return Validation(rows, ex.test_runner)

@@ -35,7 +35,7 @@ from services.sandbox.patching import apply_patches
 from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runner.protocol import KEY_BYTES
-from services.sandbox.trusted import TrustedRunner
+from services.sandbox.trusted import TrustedRunner, describe_runner
 from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
 from services.sandbox.workspace import InfraError, TreeLimits, Workspace, remove_tree
 
@@ -116,9 +116,9 @@ class Executor:
         await self._preflight(policy)
         if not policy.as_root and self.cfg.use_bwrap:
             log.warning("executor is not root: tasks share its uid, so RLIMIT_NPROC is per user, not per task")
-        log.info("executor ready: pool %d, sandbox %s, slot uids from %s, python %s, work root %s", self.pool_size,
-                 "bwrap" if self.cfg.use_bwrap else "NONE (trusted debugging)", uid_base, interpreter.python,
-                 work_root)
+        log.info("executor ready: pool %d, sandbox %s, slot uids from %s, python %s (%s), work root %s",
+                 self.pool_size, "bwrap" if self.cfg.use_bwrap else "NONE (trusted debugging)", uid_base,
+                 interpreter.python, describe_runner(self.test_runner), work_root)
         return policy
 
     async def _setup_integrity(self, python: str, prefixes: tuple[str, ...], prlimit: str) -> None:
@@ -191,6 +191,11 @@ class Executor:
             self._cgroups = None
         self._policy = None
 
+    @property
+    def test_runner(self) -> dict[str, str]:
+        """The versions the tests run with ({"python", "pytest"}; empty before start): see TrustedRunner.versions."""
+        return dict(self._runner.versions) if self._runner is not None else {}
+
     def health(self) -> dict[str, object]:
         policy = self._policy
         return {
@@ -205,7 +210,7 @@ class Executor:
             "task_limits": self._cgroups.kind if self._cgroups is not None else None,
             "slot_uids": [policy.uid_for_slot(0), policy.uid_for_slot(self.pool_size - 1)]
             if policy and policy.uid_for_slot(0) is not None else None,
-            "runtime": self.cfg.runtime, "image_error": self.image_error,
+            "runtime": self.cfg.runtime, "image_error": self.image_error, "test_runner": self.test_runner,
             **(self.images.health() if self.images is not None else {}),
         }
 

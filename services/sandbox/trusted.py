@@ -44,6 +44,12 @@ for name in sys.argv[1:]:
     spec = importlib.util.find_spec(name)
     if spec is not None:
         out["packages"][name] = list(spec.submodule_search_locations or []) or [spec.origin]
+out["versions"] = {"python": ".".join(map(str, sys.version_info[:3]))}
+try:
+    import importlib.metadata
+    out["versions"]["pytest"] = importlib.metadata.version("pytest")
+except Exception:
+    pass
 try:
     from _pytest.config.findpaths import CONFIG_LOADERS_BY_NAME
     out["config"] = sorted(CONFIG_LOADERS_BY_NAME)
@@ -51,6 +57,29 @@ except ImportError:
     pass
 print(json.dumps(out))
 """
+
+
+def describe_runner(versions: dict[str, str]) -> str:
+    """`Python 3.11.7, pytest 9.2.0`."""
+    names = sorted(versions, key=lambda k: (k != "python", k))
+    return ", ".join(f"{'Python' if k == 'python' else k} {versions[k]}" for k in names) or "unknown"
+
+
+def runner_mismatch(made_with: dict[str, str], runs_with: dict[str, str]) -> str | None:
+    """Why test ids recorded under `made_with` may not be the ids of a run under `runs_with`, or None. pytest's
+    release (major.minor) is what names the tests; Python's minor version too (a test module may parametrise on
+    it). Either side unknown is no finding: a task set made before the versions were recorded."""
+    def release(versions: dict[str, str], name: str) -> list[str] | None:
+        version = versions.get(name)
+        return version.split(".")[:2] if version else None
+
+    pairs = [(release(made_with, k), release(runs_with, k)) for k in ("pytest", "python")]
+    if not any(made and runs and made != runs for made, runs in pairs):
+        return None
+    return (f"the task set's test ids were made with {describe_runner(made_with)}, and this executor runs "
+            f"{describe_runner(runs_with)}: a test may carry another id (pytest's parametrised names change between "
+            f"releases) and a gold patch then grades NO. Run the executor on the versions the set was built with "
+            f"(sandbox.python), or rebuild the set with the executor's")
 
 
 @dataclass(frozen=True)
@@ -92,6 +121,10 @@ class TrustedRunner:
     """Host folders the interpreter needs inside the sandbox (bound read-only)."""
     hidden_site: list[str] = field(default_factory=list)
     """site-packages folders the sandbox hides (isolated mode)."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """{"python": "3.11.7", "pytest": "9.2.0"}: what a test's node id depends on. pytest names parametrised tests,
+    and its rules change between releases (9.0 names a string parameter longer than 100 characters `argname<index>`
+    where 8.x spells it out), so a task set's FAIL_TO_PASS ids hold only for the pytest that made them."""
 
     @property
     def site(self) -> Path:
@@ -123,7 +156,7 @@ class TrustedRunner:
         hidden = await asyncio.to_thread(_site_folders, probe) if isolated else []
         if isolated:
             prefixes = (probe["base_prefix"], os.path.dirname(exe))
-        return cls(root, exe, isolated, names, tuple(dict.fromkeys(prefixes)), hidden)
+        return cls(root, exe, isolated, names, tuple(dict.fromkeys(prefixes)), hidden, probe["versions"])
 
     def argv(self, *, key_fd: int, report_fd: int, tree: Path, paths: list[str], args: list[str],
              only: list[str] | None = None) -> list[str]:

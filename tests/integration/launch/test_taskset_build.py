@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import shutil
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,38 @@ def test_same_recipe_and_seed_give_the_same_tasks_for_any_worker_count(built):
     manifest = read_manifest(first)
     assert manifest["seed"] == SEED and manifest["repos"][REPO]["accepted"] == TASKS
     assert not (first / ".staging").exists()
+    # The test ids are pytest's names under the versions the executor tested with, recorded beside them.
+    assert manifest["test_runner"] == {"python": platform.python_version(), "pytest": pytest.__version__}
+
+
+def test_validating_on_another_pytest_release_than_the_sets_says_so(built, tmp_path, capsys):
+    """A lent GPU host's system pytest (8.x) named a boltons test `test_regex[magnet:?xt=...]` where the set, built
+    with pytest 9.2, says `test_regex[test_url16]` (9.0 names a string parameter over 100 characters by its index):
+    both gold patches of those tasks graded NO. `data validate` names the two versions whenever their releases
+    differ, and records them in its report."""
+    first, _, _ = built
+    folder = tmp_path / "set"
+    shutil.copytree(first, folder)
+    manifest = read_manifest(folder)
+    manifest["test_runner"] = {"python": platform.python_version(), "pytest": "8.3.5"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    report = tmp_path / "report.json"
+    args = ["validate", "--gold", "1", "--workers", "1", "--out", str(report), "data.train.dataset_name=swe_embedded",
+            f"data.train.data_path={folder}"]
+    assert data_main(args) == 0  # the ids here are 9.2's on both sides: the gold still resolves
+    out = capsys.readouterr().out
+    assert f"tests ran with Python {platform.python_version()}, pytest {pytest.__version__}" in out
+    warning = next(line for line in out.splitlines() if line.startswith("warning:"))
+    assert "pytest 8.3.5" in warning and f"pytest {pytest.__version__}" in warning and "sandbox.python" in warning
+    runner = json.loads(report.read_text())["test_runner"]
+    assert runner["task_set"]["pytest"] == "8.3.5" and runner["executor"]["pytest"] == pytest.__version__
+    assert runner["mismatch"] == warning.removeprefix("warning: ")
+
+    manifest["test_runner"]["pytest"] = pytest.__version__  # the same release: nothing to say
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert data_main(args) == 0
+    assert "warning:" not in capsys.readouterr().out
+    assert json.loads(report.read_text())["test_runner"]["mismatch"] is None
 
 
 def test_tasks_are_swebench_rows_whose_statement_hides_the_fix(built):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -90,6 +91,9 @@ async def test_bearer_token(sandbox_cfg: SandboxConfig, calc_repo: CalcRepo, htt
                 assert resp.status == 401 and f"{why} bearer token" in data["error"]
         async with http.get(f"{_url(server)}/healthz") as resp:
             assert resp.status == 200  # probes need no token
+            # What the tests' node ids depend on: a client compares it with the task set's (`data validate`).
+            assert (await resp.json())["test_runner"] == {"python": platform.python_version(),
+                                                         "pytest": pytest.__version__}
         async with http.post(f"{_url(server)}/task/submit", json=body,
                              headers={"Authorization": "Bearer s3cret"}) as resp:
             assert resp.status == 200
