@@ -69,11 +69,35 @@ class EnvTaskSource:
         return self._repos.get(task_id, "")
 
 
+def warn_on_test_runner_mismatch(task_set: str | Path, sandbox_urls: list[str]) -> list[str]:
+    """A built task set's test ids are the names its pytest gave them (manifest `test_runner`); an executor on
+    another pytest release may run the same tests under other ids, and their gold patches then grade NO: every answer
+    to those tasks earns 0 and the run reads as a policy that cannot learn. Says so once at start for each executor
+    that answers; returns the warnings."""
+    from envs.swe.taskset import read_manifest
+    from fleet.contracts.sandbox import runner_mismatch
+    from sandbox_client.health import test_runners
+
+    made_with = read_manifest(task_set).get("test_runner") or {}
+    if not made_with:
+        return []
+    warnings = []
+    for url, runs_with in test_runners(sandbox_urls).items():
+        why = runner_mismatch(made_with, runs_with)
+        if why:
+            warnings.append(f"sandbox executor {url}: {why} (task set {task_set}; check it with "
+                            f"`grpo-fleet data validate --remote`)")
+            log.warning("%s", warnings[-1])
+    return warnings
+
+
 def load_sources(data: DataConfig, tokenizer: Any, deps: SourceDeps, *,
                  validate: bool) -> tuple[EnvTaskSource, EnvTaskSource | None]:
     """(training source, validation source or None). Validation defaults to the training source's validation split
     and is only loaded when `validate` (`grpo.val_period` > 0 or `grpo.val_at_start`)."""
     train = EnvTaskSource(data.train, tokenizer, deps)
+    if train.dataset.env_name == "swe" and train.dataset.root is not None:
+        warn_on_test_runner_mismatch(train.dataset.root, deps.env.code.sandbox_urls)
     if not validate:
         return train, None
     val_cfg = data.validation or data.train.model_copy(update={"split": "validation", "max_samples": None})

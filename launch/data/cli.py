@@ -169,8 +169,8 @@ def _validate(args: argparse.Namespace) -> int:
     from envs.swe.paths import repos_dir
     from envs.swe.taskset import read_manifest
     from fleet.config import ConfigError, load_config
+    from fleet.contracts.sandbox import describe_runner, runner_mismatch
     from launch.data.gold import format_report, pick_rows, report_json, validate_tasks
-    from services.sandbox.trusted import describe_runner, runner_mismatch
 
     if args.gold < 0 or args.workers < 1:
         print("error: --gold must be >= 0 and --workers >= 1", file=sys.stderr)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleet.config.infra import SandboxConfig
-from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
+from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec, describe_runner
 from services.sandbox import grading, verdicts
 from services.sandbox.bwrap import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
@@ -35,7 +35,7 @@ from services.sandbox.patching import apply_patches
 from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runner.protocol import KEY_BYTES
-from services.sandbox.trusted import TrustedRunner, describe_runner
+from services.sandbox.trusted import TrustedRunner
 from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
 from services.sandbox.workspace import InfraError, TreeLimits, Workspace, remove_tree
 

@@ -59,29 +59,6 @@ print(json.dumps(out))
 """
 
 
-def describe_runner(versions: dict[str, str]) -> str:
-    """`Python 3.11.7, pytest 9.2.0`."""
-    names = sorted(versions, key=lambda k: (k != "python", k))
-    return ", ".join(f"{'Python' if k == 'python' else k} {versions[k]}" for k in names) or "unknown"
-
-
-def runner_mismatch(made_with: dict[str, str], runs_with: dict[str, str]) -> str | None:
-    """Why test ids recorded under `made_with` may not be the ids of a run under `runs_with`, or None. pytest's
-    release (major.minor) is what names the tests; Python's minor version too (a test module may parametrise on
-    it). Either side unknown is no finding: a task set made before the versions were recorded."""
-    def release(versions: dict[str, str], name: str) -> list[str] | None:
-        version = versions.get(name)
-        return version.split(".")[:2] if version else None
-
-    pairs = [(release(made_with, k), release(runs_with, k)) for k in ("pytest", "python")]
-    if not any(made and runs and made != runs for made, runs in pairs):
-        return None
-    return (f"the task set's test ids were made with {describe_runner(made_with)}, and this executor runs "
-            f"{describe_runner(runs_with)}: a test may carry another id (pytest's parametrised names change between "
-            f"releases) and a gold patch then grades NO. Run the executor on the versions the set was built with "
-            f"(sandbox.python), or rebuild the set with the executor's")
-
-
 @dataclass(frozen=True)
 class PytestCommand:
     """`[VAR=value ...] python -m pytest ARGS`: the environment assignments, PYTHONPATH entries and pytest args."""

@@ -111,6 +111,41 @@ def test_validating_on_another_pytest_release_than_the_sets_says_so(built, tmp_p
     assert json.loads(report.read_text())["test_runner"]["mismatch"] is None
 
 
+def test_a_trainer_whose_executor_runs_another_pytest_release_says_so_at_start(built, tmp_path, caplog):
+    """The same check where a run starts: the trainer reads the set's manifest and asks each executor's /healthz
+    (a real sandbox server here) what its tests run with."""
+    from services.sandbox.server import SandboxServer
+    from trainer.tasks import warn_on_test_runner_mismatch
+
+    first, _, _ = built
+    folder = tmp_path / "set"
+    shutil.copytree(first, folder)
+    manifest = read_manifest(folder)
+
+    def write(pytest_version: str) -> None:
+        manifest["test_runner"] = {"python": platform.python_version(), "pytest": pytest_version}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        server = SandboxServer(SandboxConfig(repos_root=str(folder / "repos"), pool_size=1), "127.0.0.1", 0)
+        await server.start()
+        url = f"http://127.0.0.1:{server.port}"
+        try:
+            write("8.3.5")
+            other = await asyncio.to_thread(warn_on_test_runner_mismatch, folder, [url, "http://127.0.0.1:9"])
+            write(pytest.__version__)
+            same = await asyncio.to_thread(warn_on_test_runner_mismatch, folder, [url])
+        finally:
+            await server.stop(0)
+        down = await asyncio.to_thread(warn_on_test_runner_mismatch, folder, [url])  # nothing answers: no finding
+        return other, same, down
+
+    other, same, down = asyncio.run(scenario())
+    assert len(other) == 1 and "pytest 8.3.5" in other[0] and f"pytest {pytest.__version__}" in other[0]
+    assert "http://127.0.0.1:" in other[0] and str(folder) in other[0] and other[0] in caplog.text
+    assert same == [] and down == []
+
+
 def test_tasks_are_swebench_rows_whose_statement_hides_the_fix(built):
     for row in rows(built[0]):
         assert row["FAIL_TO_PASS"] and row["test_patch"] == "" and row["repo_url"] == f"embedded://{REPO}"

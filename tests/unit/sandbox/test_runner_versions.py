@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.sandbox.trusted import describe_runner, runner_mismatch
+from fleet.contracts.sandbox import describe_runner, runner_mismatch
 
 BUILT = {"python": "3.11.7", "pytest": "9.2.0"}
 
