@@ -364,9 +364,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         # pass_rate pays a patch that changes nothing its PASS_TO_PASS share, and GRPO learned exactly that here
         # (docs/swe-learning.md): only progress on the failing tests is credited.
         s.add_argument("--reward-mode", choices=get_args(RewardMode), default="fail_to_pass")
-        # Below an answer that applies and changes the code (0), which alone teaches naming a real file and copying
-        # its lines: 220 of 286 base answers did not apply. A diff that changes nothing is one of these.
-        s.add_argument("--format-error-reward", type=float, default=-0.1,
+        # The fifth run paid -0.1 below an applied change (0): GRPO then learned to edit *something* that applies
+        # (held-out no-change diffs 139 -> 11, tests broken 22 -> 61) and its held-out resolves fell from 6 to 0
+        # (docs/swe-learning.md). With resolves this rare, any credit for applying swamps the resolve signal.
+        s.add_argument("--format-error-reward", type=float, default=0.0,
                        help="env.code.format_error_reward: no diff, a diff that changes nothing or does not apply")
         s.add_argument("--timeout", type=float, default=240.0 if name == "smoke" else 540.0,
                        help="seconds the fleet may run (a device call may run 600)")
