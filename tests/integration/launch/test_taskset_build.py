@@ -111,9 +111,10 @@ def test_validating_on_another_pytest_release_than_the_sets_says_so(built, tmp_p
     assert json.loads(report.read_text())["test_runner"]["mismatch"] is None
 
 
-def test_a_trainer_whose_executor_runs_another_pytest_release_says_so_at_start(built, tmp_path, caplog):
+def test_a_trainer_whose_executor_runs_another_pytest_release_says_so_at_start(built, tmp_path, caplog, capsys):
     """The same check where a run starts: the trainer reads the set's manifest and asks each executor's /healthz
-    (a real sandbox server here) what its tests run with."""
+    (a real sandbox server here) what its tests run with; and `data validate --remote`, through the rollout
+    workers' client, reads the same field."""
     from services.sandbox.server import SandboxServer
     from trainer.tasks import warn_on_test_runner_mismatch
 
@@ -133,6 +134,9 @@ def test_a_trainer_whose_executor_runs_another_pytest_release_says_so_at_start(b
         try:
             write("8.3.5")
             other = await asyncio.to_thread(warn_on_test_runner_mismatch, folder, [url, "http://127.0.0.1:9"])
+            remote = ["validate", "--remote", "--gold", "1", "--workers", "1", "data.train.dataset_name=swe_embedded",
+                      f"data.train.data_path={folder}", f"env.code.sandbox_urls=[{url}]"]
+            assert await asyncio.to_thread(data_main, remote) == 0
             write(pytest.__version__)
             same = await asyncio.to_thread(warn_on_test_runner_mismatch, folder, [url])
         finally:
@@ -144,6 +148,9 @@ def test_a_trainer_whose_executor_runs_another_pytest_release_says_so_at_start(b
     assert len(other) == 1 and "pytest 8.3.5" in other[0] and f"pytest {pytest.__version__}" in other[0]
     assert "http://127.0.0.1:" in other[0] and str(folder) in other[0] and other[0] in caplog.text
     assert same == [] and down == []
+    out = capsys.readouterr().out
+    assert f"tests ran with Python {platform.python_version()}, pytest {pytest.__version__}" in out
+    assert "warning:" in out and "pytest 8.3.5" in out
 
 
 def test_tasks_are_swebench_rows_whose_statement_hides_the_fix(built):
