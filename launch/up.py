@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from fleet.config import MasterConfig
@@ -52,6 +55,20 @@ async def _first_step(metrics: Path) -> None:
     print("grpo-fleet: first step trained", flush=True)
 
 
+def vllm_ipc_folder(specs: list[ProcessSpec], environ: Mapping[str, str]) -> str | None:
+    """A folder of the fleet's own for vLLM's ZeroMQ sockets (`VLLM_RPC_BASE_PATH`), given to every process; the
+    caller removes it when the fleet has stopped. vLLM names them `<base>/<uuid>` (default base: /tmp) and an
+    engine never removes its own: a clean 3-step `grpo-fleet up` of the computer-use example left 7 in /tmp. Short,
+    under the system's temp folder, because a socket's path has at most 107 bytes. A base the user set is kept
+    (None)."""
+    if environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    folder = tempfile.mkdtemp(prefix="grpo-fleet-ipc-")
+    for spec in specs:
+        spec.env["VLLM_RPC_BASE_PATH"] = folder
+    return folder
+
+
 async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str]) -> int:
     rd = run_dir(cfg.run.dir)
     write_resolved(cfg, rd)
@@ -64,6 +81,7 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         print(f"grpo-fleet: embedded Redis at {redis_url} (AOF in {rd / 'redis'})", flush=True)
     ports, held = pick_ports(cfg.rollout)
     specs = redis_specs + fleet_processes(cfg, config_path, [*overrides, f"run.dir={rd}"], ports, redis_url)
+    ipc = vllm_ipc_folder(specs, os.environ)
     sup = Supervisor(specs, rd / "logs" / "processes", cwd=ROOT, max_restarts=3)
     # Each port stays bound by the launcher until its service listens on it (launch/ports.py): a rollout worker
     # binds only after its imports, and the ephemeral range is the whole host's.
@@ -93,6 +111,8 @@ async def _run(cfg: MasterConfig, config_path: str | None, overrides: list[str])
         await sup.stop_all(grace_s=cfg.services.grace_s + 120)
         releaser.cancel()
         held.close()
+        if ipc is not None:
+            shutil.rmtree(ipc, ignore_errors=True)
         trainer = sup.procs.get("trainer")
         if stop.is_set() and trainer is not None and trainer.returncode not in (0, None, -signal.SIGTERM):
             rc = trainer.returncode or 1

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,13 +23,24 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm,
                                  reason="computer sessions need bubblewrap, root and chromium (scripts/setup.sh)")]
 
 
+def _ipc_leftovers() -> set[str]:
+    """vLLM's sockets in the temp folder (`<uuid>`, its default base) and the launchers' folders for them."""
+    tmp = Path(tempfile.gettempdir())
+    uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+    return {p.name for p in tmp.iterdir() if uuid.fullmatch(p.name) or p.name.startswith("grpo-fleet-ipc-")}
+
+
 def test_computer_use_fleet_trains_on_screenshots_with_in_flight_pushes(tmp_path: Path) -> None:
     run_dir = tmp_path / "cu"
     cmd = [sys.executable, "-m", "launch.cli", "up", "--config", "examples/configs/grpo_computer_use_tiny.yaml",
            f"run.dir={run_dir}", "grpo.max_num_steps=3", "logger.tensorboard_enabled=false",
            "checkpointing.save_period=10"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    # As a user runs it: without the test session's folder for vLLM's sockets, so the launcher makes its own.
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
+    before = _ipc_leftovers()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    assert _ipc_leftovers() <= before, "vLLM's sockets (or the launcher's folder for them) outlived the fleet"
     out = proc.stdout + proc.stderr
     for hazard in ("image placeholder runs", "Encoder cache miss", "EngineDeadError"):  # met while building it
         assert hazard not in out, out[-6000:]
