@@ -10,12 +10,10 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.txt scripts/setup.sh scripts
 
 setup: $(VENV)/.installed
 
-# One pytest-xdist worker per core, and one more: many tests wait on a timeout or a fleet's start, and with one per
-# core both cores idled in those waits (busy 86 % of a two-core run; 97 % with three, 5 % less wall-clock:
-# docs/performance.md). tests/conftest.py puts what must run one at a time or share a costly fixture in one lane.
+# One pytest-xdist worker per core; tests/conftest.py puts what must run one at a time or share a costly fixture in one lane.
 # Bytecode is written while testing even where PYTHONDONTWRITEBYTECODE is set: pytest then keeps its rewritten test
 # modules, and the services the tests start keep theirs, instead of compiling them again in every process.
-WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+WORKERS ?= auto
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: setup
