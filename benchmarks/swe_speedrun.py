@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import corpus  # noqa: E402
 import fixes  # noqa: E402
 import lm  # noqa: E402
-from report import diagnose_rounds, finish_report  # noqa: E402
+from report import diagnose_rounds, finish_report, load_report  # noqa: E402
 
 from fleet.contracts.sandbox import RewardMode  # noqa: E402
 
@@ -253,7 +253,7 @@ def diagnose_stage(args: argparse.Namespace) -> None:
     if args.finish:
         finish_report(args.report, args.data, MAX_PROMPT, CONTEXT)
         return
-    rounds = json.loads(args.report.read_text())["validation_tasks"]
+    rounds = load_report(args.report)["validation_tasks"]
     write(args.out, args.report.name.replace("grpo_", "diagnosis_"),
           {"report": str(args.report), "diagnosis": diagnose_rounds(rounds, args.data, MAX_PROMPT, CONTEXT)})
 

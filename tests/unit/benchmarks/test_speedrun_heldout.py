@@ -43,3 +43,13 @@ def test_verdict_errors_are_grouped_by_their_first_line_with_paths_and_numbers_b
     errors = {"a": "error: patch failed: voluptuous/validators.py:123\nerror: voluptuous/validators.py: patch does "
                    "not apply", "b": "error: patch failed: schema/__init__.py:9", "c": "corrupt patch at line 14"}
     assert report.error_kinds(errors) == {"error: patch failed: PATH:N": 2, "corrupt patch at line N": 1}
+
+
+def test_a_committed_report_reads_its_answers_back_from_beside_it() -> None:
+    """The fifth run's reports keep their logged held-out answers in `*.answers.json.xz`: read back, they give the
+    held-out figures the report holds (the bootstrap is seeded)."""
+    for mode in ("sync", "async"):
+        path = ROOT / "benchmarks" / "results" / "swe_speedrun" / "fifth_run" / f"grpo_{mode}.json"
+        full = report.load_report(path)
+        assert [r["step"] for r in full["validation_tasks"]] == [r["step"] for r in full["heldout"]]
+        assert report.heldout_changes(full["validation_tasks"]) == full["heldout"]
