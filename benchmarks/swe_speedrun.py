@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import corpus  # noqa: E402
 import fixes  # noqa: E402
 import lm  # noqa: E402
-from report import diagnose_rounds, finish_report, load_report  # noqa: E402
+from report import REMOVAL_KINDS, diagnose_rounds, finish_report, load_report  # noqa: E402
 
 from fleet.contracts.sandbox import RewardMode  # noqa: E402
 
@@ -200,6 +200,34 @@ def sft(args: argparse.Namespace) -> None:
                                  "corpus_examples": len(from_corpus)})
 
 
+def parse_kinds(spec: str) -> frozenset[str]:
+    """`--train-kinds`: `in-place` (every kind but REMOVAL_KINDS) or a comma-separated list of the builder's kinds.
+    No held-out answer of runs 3-5 resolved a removal bug (76 resolves, all of kinds that edit a line in place), so
+    their groups hold no resolve to learn from."""
+    from launch.data.mutations import BUG_KINDS
+
+    if spec == "in-place":
+        return frozenset(BUG_KINDS) - REMOVAL_KINDS
+    kinds = frozenset(k for k in spec.split(",") if k)
+    unknown = sorted(kinds - set(BUG_KINDS))
+    if unknown or not kinds:
+        raise SystemExit(f"--train-kinds: unknown bug kind(s) {unknown or spec!r}; known: in-place, "
+                         f"{', '.join(BUG_KINDS)}")
+    return kinds
+
+
+def kind_split(tasks: Path, kinds: frozenset[str], name: str = "train_kinds") -> tuple[str, int]:
+    """Write the training tasks of `kinds` as split `name` of the task set (`data.train.split=name`); the
+    validation split is left whole, so the evaluation does not change."""
+    from envs.swe.taskset import read_split, write_jsonl
+
+    chosen = [t for t in read_split(tasks, "train") if t.metadata.get("bug_kind") in kinds]
+    if not chosen:
+        raise SystemExit(f"--train-kinds: no training task of {tasks} has a kind in {sorted(kinds)}")
+    write_jsonl(tasks / f"{name}.jsonl", chosen)
+    return name, len(chosen)
+
+
 def grpo(args: argparse.Namespace) -> None:
     """GRPO through the whole fleet (benchmarks/gpu_fleet_swe.py) with greedy validation on held-out repos.
 
@@ -207,6 +235,10 @@ def grpo(args: argparse.Namespace) -> None:
     one device call instead of two, and the two modes share the same machine at the same time (the model is small;
     the sandbox, not the GPU, bounds the step)."""
     modes = ["sync", "async"] if args.mode == "both" else [args.mode]
+    if args.train_kinds:
+        split, n = kind_split(args.data / "tasks", parse_kinds(args.train_kinds))
+        log.info("GRPO trains on the %d training tasks of kinds %s", n, args.train_kinds)
+        args.overrides = [f"data.train.split={split}", *args.overrides]
     pool = args.pool or max(2, ((os.cpu_count() or 2) - 4) // len(modes))
     runs: dict[str, subprocess.Popen[bytes]] = {}
     for mode in modes:
@@ -374,6 +406,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--max-train-s", type=float, default=None,
                        help="grpo.max_train_s: the training loop's budget, a last validation round after it (keep "
                             "--timeout above it by the start, the first round and the last)")
+        s.add_argument("--train-kinds", default=None,
+                       help="grpo: train on these bug kinds only: `in-place` (all but the remove_* kinds, which no "
+                            "held-out answer of runs 3-5 resolved) or a comma-separated list; validation unchanged")
         s.add_argument("--task-timeout", type=float, default=20.0,
                        help="env.code.task_timeout: a sync step waits for its slowest verdict")
         s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")

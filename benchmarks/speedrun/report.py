@@ -38,6 +38,7 @@ def finish_report(path: Path, data: Path, max_prompt: int, context: str) -> None
     device call ran out before this step)."""
     report = load_report(path)
     report["heldout"] = heldout_changes(report["validation_tasks"])
+    report["heldout_by_family"] = by_family(report["validation_tasks"], data)
     report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
                                 for r in report["validation_tasks"]]
     report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, max_prompt, context)
@@ -92,19 +93,40 @@ def paired_bootstrap(before: list[bool], after: list[bool], *, samples: int = 10
     return sum(diffs) / n, stats[int(0.025 * samples)], stats[int(0.975 * samples) - 1]
 
 
-def heldout_changes(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def heldout_changes(rounds: list[dict[str, Any]], only: set[str] | None = None) -> list[dict[str, Any]]:
     """Per validation round: resolved tasks, and the change since the first round with its 95% bootstrap interval
-    (infrastructure errors in either round leave the task out of the pair)."""
+    (infrastructure errors in either round leave the task out of the pair); `only`: these tasks alone."""
     if not rounds:
         return []
     first = rounds[0]["verdicts"]
     out = []
     for r in rounds:
         tasks = sorted(t for t, k in r["verdicts"].items()
-                       if k != "infra_error" and first.get(t, "infra_error") != "infra_error")
+                       if k != "infra_error" and first.get(t, "infra_error") != "infra_error"
+                       and (only is None or t in only))
         diff, lo, hi = paired_bootstrap([first[t] == "resolved" for t in tasks],
                                         [r["verdicts"][t] == "resolved" for t in tasks])
         out.append({"step": r["step"], "tasks": len(tasks),
                     "resolved": sum(r["verdicts"][t] == "resolved" for t in tasks),
                     "change": diff, "change_ci95": [lo, hi]})
     return out
+
+
+# Bugs whose fix writes code back; the others edit a line in place (swe_speedrun.py `REMOVAL_KINDS`).
+REMOVAL_KINDS = frozenset({"remove_assign", "remove_cond", "remove_loop"})
+
+
+def by_family(rounds: list[dict[str, Any]], data: Path) -> dict[str, list[dict[str, Any]]]:
+    """`heldout_changes` over the held-out bugs fixed by editing a line in place and over those whose fix writes
+    code back (`REMOVAL_KINDS`): the same evaluation, split so that a recipe training on one family shows where
+    its change lies."""
+    from envs.swe.taskset import read_split
+
+    return family_changes(rounds, {t.instance_id: str(t.metadata.get("bug_kind"))
+                                   for t in read_split(data / "tasks", "validation")})
+
+
+def family_changes(rounds: list[dict[str, Any]], kinds: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """`by_family` with each task's bug kind given."""
+    removal = {t for t, k in kinds.items() if k in REMOVAL_KINDS}
+    return {"in_place": heldout_changes(rounds, set(kinds) - removal), "removal": heldout_changes(rounds, removal)}

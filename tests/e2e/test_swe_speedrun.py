@@ -53,6 +53,10 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
                    for r in per_task)
         assert all(set(r["errors"]) <= set(r["verdicts"]) for r in per_task)
         assert [h["step"] for h in grpo["heldout"]] == [0, 1] and grpo["heldout"][0]["change"] == 0.0
+        # The same rounds split into bugs fixed in place and bugs whose fix writes code back: they add up.
+        fam = grpo["heldout_by_family"]
+        assert [a["tasks"] + b["tasks"] for a, b in zip(fam["in_place"], fam["removal"], strict=True)] == \
+            [h["tasks"] for h in grpo["heldout"]]
         # Every logged answer is diagnosed against its task's code (speedrun/diagnose.py), one kind each.
         assert [d["step"] for d in grpo["diagnosis"]] == [0, 1]
         assert all(sum(d["kinds"].values()) == d["answers"] == 2 for d in grpo["diagnosis"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import report  # noqa: E402
@@ -53,3 +55,51 @@ def test_a_committed_report_reads_its_answers_back_from_beside_it() -> None:
         full = report.load_report(path)
         assert [r["step"] for r in full["validation_tasks"]] == [r["step"] for r in full["heldout"]]
         assert report.heldout_changes(full["validation_tasks"]) == full["heldout"]
+
+
+def builder_row(instance_id: str, kind: str, split: str) -> dict[str, object]:
+    """A row in the layout `grpo-fleet data build` writes (SWE-bench's keys and the builder's own)."""
+    patch = ("diff --git a/toolz/x.py b/toolz/x.py\n--- a/toolz/x.py\n+++ b/toolz/x.py\n@@ -1,2 +1,2 @@\n"
+             " def f(a, b):\n-    return a <= b\n+    return a < b\n")
+    return {"instance_id": instance_id, "repo": "toolz", "base_commit": "0" * 40, "patch": patch, "test_patch": "",
+            "problem_statement": "tests/test_x.py::test_y fails", "hints_text": "", "created_at": "2026-01-01",
+            "version": "1.2.0", "environment_setup_commit": "0" * 40, "FAIL_TO_PASS": ["tests/test_x.py::test_y"],
+            "PASS_TO_PASS": [], "repo_url": "", "test_command": "pytest", "test_files": ["tests/test_x.py"],
+            "bug_kind": kind, "function": "f", "file": "toolz/x.py", "split": split, "package": "toolz",
+            "recipe_version": 1}
+
+
+def test_training_on_some_bug_kinds_leaves_the_validation_split_whole(tmp_path: Path) -> None:
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import swe_speedrun
+
+    kinds = ["cmp_flip", "remove_assign", "const_change", "remove_loop"]
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(
+            json.dumps(builder_row(f"{split}{i}", k, split)) + "\n" for i, k in enumerate(kinds)))
+    name, n = swe_speedrun.kind_split(tmp_path, swe_speedrun.parse_kinds("in-place"))
+    chosen = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert n == 2 and [r["bug_kind"] for r in chosen] == ["cmp_flip", "const_change"]
+    assert len((tmp_path / "validation.jsonl").read_text().splitlines()) == 4
+    assert swe_speedrun.parse_kinds("remove_loop,cmp_flip") == {"remove_loop", "cmp_flip"}
+    with pytest.raises(SystemExit, match="unknown bug kind.*remove_everything"):
+        swe_speedrun.parse_kinds("remove_everything")
+    with pytest.raises(SystemExit, match="no training task"):
+        swe_speedrun.kind_split(tmp_path, frozenset({"op_swap"}))
+
+
+def test_the_two_bug_families_split_each_round_of_a_real_report() -> None:
+    """The fifth run's rounds split into in-place and removal bugs: the families' tasks and resolves add up to the
+    whole round's, each compared with its own first round."""
+    path = ROOT / "benchmarks" / "results" / "swe_speedrun" / "fifth_run" / "grpo_async.json"
+    rounds = report.load_report(path)["validation_tasks"]
+    kinds = {t: ("remove_assign" if i % 3 == 0 else "cmp_flip") for i, t in enumerate(rounds[0]["verdicts"])}
+    fam = report.family_changes(rounds, kinds)
+    whole = report.heldout_changes(rounds)
+    assert [a["tasks"] + b["tasks"] for a, b in zip(fam["in_place"], fam["removal"], strict=True)] == \
+        [w["tasks"] for w in whole]
+    assert [a["resolved"] + b["resolved"] for a, b in zip(fam["in_place"], fam["removal"], strict=True)] == \
+        [w["resolved"] for w in whole]
+    assert fam["in_place"][0]["change"] == fam["removal"][0]["change"] == 0.0
