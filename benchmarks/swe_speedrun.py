@@ -276,6 +276,9 @@ def fleet_command(args: argparse.Namespace, mode: str, pool: int) -> list[str]:
             # The failing tests alone first: most answers fail them, and the reward does not need the rest.
             f"env.code.fail_to_pass_first={str(args.reward_mode != 'pass_rate').lower()}",
             f"logger.val_answers_logged={args.val_tasks}",
+            # Most steps hold no group whose rewards differ (two in three in the sixth run): their gradient is 0,
+            # but AdamW would still step on momentum and weight decay (docs/swe-learning.md, "Sixth run").
+            "grpo.skip_update_without_signal=true",
             f"env.code.task_timeout={args.task_timeout}",
             *([f"grpo.max_train_s={args.max_train_s}"] if args.max_train_s else []), *args.overrides]
 

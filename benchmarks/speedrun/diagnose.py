@@ -151,6 +151,10 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
     each kind was scored, the gold-patch flags, and a few answers of each kind."""
     out = []
     readers: dict[str, Callable[[str], str | None]] = {}  # a task's files are read once for all its rounds
+    # An answer that does not end on an end token ran into the generation limit: a policy that degenerates into
+    # repeating itself (the sixth run's held-out answers, 5 -> 79) shows here first.
+    ends = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+            if isinstance(i, int) and i != tokenizer.unk_token_id}
     for r in rounds:
         answers: dict[str, list[int]] = r.get("answers", {})
         if not answers:
@@ -159,7 +163,9 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
         by_verdict: Counter[str] = Counter()
         flags: Counter[str] = Counter()
         samples: dict[str, list[dict[str, Any]]] = {}
+        unfinished = 0
         for task_id, ids in sorted(answers.items()):
+            unfinished += int(not ids or ids[-1] not in ends)
             task = tasks[task_id]
             text = tokenizer.decode(ids, skip_special_tokens=True)
             prompt = (prompts or {}).get(task_id, "")
@@ -175,5 +181,6 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
             if len(samples.setdefault(kind, [])) < examples:
                 samples[kind].append({"task": task_id, "detail": d.detail, "answer": text[-1200:]})
         out.append({"step": r["step"], "answers": len(answers), "kinds": dict(kinds.most_common()),
-                    "kinds_by_verdict": dict(sorted(by_verdict.items())), "gold": dict(flags), "examples": samples})
+                    "kinds_by_verdict": dict(sorted(by_verdict.items())), "gold": dict(flags),
+                    "unfinished": unfinished, "examples": samples})
     return out

@@ -120,3 +120,23 @@ def test_each_hunk_is_read_against_its_own_file_in_a_diff_of_several() -> None:
     assert diagnose.diagnose(answer(diff), diff, files.get).kind == "anchored"
     files["new.py"] = "c = 4\n"  # creating a file that is already there does not apply
     assert diagnose.diagnose(answer(diff), diff, files.get).kind == "path"
+
+
+def test_an_answer_cut_off_by_the_generation_limit_is_counted_unfinished(repo: tuple[Path, str]) -> None:
+    """A round's answers as token ids (the fleet's log): one ends on the chat's end token, one loops until the
+    limit cuts it (as the sixth run's held-out answers did after GRPO)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from workshop.resolve import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("tiny-qwen2"))
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    finished = tok.encode(answer(GOLD)) + [end]
+    looping = tok.encode(answer("-    if if if if if if if if")) * 8
+    task = SimpleNamespace(repo="", base_commit=repo[1], patch=GOLD)  # repos / ".git" is the fixture's repository
+    rounds = [{"step": 0, "verdicts": {"a": "resolved", "b": "no_patch"}, "answers": {"a": finished, "b": looping}}]
+    (table,) = diagnose.round_table(rounds, {"a": task, "b": task}, tok, repo[0].parent)
+    assert table["answers"] == 2 and table["unfinished"] == 1
+    assert table["kinds"]["anchored"] == 1
