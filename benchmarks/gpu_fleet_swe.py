@@ -54,6 +54,9 @@ STEP_KEYS = {  # per-step figure -> metrics.jsonl key
     "scoring_s_max": "rollout/scoring_s_max", "scoring_s_mean": "rollout/scoring_s_mean",
     "samples": "data/samples", "response_len_mean": "data/response_len_mean", "reward_mean": "reward/mean",
     "age_max": "age/max", "zero_std_groups_frac": "data/zero_std_groups_frac",
+    # Drift: answers cut off by the generation limit (a policy looping), the update's size, steps left unapplied.
+    "truncated_frac": "data/truncated_frac", "grad_norm": "train/grad_norm",
+    "skipped_no_signal": "train/skipped_no_signal",
 }
 
 
@@ -144,7 +147,8 @@ async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir:
 
 
 def per_step(run_dir: Path) -> list[dict[str, Any]]:
-    rows = [r for r in read_jsonl(run_dir / "logs" / "metrics.jsonl") if "loss/loss" in r]
+    # A training step's row, the ones `grpo.skip_update_without_signal` left without an update (no loss) included.
+    rows = [r for r in read_jsonl(run_dir / "logs" / "metrics.jsonl") if "train/optimizer_updates" in r]
     out = []
     for r in rows:
         step = {"step": r["step"], **{k: r.get(key) for k, key in STEP_KEYS.items()}}
