@@ -32,6 +32,14 @@ import pytest
 # Child processes started by tests (services, torchrun) must not fight over the two cores with BLAS threads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# vLLM's own CPU binding (`auto`) pins the model runner of every engine to the same core: on a 2-core host it keeps
+# the last core back for the scheduler and binds the one OpenMP thread, and with it all 46 threads of the
+# `VLLM::Worker`, to core 0. The chaos fleet's two engines then share core 0 (and, in the suite, with the engine of a
+# test on the other xdist worker): its heal test alone took 82-110 s and 148-223 CPU-seconds of the machine pinned,
+# 63-65 s and 128-135 CPU-s unpinned (each engine's start 22-34 -> 15 s). Unpinned, the one thread runs where the
+# kernel finds room. This also wins over `vllm_cfg.cpu_threads=affinity` (rollout/engine/vllm_engine.py yields to a
+# binding in the environment), which no test runs on a real engine.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 # vLLM's processes talk over ZeroMQ sockets named <VLLM_RPC_BASE_PATH>/<uuid> (default: /tmp itself), and an engine
 # killed with SIGKILL (the chaos and process-lifetime tests do it on purpose) never removes its own: over a day of

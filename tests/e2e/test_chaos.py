@@ -44,6 +44,10 @@ KILLS = [("rollout-1", 1), ("sandbox", 3), ("replay-buffer", 5), ("redis", 7), (
 ASYNC = ["rollout.num_workers=2", "grpo.async_grpo.max_trajectory_age_steps=2", "replay_buffer.lease_timeout_s=20",
          "services.outage_report_s=5", "policy.prefix_sharing=false"]
 RUN_TIMEOUT_S = 1500
+# The Redis-down bound: the run waits this long on a stopped Redis before it fails, so the test pays it once. Not
+# below the buffer's Redis socket timeout (10 s, services/runtime/redis_client.py): the trainer's first call then
+# meets the buffer's answer that names Redis before either gives up, as with any longer bound.
+REDIS_BOUND_S = 10
 
 
 def session_of(pid: int) -> int | None:
@@ -247,8 +251,8 @@ def test_redis_down_past_the_bound_stops_the_run_and_the_same_command_resumes(ta
     # One rollout worker on the in-process `hf` engine: the bound is each client's, the same for one worker as for
     # two and whatever the engine; a vLLM engine (about 20 CPU-seconds of imports in three processes), started for
     # the failed run and again for its resume, only costs the suite time. The heal test above runs vLLM.
-    cmd = fleet_cmd(run_dir, task_slice, "grpo.max_num_steps=2", "services.outage_tolerance_s=20", *ASYNC,
-                    "rollout.num_workers=1", "policy.generation.backend=hf")
+    cmd = fleet_cmd(run_dir, task_slice, "grpo.max_num_steps=2", f"services.outage_tolerance_s={REDIS_BOUND_S}",
+                    *ASYNC, "rollout.num_workers=1", "policy.generation.backend=hf")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     out: list[str] = []
@@ -279,7 +283,7 @@ def test_redis_down_past_the_bound_stops_the_run_and_the_same_command_resumes(ta
     text = "".join(out)
     assert stopped, "Redis was never stopped: the test did not test anything\n" + text[-4000:]
     assert rc != 0, text[-8000:]
-    down = [ln for ln in out if "has been down for" in ln and "services.outage_tolerance_s=20" in ln]
+    down = [ln for ln in out if "has been down for" in ln and f"services.outage_tolerance_s={REDIS_BOUND_S}" in ln]
     assert any("redis at unix://" in ln for ln in down), text[-8000:]  # the message names Redis
 
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

@@ -32,9 +32,12 @@ def _ipc_leftovers() -> set[str]:
 
 def test_computer_use_fleet_trains_on_screenshots_with_in_flight_pushes(tmp_path: Path) -> None:
     run_dir = tmp_path / "cu"
+    # One action (two turns): an episode is still screenshot | generated | observation | generated, so the loss check
+    # below meets image and observation tokens between generated ones. The trainer's steps cost in proportion to
+    # the tokens, and the random policy spends every action it is given (turns 4 -> 2, ~1,480 -> ~1,230 per sample).
     cmd = [sys.executable, "-m", "launch.cli", "up", "--config", "examples/configs/grpo_computer_use_tiny.yaml",
            f"run.dir={run_dir}", "grpo.max_num_steps=3", "logger.tensorboard_enabled=false",
-           "checkpointing.save_period=10"]
+           "checkpointing.save_period=10", "env.computer_use.max_actions=1"]
     # As a user runs it: without the test session's folder for vLLM's sockets, so the launcher makes its own.
     env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
     before = _ipc_leftovers()
