@@ -46,8 +46,15 @@ async def test_the_renderer_has_no_network_and_sees_no_host_file_outside_the_sys
         await r.close()
 
 
+def long_lease(cfg: SandboxConfig) -> SandboxConfig:
+    """The fixture's 2 s lease is for the reaping tests: an owner that never renews loses its session 2 s after
+    opening it. Here the sessions must outlive their opening, however slowly a loaded host starts a browser (a CI run
+    lost the first of two sessions to `owner_lost` while the second one started)."""
+    return cfg.model_copy(update={"sessions": cfg.sessions.model_copy(update={"lease_s": 600.0})})
+
+
 async def test_stopping_the_executor_kills_every_browser(sandbox_cfg: SandboxConfig) -> None:
-    srv = SandboxServer(sandbox_cfg)
+    srv = SandboxServer(long_lease(sandbox_cfg))
     await srv.start()
     try:
         async with aiohttp.ClientSession() as http:
@@ -77,7 +84,7 @@ asyncio.run(main())
 
 @pytest.mark.slow
 async def test_a_killed_executor_leaves_no_browser_behind(sandbox_cfg: SandboxConfig) -> None:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SERVE, sandbox_cfg.model_dump_json(),
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _SERVE, long_lease(sandbox_cfg).model_dump_json(),
                                                 cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
