@@ -112,7 +112,8 @@ def heldout_changes(rounds: list[dict[str, Any]], only: set[str] | None = None) 
     return out
 
 
-# Bugs whose fix writes code back; the others edit a line in place (swe_speedrun.py `REMOVAL_KINDS`).
+# Bugs whose fix writes code back; the others edit a line in place (`swe_speedrun.py grpo --train-kinds in-place`
+# trains on those alone).
 REMOVAL_KINDS = frozenset({"remove_assign", "remove_cond", "remove_loop"})
 
 
