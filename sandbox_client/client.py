@@ -27,6 +27,7 @@ import aiohttp
 
 from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S, TOKEN_ENV, TaskSpec, Verdict
 from sandbox_client.endpoints import EndpointPool, EndpointState, Gate, http_session, stop_task
+from sandbox_client.health import runner_of
 from sandbox_client.results import SandboxAuthError, SandboxRequestError, SandboxResult, SandboxUnavailable
 
 if TYPE_CHECKING:
@@ -350,9 +351,9 @@ class SandboxClient:
                 ok = resp.status == 200
                 if ok:
                     health = await self._json(resp)
-                    size, runner = health.get("pool_size"), health.get("test_runner")
+                    size = health.get("pool_size")
                     state.pool_size = size if isinstance(size, int) and size > 0 else None
-                    state.test_runner = runner if isinstance(runner, dict) else None
+                    state.test_runner = runner_of(health)
         except _TRANSPORT_ERRORS as exc:
             ok, state.last_error = False, f"healthz: {type(exc).__name__}: {exc}"
         if ok:

@@ -31,6 +31,12 @@ def _test_runner(url: str, timeout_s: float) -> dict[str, str] | None:
             return None
     except (OSError, ValueError):
         return None
+    return runner_of(health)
+
+
+def runner_of(health: object) -> dict[str, str] | None:
+    """The `test_runner` of a /healthz body ({"python", "pytest"}), or None where it is missing or malformed (an
+    executor that predates the field). Read here for the trainer's start-up check and by `SandboxClient`."""
     runner = health.get("test_runner") if isinstance(health, dict) else None
     if not isinstance(runner, dict) or not runner:
         return None

@@ -100,7 +100,7 @@ def load_sources(data: DataConfig, tokenizer: Any, deps: SourceDeps, *,
         warn_on_test_runner_mismatch(train.dataset.root, deps.env.code.sandbox_urls)
     if not validate:
         return train, None
-    val_cfg = data.validation or data.train.model_copy(update={"split": "validation", "max_samples": None})
+    val_cfg = data.validation_or_default()
     try:
         return train, EnvTaskSource(val_cfg, tokenizer, deps)
     except (FileNotFoundError, KeyError, ValueError) as exc:
