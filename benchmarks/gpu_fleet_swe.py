@@ -73,6 +73,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="a task set from `grpo-fleet data build`")
     p.add_argument("--model", default=None, help="an HF model folder (default: the random 0.5B shape, made here)")
     p.add_argument("--run-dir", default=None)
+    p.add_argument("--checkpoint", action="store_true",
+                   help="write one checkpoint, at the end, so that a later call can continue the run (--resume)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its newest checkpoint (weights, optimizer, data "
+                        "position; metrics and logs append) instead of starting it afresh; implies --checkpoint")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds the fleet may run")
     p.add_argument("--out", default="fleet_swe.json")
     p.add_argument("--logs", action="store_true", help="copy the processes' logs beside --out")
@@ -115,7 +120,10 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
         # env.code.num_workers is left unset: the one worker then keeps as many tasks in flight as the pool has
         # runners (the fourth speedrun run, with a fixed 4, scored its 128 answers 4 at a time on 12 runners).
         f"sandbox.pool_size={args.pool}",
-        f"rollout.max_groups_in_flight={2 * args.prompts}", "checkpointing.enabled=false",
+        f"rollout.max_groups_in_flight={2 * args.prompts}",
+        # A run continued by a later call (a device call may run 600 s) needs one checkpoint, at the end.
+        *(["checkpointing.enabled=true", "checkpointing.save_period=100000", "checkpointing.keep_top_k=1"]
+          if args.checkpoint or args.resume else ["checkpointing.enabled=false"]),
         "logger.tensorboard_enabled=false", "logger.progress_bar=false", "policy.weight_sync.transport=tcp",
     ]
     if os.environ.get("GRPO_FLEET_TEST_PYTHON"):  # lent_gpu_env.sh: the pytest the task set's ids were made with
@@ -125,7 +133,8 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
               "data.train.max_prompt_length=896"]
     else:
         o += ["policy.precision=bfloat16", "policy.generation.device=cuda"]
-    return [*o, *args.overrides]
+    # The weights a continuation starts from were validated by the last round of the call before.
+    return [*o, *args.overrides, *(["grpo.val_at_start=false"] if args.resume else [])]
 
 
 async def run_fleet(args: argparse.Namespace, cfg: Any, ovr: list[str], run_dir: Path) -> dict[str, Any]:
@@ -187,7 +196,8 @@ def main() -> int:
     if not (Path(args.tasks) / "SOURCES_SHA256").exists() and not any(Path(args.tasks).glob("*.json*")):
         raise SystemExit(f"--tasks {args.tasks}: no task set there (build one with `grpo-fleet data build --out`)")
     run_dir = Path(args.run_dir or f"/tmp/gpu-fleet-swe-{args.mode}-{int(time.time())}")
-    shutil.rmtree(run_dir, ignore_errors=True)
+    if not args.resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.monotonic()
     model = args.model or make_model(args.cpu)
     make_s = time.monotonic() - t0

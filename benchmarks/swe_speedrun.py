@@ -216,14 +216,34 @@ def parse_kinds(spec: str) -> frozenset[str]:
     return kinds
 
 
-def kind_split(tasks: Path, kinds: frozenset[str], name: str = "train_kinds") -> tuple[str, int]:
-    """Write the training tasks of `kinds` as split `name` of the task set (`data.train.split=name`); the
-    validation split is left whole, so the evaluation does not change."""
+def library_frames(statement: str, test_files: list[str]) -> bool:
+    """Whether the statement's traceback passes through the library (a frame in a file that is not a test file):
+    then the line that raised is in the statement, and the buggy function is often one of those frames. Read off
+    the statement alone, as the retrieval reads it (`envs.swe.retrieval.traceback_lines`), never off the gold
+    patch."""
+    from envs.swe.retrieval import traceback_lines
+
+    def is_test(path: str) -> bool:
+        name = path.rsplit("/", 1)[-1]
+        return (name.startswith("test") or "/test" in f"/{path}"
+                or any(path == t or path.endswith(f"/{t}") or t.endswith(f"/{path}") for t in test_files))
+
+    return any(not is_test(path) for path, _ in traceback_lines(statement))
+
+
+def train_split(tasks: Path, kinds: frozenset[str] | None, frames: bool, name: str = "train_kinds"
+                ) -> tuple[str, int]:
+    """Write the training tasks of `kinds` (None: every kind) whose statement shows a library frame (`frames`) as
+    split `name` of the task set (`data.train.split=name`); the validation split is left whole, so the evaluation
+    does not change."""
     from envs.swe.taskset import read_split, write_jsonl
 
-    chosen = [t for t in read_split(tasks, "train") if t.metadata.get("bug_kind") in kinds]
+    chosen = [t for t in read_split(tasks, "train")
+              if (kinds is None or t.metadata.get("bug_kind") in kinds)
+              and (not frames or library_frames(t.problem_statement, list(t.metadata.get("test_files") or [])))]
     if not chosen:
-        raise SystemExit(f"--train-kinds: no training task of {tasks} has a kind in {sorted(kinds)}")
+        raise SystemExit(f"--train-kinds/--train-frames: no training task of {tasks} has a kind in "
+                         f"{sorted(kinds or ['any'])}{' and a library frame' if frames else ''}")
     write_jsonl(tasks / f"{name}.jsonl", chosen)
     return name, len(chosen)
 
@@ -235,9 +255,11 @@ def grpo(args: argparse.Namespace) -> None:
     one device call instead of two, and the two modes share the same machine at the same time (the model is small;
     the sandbox, not the GPU, bounds the step)."""
     modes = ["sync", "async"] if args.mode == "both" else [args.mode]
-    if args.train_kinds:
-        split, n = kind_split(args.data / "tasks", parse_kinds(args.train_kinds))
-        log.info("GRPO trains on the %d training tasks of kinds %s", n, args.train_kinds)
+    if args.train_kinds or args.train_frames:
+        kinds = parse_kinds(args.train_kinds) if args.train_kinds else None
+        split, n = train_split(args.data / "tasks", kinds, args.train_frames)
+        log.info("GRPO trains on the %d training tasks of kinds %s%s", n, args.train_kinds or "(all)",
+                 " whose statement shows a library frame" if args.train_frames else "")
         args.overrides = [f"data.train.split={split}", *args.overrides]
     pool = args.pool or max(2, ((os.cpu_count() or 2) - 4) // len(modes))
     runs: dict[str, subprocess.Popen[bytes]] = {}
@@ -265,7 +287,11 @@ def fleet_command(args: argparse.Namespace, mode: str, pool: int) -> list[str]:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_fleet_swe.py"), "--mode", mode, "--model",
            str(args.model), "--tasks", str(args.data / "tasks"), "--steps", str(args.steps), "--prompts",
            str(args.prompts), "--generations", str(args.generations), "--max-new-tokens", str(MAX_NEW),
-           "--timeout", str(args.timeout), "--pool", str(pool), "--out", str(args.out / f"grpo_{mode}.json")]
+           "--timeout", str(args.timeout), "--pool", str(pool), "--out", str(args.out / f"grpo_{mode}.json"),
+           # A fixed run folder and a checkpoint at the end: a later `grpo --resume` call continues the run.
+           "--run-dir", str((args.run_root or args.out / "runs") / mode), "--checkpoint"]
+    if args.resume:
+        cmd.append("--resume")
     if args.cpu:
         cmd.append("--cpu")
     return [*cmd, f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
@@ -412,6 +438,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--train-kinds", default=None,
                        help="grpo: train on these bug kinds only: `in-place` (all but the remove_* kinds, which no "
                             "held-out answer of runs 3-5 resolved) or a comma-separated list; validation unchanged")
+        s.add_argument("--train-frames", action="store_true",
+                       help="grpo: train only on tasks whose statement's traceback passes through the library (the "
+                            "raising line is then in the prompt: every one of the 120 held-out resolves of runs 4-6 "
+                            "was such a task); validation unchanged")
+        s.add_argument("--run-root", type=Path, default=None,
+                       help="grpo: the fleets' run folders, ROOT/sync and ROOT/async (default: OUT/runs)")
+        s.add_argument("--resume", action="store_true",
+                       help="grpo: continue the runs in --run-root from their checkpoints (another device call "
+                            "while the machine stays warm); the report then covers both calls")
         s.add_argument("--task-timeout", type=float, default=20.0,
                        help="env.code.task_timeout: a sync step waits for its slowest verdict")
         s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")

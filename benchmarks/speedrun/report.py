@@ -46,6 +46,8 @@ def finish_report(path: Path, data: Path, max_prompt: int, context: str) -> None
         report.pop("validation_tasks")
     path.write_text(json.dumps(report, indent=1))
     log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
+    log.info("%s held-out resolved by round: %s", path.name,
+             ", ".join(f"step {r['step']}: {r['resolved']}" for r in report["heldout"]))
     for r in report["diagnosis"]:
         log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
 

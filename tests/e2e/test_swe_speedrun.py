@@ -60,3 +60,19 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         # Every logged answer is diagnosed against its task's code (speedrun/diagnose.py), one kind each.
         assert [d["step"] for d in grpo["diagnosis"]] == [0, 1]
         assert all(sum(d["kinds"].values()) == d["answers"] == 2 for d in grpo["diagnosis"])
+    # A later device call continues both runs from the checkpoints the first wrote (`grpo --resume`): the trainer
+    # resumes at step 1 without validating the same weights again, and the report then holds both calls' rounds.
+    proc = subprocess.run([sys.executable, "benchmarks/swe_speedrun.py", "grpo", "--cpu", "--resume", "--out",
+                           str(out), "--data", str(out / "data"), "--model", str(out / "models" / "sft"),
+                           "--steps", "2", "--prompts", "2", "--generations", "2", "--val-period", "1",
+                           "--val-tasks", "2", "--timeout", "240"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for mode in ("sync", "async"):
+        trainer_log = (out / "runs" / mode / "logs" / "processes" / "trainer.log").read_text()
+        assert "resuming from" in trainer_log and "step_00000001" in trainer_log
+        grpo = json.loads((out / f"grpo_{mode}.json").read_text())
+        assert grpo["fleet"]["rc"] == 0 and not grpo["accounting"]["violations"]
+        assert [r["val/step"] for r in grpo["validation"]] == [0.0, 1.0, 2.0]
+        assert grpo["trained_groups"]["steps"] == 2 and grpo["trained_groups"]["unique"] == 4
+        assert [h["step"] for h in grpo["heldout"]] == [0, 1, 2]

@@ -79,7 +79,7 @@ def test_training_on_some_bug_kinds_leaves_the_validation_split_whole(tmp_path: 
     for split in ("train", "validation"):
         (tmp_path / f"{split}.jsonl").write_text("".join(
             json.dumps(builder_row(f"{split}{i}", k, split)) + "\n" for i, k in enumerate(kinds)))
-    name, n = swe_speedrun.kind_split(tmp_path, swe_speedrun.parse_kinds("in-place"))
+    name, n = swe_speedrun.train_split(tmp_path, swe_speedrun.parse_kinds("in-place"), frames=False)
     chosen = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
     assert n == 2 and [r["bug_kind"] for r in chosen] == ["cmp_flip", "const_change"]
     assert len((tmp_path / "validation.jsonl").read_text().splitlines()) == 4
@@ -87,7 +87,7 @@ def test_training_on_some_bug_kinds_leaves_the_validation_split_whole(tmp_path: 
     with pytest.raises(SystemExit, match="unknown bug kind.*remove_everything"):
         swe_speedrun.parse_kinds("remove_everything")
     with pytest.raises(SystemExit, match="no training task"):
-        swe_speedrun.kind_split(tmp_path, frozenset({"op_swap"}))
+        swe_speedrun.train_split(tmp_path, frozenset({"op_swap"}), frames=False)
 
 
 def test_the_two_bug_families_split_each_round_of_a_real_report() -> None:
@@ -103,3 +103,58 @@ def test_the_two_bug_families_split_each_round_of_a_real_report() -> None:
     assert [a["resolved"] + b["resolved"] for a, b in zip(fam["in_place"], fam["removal"], strict=True)] == \
         [w["resolved"] for w in whole]
     assert fam["in_place"][0]["change"] == fam["removal"][0]["change"] == 0.0
+
+
+LIBRARY_TRACEBACK = """I ran the test suite of isodate and got failures.
+
+```
+test_parse[19850412T1015-expected0]
+tests/test_datetime.py:151: in test_parse
+    assert parse_datetime(datetimestring) == expected
+src/isodate/isodatetime.py:33: in parse_datetime
+    return datetime.combine(tmptime, tmpdate)
+E   TypeError: combine() argument 1 must be datetime.date, not datetime.time
+```
+"""
+
+TEST_ONLY_TRACEBACK = """These 2 tests fail:
+
+```
+test_y
+tests/test_x.py:12: in test_y
+    assert f(1, 2)
+E   assert False
+```
+"""
+
+
+def test_training_on_tasks_whose_traceback_passes_through_the_library(tmp_path: Path) -> None:
+    """`--train-frames` keeps the training tasks whose statement shows a frame outside the tests (the line that
+    raised is then in the prompt), read off the statement in the builder's layout; validation stays whole."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import swe_speedrun
+
+    assert swe_speedrun.library_frames(LIBRARY_TRACEBACK, ["tests/test_datetime.py"])
+    assert not swe_speedrun.library_frames(TEST_ONLY_TRACEBACK, ["tests/test_x.py"])
+    # A test file named by the task is a test file wherever it lives (pytest prints it relative to the checkout).
+    assert not swe_speedrun.library_frames(TEST_ONLY_TRACEBACK.replace("tests/test_x.py", "check_x.py"),
+                                           ["check_x.py"])
+    assert not swe_speedrun.library_frames("tests/test_x.py::test_y fails", ["tests/test_x.py"])
+    rows = []
+    for i, (kind, statement) in enumerate([("cmp_flip", LIBRARY_TRACEBACK), ("cmp_flip", TEST_ONLY_TRACEBACK),
+                                           ("remove_assign", LIBRARY_TRACEBACK)]):
+        row = builder_row(f"train{i}", kind, "train")
+        row["problem_statement"] = statement
+        rows.append(row)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "validation.jsonl").write_text(json.dumps(builder_row("val0", "cmp_flip", "validation")) + "\n")
+    name, n = swe_speedrun.train_split(tmp_path, None, frames=True)
+    assert n == 2 and [json.loads(x)["instance_id"] for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()] \
+        == ["train0", "train2"]
+    name, n = swe_speedrun.train_split(tmp_path, swe_speedrun.parse_kinds("in-place"), frames=True)
+    assert n == 1
+    with pytest.raises(SystemExit, match="library frame"):
+        swe_speedrun.train_split(tmp_path, frozenset({"op_swap"}), frames=True)
+    assert len((tmp_path / "validation.jsonl").read_text().splitlines()) == 1
