@@ -185,6 +185,39 @@ def sandbox_runs(run_dir: Path) -> dict[str, Any]:
             "by_status": dict(sorted(Counter(status for status, _ in runs).items()))}
 
 
+def training_tasks(trained: list[dict[str, Any]], top: int = 10) -> dict[str, Any]:
+    """What the steps trained on, task by task (trained_groups.jsonl's `tasks` and `resolved`): how many tasks,
+    how many of them had an answer resolve them, in the first and the second half of the run, and how much of the
+    resolving came from the few tasks resolved most. A training resolve rate that rises on a handful of tasks seen
+    again and again is memorisation; one that spreads over tasks is a skill."""
+    rows = [r for r in trained if "tasks" in r]
+    if not rows:
+        return {}
+    half = rows[len(rows) // 2]["step"] if len(rows) > 1 else rows[0]["step"] + 1
+
+    def tally(part: list[dict[str, Any]]) -> tuple[Counter[str], Counter[str]]:
+        groups: Counter[str] = Counter()
+        resolved: Counter[str] = Counter()
+        for r in part:
+            for task, n in zip(r["tasks"], r["resolved"], strict=True):
+                groups[task] += 1
+                resolved[task] += n
+        return groups, resolved
+
+    def summary(part: list[dict[str, Any]]) -> dict[str, Any]:
+        groups, resolved = tally(part)
+        total = sum(resolved.values())
+        return {"steps": len(part), "groups": sum(groups.values()), "tasks": len(groups),
+                "tasks_resolved": sum(1 for n in resolved.values() if n), "resolved_answers": total,
+                "top5_share": sum(n for _, n in resolved.most_common(5)) / total if total else 0.0}
+
+    groups, resolved = tally(rows)
+    return {**summary(rows), "first_half": summary([r for r in rows if r["step"] < half]),
+            "second_half": summary([r for r in rows if r["step"] >= half]),
+            "most_resolved": [{"task": t, "groups": groups[t], "resolved": n}
+                              for t, n in resolved.most_common(top) if n]}
+
+
 def main() -> int:
     args = parse()
     from fleet.config import load_config
@@ -215,6 +248,7 @@ def main() -> int:
         "config_overrides": ovr, "fleet": fleet, "accounting": acc,
         "trained_groups": {"steps": len(trained), "groups": len(ids), "unique": len(set(ids)),
                            "per_step": [len(t["groups"]) for t in trained]},
+        "training_tasks": training_tasks(trained),
         "per_step": steps, "validation": validation_rounds(run_dir), "sandbox_runs": sandbox_runs(run_dir),
         "validation_tasks": [json.loads(x) for x in val_path.read_text().splitlines()] if val_path.exists() else [],
     }

@@ -276,7 +276,7 @@ def grpo(args: argparse.Namespace) -> None:
         rc = proc.wait()
         path = args.out / f"grpo_{mode}.json"
         if path.is_file():  # a fleet that ran out of time still reports the rounds it finished
-            finish_report(path, args.data, MAX_PROMPT, CONTEXT)
+            finish_report(path, args.data, MAX_PROMPT, CONTEXT, diagnosis=args.diagnose)
         if rc:
             failed.append(f"{mode} exited {rc}")
     if failed:
@@ -447,6 +447,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--resume", action="store_true",
                        help="grpo: continue the runs in --run-root from their checkpoints (another device call "
                             "while the machine stays warm); the report then covers both calls")
+        s.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=True,
+                       help="grpo: diagnose every logged held-out answer after the fleets (~40-60 s a report; "
+                            "--no-diagnose leaves it to `diagnose --finish` on any machine)")
         s.add_argument("--task-timeout", type=float, default=20.0,
                        help="env.code.task_timeout: a sync step waits for its slowest verdict")
         s.add_argument("--tasks", default=str(ROOT / ".gpu" / "tasks"), help="smoke: the task set to use")

@@ -93,8 +93,10 @@ base() {
 }
 
 sft() {
+    # SFT_FROM_TRAIN: the share of the GRPO training repositories' functions whose bugs become SFT examples (GRPO
+    # then trains on the rest). 0 leaves those repositories' paths as unseen as the held-out ones (the seventh run).
     python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" --diff-context "$DIFF_CONTEXT" \
-      2>&1 | quiet
+      --sft-from-train "${SFT_FROM_TRAIN:-0.5}" 2>&1 | quiet
     cp "$WORK"/sft_examples.json "$OUT"/
     if [ -f "$DATA/sft-tasks/train.jsonl" ]; then  # built by `base`
       python3 benchmarks/swe_speedrun.py fixes --data "$DATA" --out "$WORK" --corpus-fixes 0 \
@@ -115,17 +117,14 @@ case "$stage" in
     mode=${1:-both}
     shift || true
     status=0
+    # Reports and logs straight into $OUT: a call that runs out of time while the reports are diagnosed still
+    # brings back what the fleets wrote (`diagnose --finish` completes them anywhere). The runs stay in
+    # $WORK/runs with a checkpoint, for a later `grpo --resume` call while the machine is warm.
     python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "$WORK/models/sft" \
-      --out "$WORK" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
-    # Copied whatever the outcome: a fleet that ran out of time still reports the steps and rounds it finished.
-    modes=$mode
-    if [ "$mode" = both ]; then modes="sync async"; fi
-    for m in $modes; do  # only this call's: an earlier call's reports may still lie in $WORK
-      for f in "$WORK/grpo_$m.json" "$WORK/grpo_$m.log"; do
-        if [ -f "$f" ]; then cp "$f" "$OUT"/; fi
-      done
-      if [ "$mode" = both ] && [ -f "$WORK/grpo_$m.log" ]; then grep -v "^ " "$WORK/grpo_$m.log" | tail -15; fi
-    done
+      --out "$OUT" --run-root "$WORK/runs" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
+    if [ "$mode" = both ]; then
+      for m in sync async; do if [ -f "$OUT/grpo_$m.log" ]; then grep -v "^ " "$OUT/grpo_$m.log" | tail -15; fi; done
+    fi
     exit "$status" ;;
   *) echo "usage: $0 stash|base|sft|model|grpo sync|async|both [options]" >&2; exit 2 ;;
 esac

@@ -219,7 +219,9 @@ class TrainLoop:
         r0.metrics.histogram(batch.step, "age/histogram", [float(a) for a in batch.ages])
         r0.state.metrics = {**self._last_validation, **merged}
         with (r0.log_dir / "trained_groups.jsonl").open("a") as fh:
-            fh.write(json.dumps({"step": batch.step, "epoch": coord.epoch, "groups": batch.group_ids}) + "\n")
+            fh.write(json.dumps({"step": batch.step, "epoch": coord.epoch, "groups": batch.group_ids,
+                                 "tasks": batch.group_tasks, "rewards": [round(r, 4) for r in batch.group_rewards],
+                                 "resolved": batch.group_resolved}) + "\n")
         r0.progress.update(merged, coord.buffer_stats() if self.logger.progress_bar else None)
 
     def _validate(self, log_step: int, weights_step: int) -> None:

@@ -24,6 +24,7 @@ def main(results: Path, out: Path) -> None:
     ax[0].set(xlabel="tokens (M)", ylabel="loss (nats/token)",
               title=f"pre-training: {pre['params'] / 1e6:.0f}M params, {pre['tokens_per_s'] / 1e3:.0f}k tok/s, "
                     f"{pre['heldout_bits_per_byte']:.2f} bits/byte held out")
+    resolved_ax = ax[3].twinx()
     for mode, style in (("sync", "-"), ("async", "--")):
         path = results / f"grpo_{mode}.json"
         if not path.is_file():
@@ -39,16 +40,27 @@ def main(results: Path, out: Path) -> None:
                        label=f"{kind} ({mode})")
         val = run["validation"]
         vsteps = [v["val/step"] for v in val]
-        for kind, color in (("no_patch", "C3"), ("patch_not_applied", "C1"), ("tests_failed", "C2"),
-                            ("resolved", "C0")):
+        for kind, color in (("no_patch", "C3"), ("patch_not_applied", "C1"), ("tests_failed", "C2")):
             ax[3].plot(vsteps, [v[f"val/verdict/{kind}"] / v["val/tasks"] for v in val], style + "o", color=color,
                        label=f"{kind} ({mode})")
+        # Resolves are a few tasks in hundreds: counted on their own axis, with the change's 95% interval (paired
+        # bootstrap over tasks, `report.heldout_changes`) around each round when the report has it.
+        held = run.get("heldout") or [{"step": v["val/step"], "resolved": v["val/verdict/resolved"]} for v in val]
+        first = held[0]["resolved"]
+        err = [[h["resolved"] - (first + h["change_ci95"][0] * h["tasks"]) for h in held],
+               [first + h["change_ci95"][1] * h["tasks"] - h["resolved"] for h in held]] \
+            if all("change_ci95" in h for h in held) else None
+        resolved_ax.errorbar([h["step"] for h in held], [h["resolved"] for h in held], yerr=err, fmt=style + "s",
+                             color="C0", capsize=3, label=f"resolved ({mode})")
     _diagnosis(ax[4], results)
     ax[1].set(xlabel="GRPO step", ylabel="mean reward / share of groups",
               title="training reward; groups whose rewards differ")
     ax[2].set(xlabel="GRPO step", ylabel="share of answers", title="training answers by outcome")
     ax[3].set(xlabel="GRPO step", ylabel="share of held-out tasks",
               title=f"held-out repos, greedy ({int(val[0]['val/tasks'])} tasks)")
+    resolved_ax.set_ylabel("held-out tasks resolved (95% interval of the change)", color="C0")
+    resolved_ax.set_ylim(bottom=0)
+    resolved_ax.legend(fontsize=7, loc="center right")
     for a in ax[1:]:
         a.legend(fontsize=7)
     fig.tight_layout()

@@ -32,23 +32,24 @@ def load_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def finish_report(path: Path, data: Path, max_prompt: int, context: str) -> None:
+def finish_report(path: Path, data: Path, max_prompt: int, context: str, diagnosis: bool = True) -> None:
     """Add to a fleet's report the held-out changes with their intervals, why patches did not apply, and the
     diagnosis of every logged answer (`grpo` does it where it ran; `diagnose --finish` anywhere, for a report whose
-    device call ran out before this step)."""
+    device call ran out before this step or left the diagnosis out: it rebuilds every prompt, ~40 s a report)."""
     report = load_report(path)
     report["heldout"] = heldout_changes(report["validation_tasks"])
     report["heldout_by_family"] = by_family(report["validation_tasks"], data)
     report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
                                 for r in report["validation_tasks"]]
-    report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, max_prompt, context)
+    if diagnosis:
+        report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, max_prompt, context)
     if answers_path(path).is_file():  # the answers stay where they were moved
         report.pop("validation_tasks")
     path.write_text(json.dumps(report, indent=1))
     log.info("held-out resolve rate: %s", json.dumps(report["heldout"]))
     log.info("%s held-out resolved by round: %s", path.name,
              ", ".join(f"step {r['step']}: {r['resolved']}" for r in report["heldout"]))
-    for r in report["diagnosis"]:
+    for r in report.get("diagnosis", []):
         log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
 
 

@@ -76,3 +76,5 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         assert [r["val/step"] for r in grpo["validation"]] == [0.0, 1.0, 2.0]
         assert grpo["trained_groups"]["steps"] == 2 and grpo["trained_groups"]["unique"] == 4
         assert [h["step"] for h in grpo["heldout"]] == [0, 1, 2]
+        # Both calls' steps named the tasks they trained on.
+        assert grpo["training_tasks"]["steps"] == 2 and grpo["training_tasks"]["groups"] == 4
