@@ -163,6 +163,9 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
         by_verdict: Counter[str] = Counter()
         flags: Counter[str] = Counter()
         samples: dict[str, list[dict[str, Any]]] = {}
+        # Per repository: [answers naming the gold patch's file, answers]. A held-out package's name is copied off
+        # the prompt's headers for some repositories and never for others (the seventh run: 4 of 8 never).
+        by_repo: dict[str, list[int]] = {}
         unfinished = 0
         for task_id, ids in sorted(answers.items()):
             unfinished += int(not ids or ids[-1] not in ends)
@@ -178,9 +181,13 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
             by_verdict[f"{kind}/{r['verdicts'].get(task_id, '?')}"] += 1
             for name in ("gold_file", "gold_removed", "gold_added", "no_op"):
                 flags[name] += int(getattr(d, name))
+            named = by_repo.setdefault(task.repo, [0, 0])
+            named[0] += int(d.gold_file)
+            named[1] += 1
             if len(samples.setdefault(kind, [])) < examples:
                 samples[kind].append({"task": task_id, "detail": d.detail, "answer": text[-1200:]})
         out.append({"step": r["step"], "answers": len(answers), "kinds": dict(kinds.most_common()),
                     "kinds_by_verdict": dict(sorted(by_verdict.items())), "gold": dict(flags),
+                    "gold_file_by_repo": dict(sorted(by_repo.items())),
                     "unfinished": unfinished, "examples": samples})
     return out

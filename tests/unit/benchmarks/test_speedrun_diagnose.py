@@ -140,3 +140,5 @@ def test_an_answer_cut_off_by_the_generation_limit_is_counted_unfinished(repo: t
     (table,) = diagnose.round_table(rounds, {"a": task, "b": task}, tok, repo[0].parent)
     assert table["answers"] == 2 and table["unfinished"] == 1
     assert table["kinds"]["anchored"] == 1
+    # Both answers are the task's repository's; only the finished one names the gold patch's file.
+    assert table["gold_file_by_repo"] == {"": [1, 2]}
