@@ -249,6 +249,8 @@ def main() -> int:
         "trained_groups": {"steps": len(trained), "groups": len(ids), "unique": len(set(ids)),
                            "per_step": [len(t["groups"]) for t in trained]},
         "training_tasks": training_tasks(trained),
+        # The rollout worker's own figures (the last call's, after a resume), the verdict cache's hits among them.
+        "workers": [json.loads(f.read_text()) for f in sorted((run_dir / "logs" / "workers").glob("*.json"))],
         "per_step": steps, "validation": validation_rounds(run_dir), "sandbox_runs": sandbox_runs(run_dir),
         "validation_tasks": [json.loads(x) for x in val_path.read_text().splitlines()] if val_path.exists() else [],
     }

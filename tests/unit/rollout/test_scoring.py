@@ -77,3 +77,38 @@ async def test_prefetch_asks_the_executors_for_an_image_task_only() -> None:
     await scorer.prefetch({**_payload("a"), "image": "localhost:5000/sweb.eval.x86_64.calc:latest"})
     await scorer.prefetch(_payload("b"))
     assert recorder.pulled == ["localhost:5000/sweb.eval.x86_64.calc:latest"]
+
+
+class _BlockingSandbox:
+    """Grades every spec FULL once `release` is set, counting the runs."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.runs = 0
+
+    async def evaluate(self, spec: TaskSpec) -> SandboxResult:
+        self.runs += 1
+        await self.release.wait()
+        return SandboxResult(Verdict(status="completed", patch_applied=True, resolution="FULL"), attempts=1)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_an_answer_waiting_on_a_cancelled_identical_run_grades_itself() -> None:
+    """Identical answers in flight share one run; if the scoring that owns it is cancelled (its group was given
+    back), the one waiting on it runs the spec itself instead of failing."""
+    scorer = Scorer(load_config("examples/configs/grpo_swe_tiny.yaml").env)
+    await scorer.close()
+    scorer.sandbox = sandbox = _BlockingSandbox()  # type: ignore[assignment]
+    owner = asyncio.create_task(scorer.score("swe", _payload("a"), PATCH, truncated=False))
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(scorer.score("swe", _payload("a"), PATCH, truncated=False))
+    await asyncio.sleep(0.01)
+    assert sandbox.runs == 1
+    owner.cancel()
+    await asyncio.sleep(0.01)
+    sandbox.release.set()
+    verdict, reward, _ = await waiter
+    assert (verdict.resolution, reward, sandbox.runs) == ("FULL", 1.0, 2)
+    assert owner.cancelled()
