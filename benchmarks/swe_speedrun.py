@@ -221,12 +221,11 @@ def library_frames(statement: str, test_files: list[str]) -> bool:
     then the line that raised is in the statement, and the buggy function is often one of those frames. Read off
     the statement alone, as the retrieval reads it (`envs.swe.retrieval.traceback_lines`), never off the gold
     patch."""
-    from envs.swe.retrieval import traceback_lines
+    from envs.swe.retrieval import is_test_path, traceback_lines
 
-    def is_test(path: str) -> bool:
-        name = path.rsplit("/", 1)[-1]
-        return (name.startswith("test") or "/test" in f"/{path}"
-                or any(path == t or path.endswith(f"/{t}") or t.endswith(f"/{path}") for t in test_files))
+    def is_test(path: str) -> bool:  # the retrieval's test paths, and the files the task names as its tests
+        return is_test_path(path) or any(path == t or path.endswith(f"/{t}") or t.endswith(f"/{path}")
+                                         for t in test_files)
 
     return any(not is_test(path) for path, _ in traceback_lines(statement))
 
