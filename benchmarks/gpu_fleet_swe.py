@@ -204,16 +204,16 @@ def training_tasks(trained: list[dict[str, Any]], top: int = 10) -> dict[str, An
                 resolved[task] += n
         return groups, resolved
 
-    def summary(part: list[dict[str, Any]]) -> dict[str, Any]:
-        groups, resolved = tally(part)
+    def summary(part: list[dict[str, Any]], groups: Counter[str], resolved: Counter[str]) -> dict[str, Any]:
         total = sum(resolved.values())
         return {"steps": len(part), "groups": sum(groups.values()), "tasks": len(groups),
                 "tasks_resolved": sum(1 for n in resolved.values() if n), "resolved_answers": total,
                 "top5_share": sum(n for _, n in resolved.most_common(5)) / total if total else 0.0}
 
+    halves = [r for r in rows if r["step"] < half], [r for r in rows if r["step"] >= half]
     groups, resolved = tally(rows)
-    return {**summary(rows), "first_half": summary([r for r in rows if r["step"] < half]),
-            "second_half": summary([r for r in rows if r["step"] >= half]),
+    return {**summary(rows, groups, resolved), "first_half": summary(halves[0], *tally(halves[0])),
+            "second_half": summary(halves[1], *tally(halves[1])),
             "most_resolved": [{"task": t, "groups": groups[t], "resolved": n}
                               for t, n in resolved.most_common(top) if n]}
 

@@ -101,9 +101,8 @@ def write_summary(run_dir: str, backend: str, worker: RolloutWorker) -> None:
     """The worker's lifetime figures (tokens, groups, busy/idle/pause seconds), logged and written to
     `<run.dir>/logs/workers/<worker_id>.json` for benchmarks and post-mortems (`backend`: the engine's name)."""
     summary = {"worker_id": worker.worker_id, "engine": backend, **worker.stats.summary()}
-    cache = getattr(worker.scorer, "verdicts", None)
-    if cache is not None:
-        summary["verdict_cache"] = cache.stats()
+    if worker.scorer.verdicts is not None:
+        summary["verdict_cache"] = worker.scorer.verdicts.stats()
     log.info("worker summary: %s", json.dumps(summary))
     try:
         path = Path(run_dir) / "logs" / "workers" / f"{worker.worker_id}.json"
