@@ -185,19 +185,41 @@ def _in_frame(doc: _Doc, frames: list[tuple[str, int]]) -> bool:
     return any((p == path or p.endswith("/" + path)) and start <= line <= end for p, line in frames)
 
 
+# A call written out in the statement (`name(`): a failing assertion's `duration_isoformat(Duration(0))`.
+_CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+_MAX_SAME_NAME = 3
+
+
+def called_names(statement: str) -> set[str]:
+    """Names the statement writes as calls: in a failing test's source line, an error message or a snippet."""
+    return set(_CALL.findall(statement))
+
+
+def _function_name(doc: _Doc) -> str:
+    return doc.path.rsplit(" ", 1)[-1].rsplit(".", 1)[-1]  # `path:line Class.method` -> `method`
+
+
 def retrieve_functions(repo: BareRepo, commit: str, statement: str, k: int = TOP_K_FUNCTIONS
                        ) -> list[tuple[str, str]]:
     """(label, source) of the k functions at `commit` that best match `statement`, best first: the `bm25_functions`
     context, for budgets too small for whole files (a small model's). Same corpus and BM25 as `retrieve`, at the
     granularity of functions; the query is the statement and the source of the tests it names (`named_tests`).
-    Functions a traceback in the statement passes through come first (in BM25 order among themselves), as a
-    developer opens the frames of a pasted traceback first. Still nothing from the gold patch."""
+    A developer reading a bug report opens, in this order: the functions its traceback passes through, innermost
+    (the last frame printed, where the error surfaced) first; the functions it calls by name (a failing line's
+    `parse_duration(...)`), in BM25 order; then the rest by BM25. Still nothing from the gold patch."""
     query = "\n".join([statement, *named_tests(repo, commit, statement)])
     docs = _function_index(str(Path(repo.path).resolve()), commit)
-    frames = traceback_lines(statement)
-    framed = tuple(d for d in docs if _in_frame(d, frames)) if frames else ()
-    # A frame's function sharing no word with the query still comes before the rest.
-    ranked = {d.path: d for d in [*rank(framed, query, len(framed)), *framed]} if framed else {}
-    for d in rank(docs, query, k + len(ranked)):
+    ranked: dict[str, _Doc] = {}
+    for frame in reversed(traceback_lines(statement)):
+        for d in docs:
+            if _in_frame(d, [frame]):
+                ranked.setdefault(d.path, d)
+    names = called_names(statement)
+    called = [d for d in docs if _function_name(d) in names]
+    defined = Counter(_function_name(d) for d in called)
+    # A name many functions share (`get`, `save` in a large repository) points at none of them.
+    called = [d for d in called if defined[_function_name(d)] <= _MAX_SAME_NAME]
+    # A called function sharing no word with the query still comes before the rest.
+    for d in [*rank(tuple(called), query, len(called)), *called, *rank(docs, query, k + len(ranked) + len(called))]:
         ranked.setdefault(d.path, d)
     return [(d.path, d.text) for d in list(ranked.values())[:k]]

@@ -1,14 +1,15 @@
 """`bm25_functions` retrieval reads the tests a statement names (as the builder's failing-test statements list
 them) from the checkout and adds their source to the query: the function a failing test goes through ranks higher
 than on the statement's words alone, and a named test that is not in the checkout adds nothing. Functions a
-traceback in the statement passes through (pytest's frames or Python's) come first."""
+traceback in the statement passes through (pytest's frames or Python's) come first, innermost first; then the
+functions the statement calls by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from envs.swe.gitrepo import BareRepo
-from envs.swe.retrieval import named_tests, retrieve_functions, traceback_lines
+from envs.swe.retrieval import called_names, named_tests, retrieve_functions, traceback_lines
 
 LIB = '''def normalize_weights(values):
     total = sum(values)
@@ -98,3 +99,56 @@ def test_traceback_lines_reads_both_formats_in_order_once_each() -> None:
     text = ('a/b.py:3: in f\n    x()\n  File "/abs/a/c.py", line 9, in g\na/b.py:3: in f\n'
             "E   a/b.py:4: not a frame, an error line\n")
     assert traceback_lines(text) == [("a/b.py", 3), ("/abs/a/c.py", 9)]
+
+
+# As the task builder writes a failing-test statement (launch/data/statement.py), library frames kept.
+BUILDER_STATEMENT = """I ran the test suite of pkg 1.0 and got failures.
+
+These 2 tests fail:
+- `tests/test_x.py::test_label`
+- `tests/test_x.py::test_weights`
+
+Output of the failing tests (trimmed):
+
+```
+test_label
+tests/test_x.py:7: in test_label
+    assert duration_label(90) == "1h30"
+E   AssertionError: assert '1h3' == '1h30'
+```
+```
+test_weights
+tests/test_x.py:11: in test_weights
+    shares = normalize_weights([0, 0])
+pkg/core.py:3: in normalize_weights
+    return [v / parse_duration(total) for v in values]
+pkg/core.py:8: in parse_duration
+    return int(hours) * 60 + int(minutes)
+E   ValueError: invalid literal for int() with base 10: ''
+```
+
+The tests are correct; the bug is in the library. A fix should make these tests pass and keep the rest green.
+"""
+
+
+def test_the_innermost_frame_comes_first_then_the_functions_the_failing_lines_call(tmp_path: Path) -> None:
+    bare, commit = repo(tmp_path)
+    ranked = [label for label, _ in retrieve_functions(bare, commit, BUILDER_STATEMENT)]
+    # Where the error surfaced, then the frame that called it, then `duration_label(90)` of the other failing line.
+    assert ranked == ["pkg/core.py:6 parse_duration", "pkg/core.py:1 normalize_weights",
+                      "pkg/core.py:11 duration_label"]
+
+
+def test_a_called_name_many_functions_share_points_at_none_of_them(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    shared = "".join(f"class C{i}:\n    def get(self, key):\n        return key\n\n\n" for i in range(4))
+    (src / "pkg" / "core.py").write_text(LIB + "\n\n" + shared + "def get_label(key):\n    return key\n")
+    bare = BareRepo.create(tmp_path / "pkg.git")
+    commit = bare.commit_directory(src, "pkg 1.0")
+    statement = ("Durations parse wrong: parse_duration reads hours and minutes of a duration text, but "
+                 "`cache.get(text)` then holds the wrong duration minutes.")
+    ranked = [label for label, _ in retrieve_functions(bare, commit, statement)]
+    # Four `get` methods: the call is no pointer, and the words rank the duration parser first.
+    assert ranked[0] == "pkg/core.py:6 parse_duration"
+    assert called_names(statement) == {"get"}
