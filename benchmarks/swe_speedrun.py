@@ -133,6 +133,20 @@ def fixes_stage(args: argparse.Namespace) -> None:
     write(args.out, "fixes.json", figures)
 
 
+def tokenizer_stage(args: argparse.Namespace) -> None:
+    """CPU: the tokenizer of a corpus `prepare` made, trained again (after a change to its split; ~1 min here). The
+    corpus fixes and SFT-task pairs made with the old one must be made again: their prompts' budgets were counted in
+    its tokens."""
+    out = args.data / "corpus" / "tokenizer"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    corpus.train_tokenizer(args.data / "corpus", out)
+    figures = {"seconds": round(time.perf_counter() - t0, 1),
+               "heldout_bytes_per_token": round(corpus.bytes_per_token(out, args.data / "corpus"), 3)}
+    log.info("%s", json.dumps(figures))
+    write(args.out, "tokenizer.json", figures)
+
+
 def localisation_stage(args: argparse.Namespace) -> None:
     """CPU: how often the held-out prompts show the buggy function and the fix's lines (`fixes.localisation`)."""
     figures = fixes.localisation(args.data / "tasks", args.data / "corpus" / "tokenizer",
@@ -381,6 +395,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     fx.add_argument("--name", default="sft_tasks", help="--sft-tasks: examples go to fixes/NAME.jsonl.xz")
     fx.add_argument("--workers", type=int, default=None)
     fx.add_argument("--diff-context", type=int, default=3, help="context lines around each change of an SFT diff")
+    tk = sub.add_parser("tokenizer")
+    tk.add_argument("--data", type=Path, default=DATA, help="trains DATA/corpus/tokenizer on DATA/corpus")
+    tk.add_argument("--out", type=Path, default=DATA / "results")
     lo = sub.add_parser("localisation")
     lo.add_argument("--data", type=Path, default=DATA, help="DATA/tasks: the task set; DATA/corpus: the tokenizer")
     lo.add_argument("--out", type=Path, default=DATA / "results")
@@ -461,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
     stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "sft-examples": sft_examples,
               "sft": sft, "grpo": grpo, "smoke": smoke, "diagnose": diagnose_stage,
-              "localisation": localisation_stage}
+              "localisation": localisation_stage, "tokenizer": tokenizer_stage}
     stages[args.stage](args)
 
 

@@ -110,17 +110,19 @@ def corpus(seed: int = 0) -> Iterator[str]:
     yield from _template_lines()
 
 
-def _train_tokenizer(vocab_size: int, texts: Iterator[str] | None = None):  # -> PreTrainedTokenizerFast (lazy)
+def _train_tokenizer(vocab_size: int, texts: Iterator[str] | None = None,
+                     split_pattern: str = QWEN_SPLIT_PATTERN):  # -> PreTrainedTokenizerFast (lazy)
     """The same tokenizer for every model seed (its corpus is always drawn with seed 0), so that models of any seed
     or shape made here share one vocabulary. `texts`: train on these instead (a larger corpus, a larger vocabulary);
-    the chat template's layout is added to them so that it still tokenizes into few pieces."""
+    the chat template's layout is added to them so that it still tokenizes into few pieces. `split_pattern`: the
+    pre-tokenizer's regex (Qwen2's by default)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.data.sdist import sha256_file
+from workshop.tinymodel import QWEN_SPLIT_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +231,18 @@ def read_texts(path: Path) -> Iterator[str]:
             yield json.loads(line)["text"]
 
 
+# Qwen2's split, except that a path component (a word followed by `/` or `.py`) never takes the character before it.
+# Under Qwen2's split `[start of unidiff/patch.py` gives ` uni` and `diff --git a/unidiff/patch.py` gives `/`, `uni`:
+# copying a file's path from the context into the diff was a respelling, and the speedrun's model wrote `a/ unidiff/`
+# (the header's token, space and all) for 37 of 43 held-out unidiff tasks. Here the path's tokens are the same in
+# both places for all 737 tasks (none under Qwen2's), at 0.15 % more tokens on held-out code.
+PATH_SPLIT_PATTERN = QWEN_SPLIT_PATTERN.replace(
+    r"[^\r\n\p{L}\p{N}]?\p{L}+", r"(?:[^\r\n\p{L}\p{N}](?![\p{L}\p{N}_]+(?:/|\.py\b)))?\p{L}+")
+
+
 def train_tokenizer(corpus: Path, out: Path, *, vocab_size: int = VOCAB_SIZE, max_bytes: int = 80_000_000) -> Path:
-    """A byte-level BPE (Qwen2's pre-tokenizer split, the project's chat template and special tokens) trained on up
-    to `max_bytes` of the training corpus; saved as an HF tokenizer folder at `out`."""
+    """A byte-level BPE (`PATH_SPLIT_PATTERN`, the project's chat template and special tokens) trained on up to
+    `max_bytes` of the training corpus; saved as an HF tokenizer folder at `out`."""
     from workshop.tinymodel import _save_tokenizer, _train_tokenizer
 
     def texts() -> Iterator[str]:
@@ -243,7 +253,7 @@ def train_tokenizer(corpus: Path, out: Path, *, vocab_size: int = VOCAB_SIZE, ma
             if seen >= max_bytes:
                 return
 
-    tok = _train_tokenizer(vocab_size, texts())
+    tok = _train_tokenizer(vocab_size, texts(), split_pattern=PATH_SPLIT_PATTERN)
     _save_tokenizer(tok, out)
     return out
 

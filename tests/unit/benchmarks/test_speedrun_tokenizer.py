@@ -1,0 +1,74 @@
+"""The speedrun's tokenizer spells a file's path with the same tokens in the prompt's code header and in the diff the
+model writes, so that naming the file is a copy. Under Qwen2's split it never was (` unidiff` in the header,
+`/`, `unidiff` in `diff --git a/unidiff/...`), and the speedrun's model wrote the header's token into its diffs."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from tokenizers import Regex, pre_tokenizers
+
+from envs.swe.prompt import _user_message
+from workshop.tinymodel import QWEN_SPLIT_PATTERN
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
+import corpus  # noqa: E402
+import fixes  # noqa: E402
+
+# Held-out paths of the speedrun's task set: a package folder, a `src/` layout, a single-module project.
+PATHS = ["unidiff/patch.py", "pathspec/util.py", "src/isodate/duration.py", "xmltodict.py", "my_pkg/_impl.py"]
+OLD, NEW = "def f(x):\n    return x + 1\n", "def f(x):\n    return x - 1\n"
+
+
+def both_places(path: str) -> tuple[str, str]:
+    """The prompt's code context as the single-shot prompt writes it, and the diff as the SFT targets write it."""
+    return _user_message("A test fails.", [(f"{path}:1 f", OLD)], []), fixes.git_diff(path, OLD, NEW, context=1)
+
+
+def path_run(pieces: list[tuple[object, tuple[int, int]]], text: str, path: str) -> list[list[object]]:
+    """The pieces that spell each occurrence of `path` in `text`, where a piece boundary falls on both its ends."""
+    runs = []
+    start = text.find(path)
+    while start >= 0:
+        end = start + len(path)
+        run = [p for p, (s, e) in pieces if start <= s and e <= end]
+        covered = "".join(text[s:e] for _, (s, e) in pieces if start <= s and e <= end)
+        runs.append(run if covered == path else [])
+        start = text.find(path, end)
+    return runs
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_split_spells_a_path_alike_in_the_header_and_in_the_diff(path: str) -> None:
+    header, diff = both_places(path)
+    for pattern, alike in ((corpus.PATH_SPLIT_PATTERN, True), (QWEN_SPLIT_PATTERN, False)):
+        split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+        in_header = path_run(split.pre_tokenize_str(header), header, path)
+        in_diff = path_run(split.pre_tokenize_str(diff), diff, path)
+        assert len(in_header) == 2 and len(in_diff) == 4  # [start of]/[end of]; diff --git a/ b/, ---, +++
+        runs = {tuple(r) for r in in_header + in_diff}
+        assert (len(runs) == 1 and [] not in in_header + in_diff) is alike, (pattern, runs)
+
+
+def test_the_trained_tokenizer_writes_a_header_path_token_for_token_in_the_diff(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    (tmp_path / "corpus").mkdir()
+    with lzma.open(tmp_path / "corpus" / "train.jsonl.xz", "wt") as f:
+        for name in ("textwrap.py", "shlex.py", "fnmatch.py"):
+            f.write(json.dumps({"package": "stdlib", "path": name, "text": (stdlib / name).read_text()}) + "\n")
+    tok = AutoTokenizer.from_pretrained(corpus.train_tokenizer(tmp_path / "corpus", tmp_path / "tok", vocab_size=512))
+    for path in PATHS:
+        header, diff = both_places(path)
+        runs = []
+        for text in (header, diff):
+            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            runs += path_run(list(zip(enc["input_ids"], enc["offset_mapping"], strict=True)), text, path)
+        assert len({tuple(r) for r in runs}) == 1 and runs[0], (path, runs)
