@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -99,14 +100,20 @@ async def serve(cfg: MasterConfig) -> int:
 
 def write_summary(run_dir: str, backend: str, worker: RolloutWorker) -> None:
     """The worker's lifetime figures (tokens, groups, busy/idle/pause seconds), logged and written to
-    `<run.dir>/logs/workers/<worker_id>.json` for benchmarks and post-mortems (`backend`: the engine's name)."""
+    `<run.dir>/logs/workers/<worker_id>-<UTC stop time>.json` for benchmarks and post-mortems (`backend`: the engine's
+    name). One file per lifetime: a worker restarted by the healer, or a run resumed in another job, adds its own
+    beside the earlier ones instead of writing over their figures."""
     summary = {"worker_id": worker.worker_id, "engine": backend, **worker.stats.summary()}
     if worker.scorer.verdicts is not None:
         summary["verdict_cache"] = worker.scorer.verdicts.stats()
     log.info("worker summary: %s", json.dumps(summary))
     try:
-        path = Path(run_dir) / "logs" / "workers" / f"{worker.worker_id}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(run_dir) / "logs" / "workers"
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = f"{worker.worker_id}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        path, n = folder / f"{stem}.json", 1
+        while path.exists():  # two lifetimes that ended in the same second: keep both
+            path, n = folder / f"{stem}.{n}.json", n + 1
         path.write_text(json.dumps(summary, indent=1) + "\n")
     except OSError as exc:  # a read-only run dir must not turn a clean stop into a failure
         log.warning("could not write the worker summary: %s", exc)
