@@ -46,6 +46,7 @@ from gpu_fleet_x2 import SHAPE, accounting, n_params, supervise  # noqa: E402
 from launch.data.gold import phase_times  # noqa: E402
 from services.sandbox.executor import read_run_log  # noqa: E402
 from trainer.metrics import read_jsonl  # noqa: E402
+from workshop.tinymodel import tokenizer_fingerprint  # noqa: E402
 
 STEP_KEYS = {  # per-step figure -> metrics.jsonl key
     "step_s": "timing/step_s", "wait_data_s": "timing/wait_data_s", "recompute_s": "timing/logprob_recompute_s",
@@ -249,7 +250,9 @@ def main() -> int:
         "trained_groups": {"steps": len(trained), "groups": len(ids), "unique": len(set(ids)),
                            "per_step": [len(t["groups"]) for t in trained]},
         "training_tasks": training_tasks(trained),
-        # The rollout worker's own figures (the last call's, after a resume), the verdict cache's hits among them.
+        # The logged answers are token ids: the diagnosis checks it decodes them with this tokenizer.
+        "tokenizer_sha256": (tokenizer_fingerprint(model) if (Path(model) / "tokenizer.json").is_file() else None),
+        # The rollout worker's own figures, one per lifetime (each call's, after a resume), verdict cache included.
         "workers": [json.loads(f.read_text()) for f in sorted((run_dir / "logs" / "workers").glob("*.json"))],
         "per_step": steps, "validation": validation_rounds(run_dir), "sandbox_runs": sandbox_runs(run_dir),
         "validation_tasks": [json.loads(x) for x in val_path.read_text().splitlines()] if val_path.exists() else [],

@@ -134,11 +134,14 @@ def fixes_stage(args: argparse.Namespace) -> None:
 
 
 def tokenizer_stage(args: argparse.Namespace) -> None:
-    """CPU: the tokenizer of a corpus `prepare` made, trained again (after a change to its split; ~1 min here). The
-    corpus fixes and SFT-task pairs made with the old one must be made again: their prompts' budgets were counted in
-    its tokens."""
+    """CPU: the tokenizer of a corpus `prepare` made, trained again (after a change to its split; ~1 min here); the
+    old one is kept as `DATA/tokenizer.previous`. The corpus fixes and SFT-task pairs made with the old one must be
+    made again: their prompts' budgets were counted in its tokens."""
     out = args.data / "corpus" / "tokenizer"
-    shutil.rmtree(out, ignore_errors=True)
+    if out.is_dir():  # the earlier runs' answers are its token ids (`report.check_tokenizer`); outside the corpus
+        # folder, which `stash` carries at its limit
+        shutil.rmtree(args.data / "tokenizer.previous", ignore_errors=True)
+        out.rename(args.data / "tokenizer.previous")
     t0 = time.perf_counter()
     corpus.train_tokenizer(args.data / "corpus", out)
     figures = {"seconds": round(time.perf_counter() - t0, 1),
@@ -327,9 +330,10 @@ def diagnose_stage(args: argparse.Namespace) -> None:
     if args.finish:
         finish_report(args.report, args.data, MAX_PROMPT, CONTEXT)
         return
-    rounds = load_report(args.report)["validation_tasks"]
+    report = load_report(args.report)
     write(args.out, args.report.name.replace("grpo_", "diagnosis_"),
-          {"report": str(args.report), "diagnosis": diagnose_rounds(rounds, args.data, MAX_PROMPT, CONTEXT)})
+          {"report": str(args.report), "diagnosis": diagnose_rounds(report["validation_tasks"], args.data, MAX_PROMPT,
+                                                                    CONTEXT, report.get("tokenizer_sha256"))})
 
 
 def smoke(args: argparse.Namespace) -> None:

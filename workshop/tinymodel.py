@@ -12,6 +12,7 @@ processes racing to build the same one both end up with a complete folder.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import logging
 import os
@@ -142,6 +143,14 @@ def _train_tokenizer(vocab_size: int, texts: Iterator[str] | None = None,
         chat_template=CHAT_TEMPLATE,
         model_max_length=32768,
     )
+
+
+def tokenizer_fingerprint(folder: str | Path) -> str:
+    """sha256 of what decides the token ids (the vocabulary, merges, pre-tokenizer and added tokens of
+    `folder/tokenizer.json`) in canonical JSON, so that two saves of one tokenizer agree whatever their layout."""
+    data = json.loads((Path(folder) / "tokenizer.json").read_text())
+    kept = {key: data.get(key) for key in ("model", "pre_tokenizer", "added_tokens")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
 def _template_lines() -> Iterator[str]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import diagnose
 
+from workshop.tinymodel import tokenizer_fingerprint
+
 log = logging.getLogger("speedrun")
 
 
@@ -42,7 +44,8 @@ def finish_report(path: Path, data: Path, max_prompt: int, context: str, diagnos
     report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
                                 for r in report["validation_tasks"]]
     if diagnosis:
-        report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, max_prompt, context)
+        report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, max_prompt, context,
+                                              tokenizer_sha256=report.get("tokenizer_sha256"))
     if answers_path(path).is_file():  # the answers stay where they were moved
         report.pop("validation_tasks")
     path.write_text(json.dumps(report, indent=1))
@@ -53,7 +56,22 @@ def finish_report(path: Path, data: Path, max_prompt: int, context: str, diagnos
         log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
 
 
-def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, context: str) -> list[dict[str, Any]]:
+def check_tokenizer(data: Path, tokenizer_sha256: str | None) -> None:
+    """The logged answers are token ids: decoded with another tokenizer than the one that wrote them, they read as
+    garbage and the diagnosis is silently wrong. A report names its model's tokenizer (`tokenizer_sha256`); the
+    reports of runs 1-8 do not (their tokenizer used Qwen2's split: `swe_speedrun.py tokenizer` keeps it as
+    `DATA/tokenizer.previous`)."""
+    have = tokenizer_fingerprint(data / "corpus" / "tokenizer")
+    if tokenizer_sha256 is None:
+        log.warning("the report does not name its tokenizer: its answers are decoded with %s/corpus/tokenizer "
+                    "(sha256 %s), which must be the one that wrote them", data, have[:12])
+    elif tokenizer_sha256 != have:
+        raise ValueError(f"the report's answers were written with tokenizer sha256 {tokenizer_sha256[:12]}, but "
+                         f"{data}/corpus/tokenizer is {have[:12]}: diagnose them with the tokenizer that wrote them")
+
+
+def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, context: str,
+                    tokenizer_sha256: str | None = None) -> list[dict[str, Any]]:
     """`speedrun/diagnose.py` over the rounds' logged answers, with the prompts they answered (rebuilt as GRPO
     builds them) to tell a line copied from elsewhere in the prompt from one made up."""
     from transformers import AutoTokenizer
@@ -61,6 +79,7 @@ def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, c
     from envs.swe.prompt import build_prompt
     from envs.swe.taskset import read_split
 
+    check_tokenizer(data, tokenizer_sha256)
     ids = {t for r in rounds for t in r.get("answers", {})}
     if not ids:
         return []

@@ -8,6 +8,7 @@ import json
 import lzma
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def both_places(path: str) -> tuple[str, str]:
     return _user_message("A test fails.", [(f"{path}:1 f", OLD)], []), fixes.git_diff(path, OLD, NEW, context=1)
 
 
-def path_run(pieces: list[tuple[object, tuple[int, int]]], text: str, path: str) -> list[list[object]]:
+def path_run(pieces: Sequence[tuple[object, tuple[int, int]]], text: str, path: str) -> list[list[object]]:
     """The pieces that spell each occurrence of `path` in `text`, where a piece boundary falls on both its ends."""
     runs = []
     start = text.find(path)
@@ -56,15 +57,22 @@ def test_the_split_spells_a_path_alike_in_the_header_and_in_the_diff(path: str) 
         assert (len(runs) == 1 and [] not in in_header + in_diff) is alike, (pattern, runs)
 
 
-def test_the_trained_tokenizer_writes_a_header_path_token_for_token_in_the_diff(tmp_path: Path) -> None:
-    from transformers import AutoTokenizer
-
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The speedrun's tokenizer trained on a few standard-library modules; its folder."""
+    root = tmp_path_factory.mktemp("tokenizer")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    (tmp_path / "corpus").mkdir()
-    with lzma.open(tmp_path / "corpus" / "train.jsonl.xz", "wt") as f:
+    (root / "corpus").mkdir()
+    with lzma.open(root / "corpus" / "train.jsonl.xz", "wt") as f:
         for name in ("textwrap.py", "shlex.py", "fnmatch.py"):
             f.write(json.dumps({"package": "stdlib", "path": name, "text": (stdlib / name).read_text()}) + "\n")
-    tok = AutoTokenizer.from_pretrained(corpus.train_tokenizer(tmp_path / "corpus", tmp_path / "tok", vocab_size=512))
+    return corpus.train_tokenizer(root / "corpus", root / "corpus" / "tokenizer", vocab_size=512)
+
+
+def test_the_trained_tokenizer_writes_a_header_path_token_for_token_in_the_diff(trained: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(trained)
     for path in PATHS:
         header, diff = both_places(path)
         runs = []
@@ -72,3 +80,22 @@ def test_the_trained_tokenizer_writes_a_header_path_token_for_token_in_the_diff(
             enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
             runs += path_run(list(zip(enc["input_ids"], enc["offset_mapping"], strict=True)), text, path)
         assert len({tuple(r) for r in runs}) == 1 and runs[0], (path, runs)
+
+
+def test_answers_are_diagnosed_only_with_the_tokenizer_that_wrote_them(trained: Path, tmp_path: Path) -> None:
+    """A report's answers are token ids; decoded with another tokenizer they read as garbage, so the diagnosis
+    refuses a data folder whose tokenizer is not the report's, and names it."""
+    import report
+    from transformers import AutoTokenizer
+
+    from workshop.tinymodel import _save_tokenizer, _train_tokenizer, tokenizer_fingerprint
+
+    # A model folder's copy of the tokenizer (saved again, as SFT saves it) has the same fingerprint.
+    AutoTokenizer.from_pretrained(trained).save_pretrained(tmp_path / "model")
+    assert tokenizer_fingerprint(tmp_path / "model") == tokenizer_fingerprint(trained)
+    report.check_tokenizer(trained.parent.parent, tokenizer_fingerprint(tmp_path / "model"))
+    # Runs 1-8's tokenizer: Qwen2's split, the same texts.
+    old = tmp_path / "old" / "corpus" / "tokenizer"
+    _save_tokenizer(_train_tokenizer(512, corpus.read_texts(trained.parent / "train.jsonl.xz")), old)
+    with pytest.raises(ValueError, match=f"{tmp_path / 'old'}/corpus/tokenizer is"):
+        report.check_tokenizer(tmp_path / "old", tokenizer_fingerprint(trained))
