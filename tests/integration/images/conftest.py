@@ -98,17 +98,33 @@ def _answers() -> bool:
         ["docker", "info"], capture_output=True, timeout=30).returncode == 0
 
 
+def _forget_images(registry: str) -> None:
+    """Remove the engine's images pulled from `registry` (tagged or left dangling). The engine keeps its store between
+    runs and the Docker runtime uses an image it already holds under the same reference, as SWE-bench's harness does;
+    a later session whose loopback registry got the same port would then run an earlier session's image, whose
+    repository has other commits (`base_commit not in /testbed`)."""
+    listed = subprocess.run(["docker", "images", "--format", "{{.Repository}} {{.ID}}"], capture_output=True,
+                            text=True, timeout=60).stdout.split("\n")
+    ids = sorted({line.split()[1] for line in listed if line.startswith(registry + "/")})
+    if ids:
+        subprocess.run(["docker", "rmi", "-f", *ids], capture_output=True, timeout=120, check=False)
+
+
 @pytest.fixture(scope="module")
-def docker_engine() -> Iterator[None]:
+def docker_engine(images: ImageSet) -> Iterator[None]:
     """A Docker engine for the module that asks for one: one that runs already is used and left running, one
-    started here is stopped after the module."""
-    if _answers():
-        yield
-        return
-    if not ENGINE.is_file() or shutil.which("dockerd") is None:
-        pytest.skip("no Docker engine and no scripts/docker-engine.sh to start one")
-    subprocess.run(["bash", str(ENGINE), "start"], check=True, timeout=300)
+    started here is stopped after the module. Either way the engine holds no image of this session's registry before
+    the module, nor after it."""
+    started = False
+    if not _answers():
+        if not ENGINE.is_file() or shutil.which("dockerd") is None:
+            pytest.skip("no Docker engine and no scripts/docker-engine.sh to start one")
+        subprocess.run(["bash", str(ENGINE), "start"], check=True, timeout=300)
+        started = True
+    _forget_images(images.registry)
     try:
         yield
     finally:
-        subprocess.run(["bash", str(ENGINE), "stop"], check=False, timeout=120)
+        _forget_images(images.registry)
+        if started:
+            subprocess.run(["bash", str(ENGINE), "stop"], check=False, timeout=120)
