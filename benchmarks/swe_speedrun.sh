@@ -94,7 +94,7 @@ base() {
 
 sft() {
     # SFT_FROM_TRAIN: the share of the GRPO training repositories' functions whose bugs become SFT examples (GRPO
-    # then trains on the rest). 0 leaves those repositories' paths as unseen as the held-out ones (the seventh run).
+    # then trains on the rest). 0 leaves those repositories' paths as unseen as the held-out ones (the eighth run).
     python3 benchmarks/swe_speedrun.py sft-examples --data "$DATA" --out "$WORK" --diff-context "$DIFF_CONTEXT" \
       --sft-from-train "${SFT_FROM_TRAIN:-0.5}" 2>&1 | quiet
     cp "$WORK"/sft_examples.json "$OUT"/

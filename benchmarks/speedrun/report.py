@@ -59,8 +59,8 @@ def finish_report(path: Path, data: Path, max_prompt: int, context: str, diagnos
 def check_tokenizer(data: Path, tokenizer_sha256: str | None) -> None:
     """The logged answers are token ids: decoded with another tokenizer than the one that wrote them, they read as
     garbage and the diagnosis is silently wrong. A report names its model's tokenizer (`tokenizer_sha256`); the
-    reports of runs 1-8 do not (their tokenizer used Qwen2's split: `swe_speedrun.py tokenizer` keeps it as
-    `DATA/tokenizer.previous`)."""
+    reports of runs 1-7 do not (the eighth run's were given theirs afterwards; runs 1-8 used Qwen2's split, which
+    `swe_speedrun.py tokenizer` keeps as `DATA/tokenizer.previous`)."""
     have = tokenizer_fingerprint(data / "corpus" / "tokenizer")
     if tokenizer_sha256 is None:
         log.warning("the report does not name its tokenizer: its answers are decoded with %s/corpus/tokenizer "
