@@ -102,10 +102,9 @@ async def bench_sessions(spec: TaskSpec, work: Path, samples: int) -> dict[str, 
 
 
 async def bench_episodes(args: argparse.Namespace, spec: TaskSpec, work: Path) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
     from envs.agent.chat import ChatFormat
     from envs.agent.tools import TOOL_SPECS, ToolBox
+    from fleet.tokenizer import load_tokenizer
     from rollout.agent.episode import EpisodeLimits, run_episode
     from rollout.engine import make_engine
     from rollout.engine.base import SamplingSpec
@@ -119,7 +118,7 @@ async def bench_episodes(args: argparse.Namespace, spec: TaskSpec, work: Path) -
     cfg.policy.max_total_sequence_length = 4096
     engine = make_engine(cfg.policy, model, seed=cfg.grpo.seed)
     await engine.start()
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     fmt = ChatFormat(tok)
     prompt = fmt.prompt_ids("You fix bugs.", "add() subtracts; make tests/test_add.py pass.", TOOL_SPECS)
     turns, per_turn = args.max_turns, args.tokens_per_turn

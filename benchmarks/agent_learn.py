@@ -65,10 +65,11 @@ def pretrain(out: Path, steps: int, tool_frac: float, batch: int = 32, lr: float
     """Fine-tune the random tiny model on the format; returns what it measured (loss, seconds, copy accuracy).
     `lookup`: the `env.lookup` settings (default ones)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from envs.agent.chat import ChatFormat
     from envs.lookup import LookupEnvironment, make_lookup_tasks
+    from fleet.tokenizer import load_tokenizer
     from workshop.resolve import resolve_model
 
     if lookup is None:
@@ -79,7 +80,7 @@ def pretrain(out: Path, steps: int, tool_frac: float, batch: int = 32, lr: float
     torch.set_num_threads(1)  # one core: the other fleets (and other people) need the rest
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base = resolve_model("tiny-qwen2")
-    tok = AutoTokenizer.from_pretrained(base)
+    tok = load_tokenizer(base)
     model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model = model.to(device)
     fmt, env, rng = ChatFormat(tok), LookupEnvironment(), random.Random(seed)
@@ -147,12 +148,11 @@ def token_accuracy(model: Any, fmt: Any, env: Any, device: str, lookup: Any, n: 
 
 async def evaluate(model_dir: Path, n: int, temperature: float = 1.0, seed: int = 99) -> dict[str, float]:
     """Episodes of the model on `n` fresh tasks through the agent loop (HF engine): success and tool-use rates."""
-    from transformers import AutoTokenizer
-
     from envs.agent.chat import ChatFormat
     from envs.lookup import LookupEnvironment, make_lookup_tasks
     from fleet.config import MasterConfig
     from fleet.config.env import LookupEnvConfig
+    from fleet.tokenizer import load_tokenizer
     from rollout.agent.episode import EpisodeLimits, run_episode
     from rollout.engine import make_engine
     from rollout.engine.base import SamplingSpec
@@ -161,7 +161,7 @@ async def evaluate(model_dir: Path, n: int, temperature: float = 1.0, seed: int 
     cfg.policy.generation.backend = "hf"
     engine = make_engine(cfg.policy, str(model_dir), seed=cfg.grpo.seed)
     await engine.start()
-    fmt, env = ChatFormat(AutoTokenizer.from_pretrained(model_dir)), LookupEnvironment()
+    fmt, env = ChatFormat(load_tokenizer(model_dir)), LookupEnvironment()
     right = used = 0
     try:
         for i, task in enumerate(make_lookup_tasks(seed, "eval", n, LookupEnvConfig())):

@@ -42,13 +42,13 @@ def _noisy(base: dict[str, torch.Tensor], seed: int, scale: float) -> dict[str, 
 
 async def _generate(args: argparse.Namespace) -> tuple[list[tuple[list[int], Any]], dict[int, dict[str, torch.Tensor]]]:
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
     from fleet.config.policy import VllmConfig
+    from fleet.tokenizer import load_tokenizer
     from rollout.engine import SamplingSpec
     from rollout.engine.vllm_engine import VllmEngine
 
-    tok = AutoTokenizer.from_pretrained(MODEL)
+    tok = load_tokenizer(MODEL)
     eng = VllmEngine(MODEL, VllmConfig(max_num_seqs=256, cpu_kvcache_space_gb=0.5), max_model_len=128,
                      stage_min_bytes=0)
     await eng.start()

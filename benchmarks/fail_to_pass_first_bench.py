@@ -43,9 +43,9 @@ log = logging.getLogger("fail_to_pass_first_bench")
 
 def answers(report: Path, data: Path, limit: int | None) -> list[tuple[str, dict[str, Any], str]]:
     """(task id, payload, patch) of the first round's answers that hold a patch, in the report's order."""
-    from transformers import AutoTokenizer
+    from fleet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(data / "corpus" / "tokenizer")
+    tok = load_tokenizer(data / "corpus" / "tokenizer")
     tasks = {t.instance_id: t for split in ("train", "validation") for t in read_split(data / "tasks", split)}
     logged = json.loads(report.read_text())["validation_tasks"][0]["answers"]
     out = []

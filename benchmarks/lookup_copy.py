@@ -272,9 +272,10 @@ def evaluate(model: Any, fmt: Any, tasks: list[Any]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from envs.agent.chat import ChatFormat
+    from fleet.tokenizer import load_tokenizer
     from workshop.pretrain import ensure_format_model
 
     torch.set_num_threads(args.threads)  # one core: the machine is shared
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             name="lookup-episodes-random-answer", batch=args.pre_batch, lr=args.pre_lr)
         base = ensure_format_model(args.base, format_corpus, name="lookup-episodes-random-answer",
                                    steps=args.pre2_steps, batch=16, lr=args.pre_lr, seed=1, init=stage1)
-    tok = AutoTokenizer.from_pretrained(base)
+    tok = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(args.device)
     fmt = ChatFormat(tok)
     held_out = make_tasks(args.env, 99, "heldout", 200)

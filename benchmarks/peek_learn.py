@@ -42,12 +42,13 @@ def base_rates(base: Path) -> dict[str, float]:
     """Greedy success / tool use / answered of `base` on the held-out tasks (the sketch's exact evaluation)."""
     import torch
     from lookup_copy import evaluate, make_tasks
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from envs.agent.chat import ChatFormat
+    from fleet.tokenizer import load_tokenizer
 
     torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(base)
+    tok = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     return evaluate(model, ChatFormat(tok), make_tasks("peek", 1, "validation", 200))
 

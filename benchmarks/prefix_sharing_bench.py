@@ -78,12 +78,14 @@ def _time(fn: Any, repeats: int) -> float:
 
 
 def measure(name: str, threads: int, repeats: int) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from fleet.tokenizer import load_tokenizer
 
     cfg = load_config(ROOT / f"examples/configs/{name}.yaml", [])
     p = cfg.policy
     path = resolve_model(p.model_name)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     module = PolicyModule(lm, temperature=p.generation.temperature, chunk_tokens=p.logprob_chunk_tokens)
     batch = _batch(cfg, tok, cfg.grpo.seed)

@@ -117,13 +117,15 @@ def main() -> None:
     p.add_argument("--age-mix", type=float, default=0.0,
                    help="with --stale: this fraction of each step's groups sampled from the current weights (age 0)")
     args = p.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from fleet.tokenizer import load_tokenizer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(1)  # one core per sketch: several run side by side
     torch.manual_seed(args.seed)
     path = Path(args.base) if args.base else make_model(args)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev)
     digit_ids = torch.tensor([tok.convert_tokens_to_ids(str(i)) for i in range(10)], device=dev)
     end = tok.convert_tokens_to_ids("<|im_end|>")

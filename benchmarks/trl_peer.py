@@ -122,15 +122,16 @@ def run(seed: int, steps: int, out: Path, overrides: list[str], threads: int, ta
 
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from fleet.tokenizer import load_tokenizer
     from sandbox_client.reward import reward_from_verdict
 
     cfg = recipe([f"grpo.seed={seed}", *overrides], task)
     p, g, lf = cfg.policy, cfg.grpo, cfg.loss_fn
     env_name, train, val, score = environment(cfg, seed)
-    tok = AutoTokenizer.from_pretrained(model_path(cfg))
+    tok = load_tokenizer(model_path(cfg))
     model = AutoModelForCausalLM.from_pretrained(model_path(cfg), dtype=torch.float32)
 
     def as_prompt(question: str) -> str:

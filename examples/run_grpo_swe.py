@@ -50,12 +50,11 @@ def main() -> int:
         return 1
     print(f"[2/7] fleet reachable: replay buffer at {address}")
 
-    from transformers import AutoTokenizer
-
+    from fleet.tokenizer import load_tokenizer
     from workshop.resolve import resolve_model
 
     model = resolve_model(cfg.policy.model_name)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model)  # 3.
+    tokenizer = load_tokenizer(cfg.policy.tokenizer.name or model)  # 3.
     print(f"[3/7] tokenizer {type(tokenizer).__name__}, pad={tokenizer.pad_token!r}, eos={tokenizer.eos_token!r}")
     g = cfg.policy.generation  # 4.
     print(f"[4/7] generation: {g.backend}, temperature {g.temperature}, top_p {g.top_p}, max_new_tokens "

@@ -61,9 +61,8 @@ def episode_runners(cfg: MasterConfig, engine: GenerationEngine, tokenizer: Any,
 
 
 async def serve(cfg: MasterConfig) -> int:
-    from transformers import AutoTokenizer
-
     from buffer_client import BufferClient
+    from fleet.tokenizer import load_tokenizer
     from rollout.engine import make_engine
     from rollout.engine.factory import max_images
     from rollout.scoring import Scorer
@@ -71,7 +70,7 @@ async def serve(cfg: MasterConfig) -> int:
     from rollout.worker import Decoder, RolloutWorker
 
     model_path = resolve_model(cfg.policy.model_name)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
+    tokenizer = load_tokenizer(cfg.policy.tokenizer.name or model_path)
     images = max_images(cfg.env.computer_use if uses_computer_use(cfg.data) else None)
     engine = make_engine(cfg.policy, model_path, seed=cfg.grpo.seed, max_images_per_prompt=images)
     service = GrpcService("rollout", cfg.services.rollout, cfg.services)

@@ -39,11 +39,10 @@ def _sources(cfg: MasterConfig, model_path: str,
              sources: tuple[TaskSource, TaskSource | None] | None) -> tuple[TaskSource, TaskSource | None]:
     if sources is not None:
         return sources
-    from transformers import AutoTokenizer
-
+    from fleet.tokenizer import load_tokenizer
     from trainer.tasks import SourceDeps, load_sources
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or model_path)
+    tokenizer = load_tokenizer(cfg.policy.tokenizer.name or model_path)
     deps = SourceDeps(cfg.env, cfg.grpo.seed, cfg.sandbox.repos_root)
     return load_sources(cfg.data, tokenizer, deps, validate=bool(cfg.grpo.val_period or cfg.grpo.val_at_start))
 

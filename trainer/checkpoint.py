@@ -158,9 +158,9 @@ class CheckpointManager:
 
         save_file(weights, str(tmp / "model" / "model.safetensors"), metadata={"format": "pt"})
         if self.tokenizer_path:
-            from transformers import AutoTokenizer
+            from fleet.tokenizer import load_tokenizer
 
-            AutoTokenizer.from_pretrained(self.tokenizer_path).save_pretrained(tmp / "model")
+            load_tokenizer(self.tokenizer_path).save_pretrained(tmp / "model")
         torch.save(optim, tmp / "optimizer.pt")
         (tmp / "trainer.json").write_text(json.dumps(vars(state), indent=1, sort_keys=True, default=float))
         (tmp / "config.yaml").write_text(self.resolved_config)

@@ -46,10 +46,12 @@ def ensure_format_model(out: Path, corpus: Corpus, *, name: str, steps: int = 50
 
     def build(tmp: Path) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from fleet.tokenizer import load_tokenizer
 
         base = init if init is not None else ensure_tiny_model(tiny_model_dir(), seed=0)
-        tok = AutoTokenizer.from_pretrained(base)
+        tok = load_tokenizer(base)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)

@@ -273,11 +273,13 @@ def make_qwen2_like(
     own padded vocabularies. The tokenizer is copied from `tokenizer_from` (a tiny-model folder) or trained anew.
     Qwen2.5-0.5B's shape is hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4864, vocab 151936.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
+
+    from fleet.tokenizer import load_tokenizer
 
     def build(out: Path) -> None:
         tok: PreTrainedTokenizerBase = (
-            AutoTokenizer.from_pretrained(tokenizer_from) if tokenizer_from else _train_tokenizer(TINY_VOCAB_SIZE)
+            load_tokenizer(tokenizer_from) if tokenizer_from else _train_tokenizer(TINY_VOCAB_SIZE)
         )
         if vocab < len(tok):
             raise ValueError(f"vocab={vocab} is smaller than the tokenizer ({len(tok)} tokens)")

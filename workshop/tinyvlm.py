@@ -66,11 +66,10 @@ VLM_CHAT_TEMPLATE = (
 
 
 def _vlm_tokenizer(tokenizer_from: Path | None) -> Any:
-    from transformers import AutoTokenizer
-
+    from fleet.tokenizer import load_tokenizer
     from workshop.tinymodel import _train_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_from) if tokenizer_from else _train_tokenizer(TINY_VOCAB_SIZE)
+    tok = load_tokenizer(tokenizer_from) if tokenizer_from else _train_tokenizer(TINY_VOCAB_SIZE)
     tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     tok.chat_template = VLM_CHAT_TEMPLATE
     return tok

@@ -259,9 +259,9 @@ def train_tokenizer(corpus: Path, out: Path, *, vocab_size: int = VOCAB_SIZE, ma
 
 
 def bytes_per_token(tokenizer_dir: Path, corpus: Path) -> float:
-    from transformers import AutoTokenizer
+    from fleet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
     texts = list(read_texts(corpus / "heldout.jsonl.xz"))
     ids = tok(texts, add_special_tokens=False)["input_ids"]
     return sum(len(t.encode()) for t in texts) / max(1, sum(map(len, ids)))

@@ -97,12 +97,11 @@ def fix_visible(prompt_text: str, patch: str) -> bool:
 def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: int, context: str,
           splits: tuple[str, ...] = ("train", "validation"), context_lines: int = 3) -> dict[str, Any]:
     """Write `out` (JSONL, xz) of {"instance_id", "repo", "bug_kind", "prompt", "completion"}; return the counts."""
-    from transformers import AutoTokenizer
-
     from envs.swe.prompt import build_prompt
     from envs.swe.taskset import read_split
+    from fleet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
     counts: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -129,12 +128,11 @@ def localisation(task_dir: Path, tokenizer_dir: Path, *, max_prompt_length: int,
     buggy function in the code context at all, first in it, every line the fix changes in the context (the
     statement aside), and in the statement itself; the buggy function named by one of the statement's traceback
     frames. The ceiling a model answering from its prompt has, before any training."""
-    from transformers import AutoTokenizer
-
     from envs.swe.prompt import build_prompt
     from envs.swe.taskset import read_split
+    from fleet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
     counts: Counter[str] = Counter()
     statement_tokens = 0
     for task in read_split(task_dir, split):
@@ -211,11 +209,11 @@ _worker_tok: Any = None
 
 def _init_worker(tokenizer_dir: str) -> None:
     global _worker_tok
-    from transformers import AutoTokenizer
+    from fleet.tokenizer import load_tokenizer
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.simplefilter("ignore", SyntaxWarning)  # compile() of old corpus code: `is` with a literal, etc.
-    _worker_tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    _worker_tok = load_tokenizer(tokenizer_dir)
 
 
 def _mutate_function(text: str, path: str, start: int, end: int, rng: random.Random) -> tuple[str, str] | None:

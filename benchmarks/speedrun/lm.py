@@ -35,11 +35,10 @@ SMOKE_SHAPE = {"hidden": 64, "layers": 2, "heads": 2, "kv_heads": 1, "intermedia
 
 def make_model(tokenizer_dir: Path, out: Path, shape: dict[str, int], *, max_positions: int, seed: int = 0) -> Path:
     """A randomly initialised Qwen2 of `shape` with the corpus tokenizer, saved (fp32) at `out`."""
-    from transformers import AutoTokenizer
-
+    from fleet.tokenizer import load_tokenizer
     from workshop.tinymodel import ENDOFTEXT, IM_END, _save_model, _token_id
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
     out.mkdir(parents=True, exist_ok=True)
     for f in tokenizer_dir.iterdir():
         shutil.copy(f, out / f.name)
@@ -52,9 +51,9 @@ def make_model(tokenizer_dir: Path, out: Path, shape: dict[str, int], *, max_pos
 
 def tokenize_corpus(tokenizer_dir: Path, texts: Iterator[str], *, batch: int = 2048) -> tuple[torch.Tensor, int]:
     """All texts as one int32 stream, each followed by `<|endoftext|>`; and their UTF-8 byte count."""
-    from transformers import AutoTokenizer
+    from fleet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
     chunks: list[torch.Tensor] = []
     nbytes = 0
@@ -238,9 +237,9 @@ def sft(model_dir: Path, examples: list[dict[str, str]], *, out: Path, epochs: f
         seed: int = 0) -> dict[str, Any]:
     """Fine-tune on (prompt, completion) pairs: the loss covers the completion tokens only. A completion longer
     than `max_completion_tokens` (with its end token) is left out: GRPO's generations stop there, unfinished."""
-    from transformers import AutoTokenizer
+    from fleet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = load_tokenizer(model_dir)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     all_completions = [[*ids, eos] for ids in tok([e["completion"] for e in examples], add_special_tokens=False)
                        ["input_ids"]]

@@ -74,10 +74,9 @@ def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, c
                     tokenizer_sha256: str | None = None) -> list[dict[str, Any]]:
     """`speedrun/diagnose.py` over the rounds' logged answers, with the prompts they answered (rebuilt as GRPO
     builds them) to tell a line copied from elsewhere in the prompt from one made up."""
-    from transformers import AutoTokenizer
-
     from envs.swe.prompt import build_prompt
     from envs.swe.taskset import read_split
+    from fleet.tokenizer import load_tokenizer
 
     check_tokenizer(data, tokenizer_sha256)
     ids = {t for r in rounds for t in r.get("answers", {})}
@@ -85,7 +84,7 @@ def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, c
         return []
     tasks = {t.instance_id: t for split in ("train", "validation") for t in read_split(data / "tasks", split)
              if t.instance_id in ids}
-    tok = AutoTokenizer.from_pretrained(data / "corpus" / "tokenizer")
+    tok = load_tokenizer(data / "corpus" / "tokenizer")
     prompts = {i: build_prompt(t, tok, max_prompt, context, repos_root=data / "tasks" / "repos").text
                for i, t in tasks.items()}
     return diagnose.round_table(rounds, tasks, tok, data / "tasks" / "repos", prompts)

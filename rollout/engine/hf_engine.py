@@ -139,7 +139,9 @@ class HfEngine(GenerationEngine):
 
     def _load(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from fleet.tokenizer import load_tokenizer
 
         choice = self._device_choice
         if choice == "auto":
@@ -147,7 +149,7 @@ class HfEngine(GenerationEngine):
         self.device = torch.device(choice)
         model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype))
         self._model = model.to(self.device).eval()
-        self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+        self._tokenizer = load_tokenizer(self._tokenizer_path)
         # Same stop set as vLLM: the tokenizer's EOS plus generation_config.json's eos_token_id(s).
         eos = {self._tokenizer.eos_token_id}
         gen_cfg = self.model_path / "generation_config.json"

@@ -156,9 +156,9 @@ async def test_eos_and_stop_token_end_generation(engine: GenerationEngine, serve
 
 
 async def test_stop_string_ends_generation_and_is_kept(engine: GenerationEngine, tiny_model: Path) -> None:
-    from transformers import AutoTokenizer
+    from fleet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok = load_tokenizer(tiny_model)
     free = await engine.generate("free-text", PROMPT, greedy(16))
     text = tok.decode(free.token_ids, skip_special_tokens=True)
     stop = text[len(text) // 2 : len(text) // 2 + 2]

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from sandbox_helpers import CalcRepo
-from transformers import AutoTokenizer
 
 from buffer_client.wire import to_proto_trajectory
 from fleet.config import MasterConfig
 from fleet.contracts.groups import PromptGroup
+from fleet.tokenizer import load_tokenizer
 from grpofleet.v1 import common_pb2
 from rollout.agent.runner import AgentRunner
 from rollout.engine.base import Generation, SamplingSpec
@@ -41,7 +41,7 @@ class ScriptedEngine:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return AutoTokenizer.from_pretrained(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
+    return load_tokenizer(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
 
 
 def _cfg(server: SandboxServer) -> MasterConfig:

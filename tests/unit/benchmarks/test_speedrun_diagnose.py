@@ -127,11 +127,10 @@ def test_an_answer_cut_off_by_the_generation_limit_is_counted_unfinished(repo: t
     limit cuts it (as the sixth run's held-out answers did after GRPO)."""
     from types import SimpleNamespace
 
-    from transformers import AutoTokenizer
-
+    from fleet.tokenizer import load_tokenizer
     from workshop.resolve import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(resolve_model("tiny-qwen2"))
+    tok = load_tokenizer(resolve_model("tiny-qwen2"))
     end = tok.convert_tokens_to_ids("<|im_end|>")
     finished = tok.encode(answer(GOLD)) + [end]
     looping = tok.encode(answer("-    if if if if if if if if")) * 8

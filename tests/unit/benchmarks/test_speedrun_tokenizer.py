@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import corpus  # noqa: E402
 import fixes  # noqa: E402
+import lm  # noqa: E402
 
 # Held-out paths of the speedrun's task set: a package folder, a `src/` layout, a single-module project.
 PATHS = ["unidiff/patch.py", "pathspec/util.py", "src/isodate/duration.py", "xmltodict.py", "my_pkg/_impl.py"]
@@ -69,10 +70,30 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return corpus.train_tokenizer(root / "corpus", root / "corpus" / "tokenizer", vocab_size=512)
 
 
-def test_the_trained_tokenizer_writes_a_header_path_token_for_token_in_the_diff(trained: Path) -> None:
-    from transformers import AutoTokenizer
+@pytest.fixture(scope="module")
+def model_folder(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen2 model folder with the trained tokenizer, made as the speedrun makes the model it pre-trains: every
+    GPU stage (pre-training, SFT, the fleet) loads its tokenizer from such a folder."""
+    shape = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
+    return lm.make_model(trained, tmp_path_factory.mktemp("model") / "init", shape, max_positions=256)
 
-    tok = AutoTokenizer.from_pretrained(trained)
+
+def test_a_model_folder_tokenises_with_the_trained_split(trained: Path, model_folder: Path) -> None:
+    """transformers' Qwen2Tokenizer puts Qwen2's split in place of the file's: the ninth run pre-trained, fine-tuned
+    and ran GRPO that way. The speedrun's own tokenisation of a model folder is the file's, ids for ids."""
+    from tokenizers import Tokenizer
+
+    texts = [both_places(path)[i] for path in PATHS for i in (0, 1)]
+    stream, _ = lm.tokenize_corpus(model_folder, iter(texts))
+    file = Tokenizer.from_file(str(trained / "tokenizer.json"))
+    eot = file.token_to_id("<|endoftext|>")
+    assert stream.tolist() == [i for t in texts for i in [*file.encode(t, add_special_tokens=False).ids, eot]]
+
+
+def test_the_trained_tokenizer_writes_a_header_path_token_for_token_in_the_diff(model_folder: Path) -> None:
+    from fleet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model_folder)
     for path in PATHS:
         header, diff = both_places(path)
         runs = []
@@ -86,12 +107,12 @@ def test_answers_are_diagnosed_only_with_the_tokenizer_that_wrote_them(trained: 
     """A report's answers are token ids; decoded with another tokenizer they read as garbage, so the diagnosis
     refuses a data folder whose tokenizer is not the report's, and names it."""
     import report
-    from transformers import AutoTokenizer
 
+    from fleet.tokenizer import load_tokenizer
     from workshop.tinymodel import _save_tokenizer, _train_tokenizer, tokenizer_fingerprint
 
     # A model folder's copy of the tokenizer (saved again, as SFT saves it) has the same fingerprint.
-    AutoTokenizer.from_pretrained(trained).save_pretrained(tmp_path / "model")
+    load_tokenizer(trained).save_pretrained(tmp_path / "model")
     assert tokenizer_fingerprint(tmp_path / "model") == tokenizer_fingerprint(trained)
     report.check_tokenizer(trained.parent.parent, tokenizer_fingerprint(tmp_path / "model"))
     # Runs 1-8's tokenizer: Qwen2's split, the same texts.

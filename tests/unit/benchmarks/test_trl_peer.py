@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
+
+from fleet.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -28,7 +29,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tok(tiny: Path) -> Any:
-    return AutoTokenizer.from_pretrained(tiny)
+    return load_tokenizer(tiny)
 
 
 def _cfg(seed: int) -> Any:

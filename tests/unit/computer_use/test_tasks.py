@@ -51,12 +51,11 @@ def test_viewport_must_be_whole_qwen2_vl_patches(viewport: list[int]) -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from transformers import AutoTokenizer
-
+    from fleet.tokenizer import load_tokenizer
     from workshop.tinymodel import ensure_tiny_model
 
     path: Path = ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny")
-    return AutoTokenizer.from_pretrained(path)
+    return load_tokenizer(path)
 
 
 def test_prompt_is_text_only_with_the_tools_and_the_instruction(tokenizer: Any) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from transformers import AutoTokenizer
 
 from buffer_client.wire import to_proto_trajectory
 from envs.agent.parser import ToolCall
@@ -18,6 +17,7 @@ from envs.registry import load_dataset, make_environment
 from fleet.config import MasterConfig
 from fleet.config.env import DatasetConfig, EnvConfig, LookupEnvConfig
 from fleet.contracts.groups import PromptGroup
+from fleet.tokenizer import load_tokenizer
 from rollout.agent.local import LocalToolRunner
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
@@ -29,7 +29,7 @@ from agent_helpers import ScriptedPolicy, call  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> object:
-    return AutoTokenizer.from_pretrained(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
+    return load_tokenizer(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
 
 
 def test_tasks_are_deterministic_and_values_are_random_per_task() -> None:

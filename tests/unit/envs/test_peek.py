@@ -13,7 +13,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
 from buffer_client.wire import to_proto_trajectory
 from envs.agent.parser import ToolCall
@@ -22,6 +21,7 @@ from envs.registry import load_dataset, make_environment
 from fleet.config import MasterConfig
 from fleet.config.env import DatasetConfig
 from fleet.contracts.groups import PromptGroup
+from fleet.tokenizer import load_tokenizer
 from rollout.agent.local import LocalToolRunner
 from rollout.engine.base import SamplingSpec
 from rollout.scoring import reward_for
@@ -33,7 +33,7 @@ from agent_helpers import ScriptedPolicy  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tok = AutoTokenizer.from_pretrained(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
+    tok = load_tokenizer(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
     tok.add_tokens(TOOL_TOKENS)  # as the base model's tokenizer has them (workshop.pretrain extra_tokens)
     return tok
 
@@ -174,7 +174,7 @@ def test_the_base_model_gets_tool_tokens_as_single_kept_tokens(tmp_path: Path) -
 
     out = ensure_format_model(tmp_path / "base", format_corpus, name="peek", steps=1, batch=2,
                               extra_tokens=TOOL_TOKENS)
-    tok = AutoTokenizer.from_pretrained(out)
+    tok = load_tokenizer(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert len(tok) == 2048 + len(TOOL_TOKENS) and model.get_input_embeddings().weight.shape[0] == 2048 + 64
     ids = tok(CALL, add_special_tokens=False)["input_ids"]

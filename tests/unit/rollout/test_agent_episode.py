@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import QWEN_TOOLS_TEMPLATE, LocalBackend, ScriptedPolicy, call
-from transformers import AutoTokenizer
 
 from envs.agent.chat import ChatFormat
 from envs.agent.tools import TOOL_SPECS, ToolBox
+from fleet.tokenizer import load_tokenizer
 from rollout.agent.episode import OBSERVATION_VERSION, Episode, EpisodeLimits, run_episode
 from rollout.engine.base import SamplingSpec
 from workshop.tinymodel import ensure_tiny_model
@@ -19,7 +19,7 @@ from workshop.tinymodel import ensure_tiny_model
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> object:
-    return AutoTokenizer.from_pretrained(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
+    return load_tokenizer(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
 
 
 @pytest.fixture(scope="module", params=["tiny", "qwen-tools"])

@@ -7,16 +7,16 @@ import asyncio
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
 from fleet.config import parse_config
+from fleet.tokenizer import load_tokenizer
 from rollout.server import advertised_host, episode_runners, worker_id
 from workshop.tinymodel import ensure_tiny_model
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> object:
-    return AutoTokenizer.from_pretrained(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
+    return load_tokenizer(ensure_tiny_model(tmp_path_factory.mktemp("m") / "tiny"))
 
 
 def test_agent_mode_gets_a_session_runner_and_single_shot_does_not(tokenizer: object) -> None:

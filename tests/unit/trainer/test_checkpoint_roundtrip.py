@@ -76,14 +76,16 @@ def test_round_trip_is_exact(make_cfg, tmp_path: Path) -> None:  # type: ignore[
 
 
 def test_checkpoint_is_hf_loadable(make_cfg, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from fleet.tokenizer import load_tokenizer
 
     cfg = make_cfg()
     dist, policy, opt, _ = _trained(cfg)
     mgr = CheckpointManager(cfg.checkpointing, tmp_path, dist, cfg.policy.model_name, resolved_config=dump_config(cfg))
     path = mgr.save(policy, opt, TrainerCheckpoint(step=4))
     hf = AutoModelForCausalLM.from_pretrained(path / "model")
-    AutoTokenizer.from_pretrained(path / "model")
+    load_tokenizer(path / "model")
     ours = dict(iter_full_state(policy))
     for name, t in hf.state_dict().items():
         if name in ours:

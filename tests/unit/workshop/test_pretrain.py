@@ -12,9 +12,11 @@ def test_format_model_is_built_once_and_loads(tmp_path):
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert ensure_format_model(out, format_corpus, name="digits", steps=2, batch=4) == out  # reused, not rebuilt
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(out)
+    from fleet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(out)
     AutoModelForCausalLM.from_pretrained(out)
     q, _ = next(itertools.islice(format_corpus(0), 1))
     assert tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False).startswith("<|im_start|>user")

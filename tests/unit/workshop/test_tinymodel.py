@@ -38,10 +38,12 @@ def test_existing_model_is_returned_untouched(tmp_path: Path) -> None:
 
 
 def test_tiny_model_loads_and_chats(tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from fleet.tokenizer import load_tokenizer
 
     path = ensure_tiny_model(tmp_path / "tiny")
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     assert len(tok) == model.config.vocab_size == 2048
     assert tok.eos_token == IM_END and tok.pad_token == "<|endoftext|>"
@@ -61,7 +63,7 @@ def test_tiny_model_loads_and_chats(tmp_path: Path) -> None:
 
 
 def test_make_qwen2_like_builds_the_requested_shape(tmp_path: Path) -> None:
-    from transformers import AutoTokenizer
+    from fleet.tokenizer import load_tokenizer
 
     tiny = ensure_tiny_model(tmp_path / "tiny")
     path = make_qwen2_like(
@@ -77,7 +79,7 @@ def test_make_qwen2_like_builds_the_requested_shape(tmp_path: Path) -> None:
     )
     cfg = json.loads((path / "config.json").read_text())
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["dtype"]) == (128, 2, 4096, "bfloat16")
-    assert AutoTokenizer.from_pretrained(path).get_vocab() == AutoTokenizer.from_pretrained(tiny).get_vocab()
+    assert load_tokenizer(path).get_vocab() == load_tokenizer(tiny).get_vocab()
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         make_qwen2_like(
             tmp_path / "small",

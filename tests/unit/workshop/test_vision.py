@@ -57,9 +57,9 @@ def test_a_text_only_model_folder_is_not_a_vision_model(vlm: Path, tmp_path: Pat
     text_only = ensure_tiny_model(vlm.parent / "tiny-qwen2")
     assert not is_vision_model(text_only)
     with pytest.raises(ValueError, match="not a multimodal processor"):
-        from transformers import AutoTokenizer
+        from fleet.tokenizer import load_tokenizer
 
-        ImageCodec(AutoTokenizer.from_pretrained(text_only))
+        ImageCodec(load_tokenizer(text_only))
 
 
 def test_placeholder_runs_and_collapse() -> None:
