@@ -9,7 +9,8 @@ from fleet.config.base import Section
 
 class TokenizerConfig(Section):
     name: str | None = None
-    """HF tokenizer folder or hub id; defaults to `policy.model_name`."""
+    """HF tokenizer folder or hub id; defaults to `policy.model_name`. A folder encodes as its `tokenizer.json` says
+    (`fleet.tokenizer`: transformers gives a qwen2 folder Qwen2's own split otherwise)."""
     chat_template: str | None = None
     """Jinja chat template overriding the tokenizer's own (None: use the tokenizer's)."""
 
