@@ -153,6 +153,9 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
     readers: dict[str, Callable[[str], str | None]] = {}  # a task's files are read once for all its rounds
     # An answer that does not end on an end token ran into the generation limit: a policy that degenerates into
     # repeating itself (the sixth run's held-out answers, 5 -> 79) shows here first.
+    # `as_encoded`: answers whose ids are this tokenizer's own encoding of their text. A model trained on this
+    # tokenizer's encodings writes most of its greedy answers so (runs 7-8: 210-269 of 286); one trained on another
+    # split writes none (the ninth run, whose model folder loaded Qwen2's split: 0 of 286).
     ends = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
             if isinstance(i, int) and i != tokenizer.unk_token_id}
     for r in rounds:
@@ -166,9 +169,11 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
         # Per repository: [answers naming the gold patch's file, answers]. A held-out package's name is copied off
         # the prompt's headers for some repositories and never for others (the seventh run: 4 of 8 never).
         by_repo: dict[str, list[int]] = {}
-        unfinished = 0
+        unfinished = as_encoded = 0
         for task_id, ids in sorted(answers.items()):
             unfinished += int(not ids or ids[-1] not in ends)
+            body = ids[:-1] if ids and ids[-1] in ends else ids
+            as_encoded += int(tokenizer(tokenizer.decode(body), add_special_tokens=False)["input_ids"] == body)
             task = tasks[task_id]
             text = tokenizer.decode(ids, skip_special_tokens=True)
             prompt = (prompts or {}).get(task_id, "")
@@ -189,5 +194,5 @@ def round_table(rounds: list[dict[str, Any]], tasks: dict[str, Any], tokenizer: 
         out.append({"step": r["step"], "answers": len(answers), "kinds": dict(kinds.most_common()),
                     "kinds_by_verdict": dict(sorted(by_verdict.items())), "gold": dict(flags),
                     "gold_file_by_repo": dict(sorted(by_repo.items())),
-                    "unfinished": unfinished, "examples": samples})
+                    "unfinished": unfinished, "as_encoded": as_encoded, "examples": samples})
     return out

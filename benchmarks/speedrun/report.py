@@ -53,7 +53,8 @@ def finish_report(path: Path, data: Path, max_prompt: int, context: str, diagnos
     log.info("%s held-out resolved by round: %s", path.name,
              ", ".join(f"step {r['step']}: {r['resolved']}" for r in report["heldout"]))
     for r in report.get("diagnosis", []):
-        log.info("step %s answers: %s gold: %s", r["step"], json.dumps(r["kinds"]), json.dumps(r["gold"]))
+        log.info("step %s answers: %s gold: %s; %s of %s as the tokenizer encodes them", r["step"],
+                 json.dumps(r["kinds"]), json.dumps(r["gold"]), r.get("as_encoded", "?"), r["answers"])
 
 
 def check_tokenizer(data: Path, tokenizer_sha256: str | None) -> None:

@@ -205,13 +205,16 @@ async def test_reset_cache_recomputes_kv_of_requests_in_flight(
 ) -> None:
     base = load_file(tiny_model / "model.safetensors")
     await push(engine, served, base)  # a fresh, non-degenerate starting point
-    tasks = [asyncio.create_task(engine.generate(f"kv{reset_cache}/{i}", PROMPT, greedy(120))) for i in range(2)]
+    # The new weights are made before the requests start: made between the token wait and the push, they let both
+    # requests finish first on a loaded CI host (the push then landed after the last token).
+    new = perturbed(base, seed=3)
+    tasks = [asyncio.create_task(engine.generate(f"kv{reset_cache}/{i}", PROMPT, greedy(200))) for i in range(2)]
     await wait_for_tokens(engine, 2 * 20)
-    stats = await push(engine, served, perturbed(base, seed=3), reset_cache=reset_cache)
+    stats = await push(engine, served, new, reset_cache=reset_cache)
     assert stats.kv_recomputed == reset_cache
     for g in await asyncio.gather(*tasks):
         k = g.token_versions.index(served.version)
-        assert 0 < k < 120
+        assert 0 < k < 200
         err = (reference_logprobs(tiny_model, served.weights, PROMPT, g.token_ids) - torch.tensor(g.logprobs)).abs()
         if reset_cache:
             # Every token after the load equals a full recompute with the new weights: no old KV was used.

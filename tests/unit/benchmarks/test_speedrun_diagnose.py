@@ -141,3 +141,23 @@ def test_an_answer_cut_off_by_the_generation_limit_is_counted_unfinished(repo: t
     assert table["kinds"]["anchored"] == 1
     # Both answers are the task's repository's; only the finished one names the gold patch's file.
     assert table["gold_file_by_repo"] == {"": [1, 2]}
+
+
+def test_answers_written_in_another_tokenisation_are_not_counted_as_encoded(repo: tuple[Path, str]) -> None:
+    """The ninth run's model wrote ` a/` as `Ġa`, `/`: ids the tokenizer never makes of that text, because every
+    stage had encoded with another split. The round table counts the answers that are the tokenizer's own encoding."""
+    from types import SimpleNamespace
+
+    from fleet.tokenizer import load_tokenizer
+    from workshop.resolve import resolve_model
+
+    tok = load_tokenizer(resolve_model("tiny-qwen2"))
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    own = tok.encode(answer(GOLD)) + [end]
+    # The same text, one character a token: it decodes alike, but is not how the tokenizer spells it.
+    spelt = [tok.convert_tokens_to_ids(c) for c in tok.convert_ids_to_tokens(own[:-1]) for c in c] + [end]
+    assert tok.decode(spelt) == tok.decode(own) and spelt != own
+    task = SimpleNamespace(repo="", base_commit=repo[1], patch=GOLD)
+    rounds = [{"step": 0, "verdicts": {"a": "resolved", "b": "resolved"}, "answers": {"a": own, "b": spelt}}]
+    (table,) = diagnose.round_table(rounds, {"a": task, "b": task}, tok, repo[0].parent)
+    assert table["as_encoded"] == 1 and table["kinds"]["anchored"] == 2
