@@ -9,7 +9,8 @@ Qwen2's split instead (docs/swe-learning.md, "Ninth run").
 
 `load_tokenizer` keeps AutoTokenizer's choice when its pipeline is the file's (every Hub Qwen2 model), and otherwise
 loads the file as it is, chat template and special tokens included. Every process of the project loads tokenizers
-through it (tests/unit/fleet/test_tokenizer_loading.py checks that no other code calls AutoTokenizer).
+through it (tests/unit/fleet/test_tokenizer_loading.py checks that no other code calls AutoTokenizer). A Hub id is
+checked against its tokenizer.json in the local Hub cache.
 """
 
 from __future__ import annotations
@@ -38,14 +39,30 @@ def pipeline_differences(tokenizer: Any, tokenizer_json: Path) -> list[str]:
     return [part for part in PIPELINE if loaded.get(part) != saved.get(part)]
 
 
+def tokenizer_json(name_or_path: str | Path, *, revision: str | None = None,
+                   cache_dir: str | Path | None = None) -> Path | None:
+    """The `tokenizer.json` AutoTokenizer reads for `name_or_path`: a folder's, or a Hub id's in the local Hub cache
+    (nothing is downloaded); None where there is none (a folder with a slow tokenizer's files only)."""
+    local = Path(name_or_path) / "tokenizer.json"
+    if local.is_file():
+        return local
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(str(name_or_path), "tokenizer.json", revision=revision, cache_dir=cache_dir)
+    except ValueError:  # a folder's path is no Hub id
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
 def load_tokenizer(name_or_path: str | Path, **kwargs: Any) -> PreTrainedTokenizerBase:
-    """`AutoTokenizer.from_pretrained(name_or_path)`, unless that tokenizer's pipeline is not the one in the folder's
-    `tokenizer.json`: then the file's, loaded as it is. A Hub id is left to AutoTokenizer."""
+    """`AutoTokenizer.from_pretrained(name_or_path)`, unless that tokenizer's pipeline is not the one in its
+    `tokenizer.json` (a folder's or a cached Hub id's): then the file's, loaded as it is."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-    file = Path(name_or_path) / "tokenizer.json"
-    if not file.is_file():
+    file = tokenizer_json(name_or_path, revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
+    if file is None:
         return tokenizer
     differs = pipeline_differences(tokenizer, file)
     if not differs:

@@ -51,6 +51,20 @@ def test_a_qwen2_folder_with_its_own_split_encodes_as_its_file(tiny: Path, tmp_p
     assert saved["pre_tokenizer"] == split
 
 
+def test_a_hub_id_in_the_local_cache_encodes_as_its_cached_file(tiny: Path, tmp_path: Path) -> None:
+    """A Hub model's files as huggingface_hub caches them (`models--org--name/snapshots/<commit>/`, `refs/main`):
+    the cached tokenizer.json is compared the same way, with nothing downloaded."""
+    split = {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": False}
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--acme--tiny-custom"
+    with_pipeline(tiny, repo / "snapshots" / commit, pre_tokenizer=split)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    tok = load_tokenizer("acme/tiny-custom", cache_dir=tmp_path / "hub", local_files_only=True)
+    file = Tokenizer.from_file(str(repo / "snapshots" / commit / "tokenizer.json"))
+    assert tok(TEXT, add_special_tokens=False)["input_ids"] == file.encode(TEXT, add_special_tokens=False).ids
+
+
 def test_a_file_that_matches_keeps_the_model_types_class(tiny: Path, tmp_path: Path) -> None:
     """A Hub Qwen2 tokenizer.json (Qwen2's split and NFC): AutoTokenizer's own class is kept."""
     from transformers import AutoTokenizer
