@@ -213,8 +213,11 @@ def sft(args: argparse.Namespace) -> None:
     tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=args.sft_batch,
                    peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=_device(args), compile=not args.cpu,
                    row_tokens=MAX_PROMPT + MAX_NEW, max_completion_tokens=MAX_NEW)
+    spelt = fixes.paths_spelt_alike(models / "sft", args.data / "tasks")
+    log.info("the SFT model's tokenizer spells %d of %d gold-patch paths alike in the code header and the diff",
+             spelt["alike"], spelt["paths"])
     write(args.out, "sft.json", {**tuned, "task_examples": len(tasks), "task_weight": args.task_weight,
-                                 "corpus_examples": len(from_corpus)})
+                                 "corpus_examples": len(from_corpus), "paths_spelt_alike": spelt})
 
 
 def parse_kinds(spec: str) -> frozenset[str]:

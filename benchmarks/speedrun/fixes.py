@@ -32,13 +32,15 @@ import random
 import re
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from envs.swe.patch import HUNK_HEADER
 from envs.swe.retrieval import function_spans, is_test_path
+
+T = TypeVar("T")
 
 
 def trim_context(patch: str, lines: int) -> str:
@@ -162,6 +164,51 @@ def read(path: Path) -> list[dict[str, str]]:
 # with a letter, `_` or `$`, as `git diff` prints it for the tasks' gold patches.
 _FUNCNAME = re.compile(r"^[A-Za-z_$]")
 _MAX_FUNCNAME = 80
+
+
+def header_and_diff(path: str) -> tuple[str, str]:
+    """A single-shot prompt's code context showing `path`, and a diff of it as the SFT targets write it."""
+    from envs.swe.prompt import _user_message
+
+    old, new = "def f(x):\n    return x + 1\n", "def f(x):\n    return x - 1\n"
+    return _user_message("A test fails.", [(f"{path}:1 f", old)], []), git_diff(path, old, new, context=1)
+
+
+def mentions(pieces: Sequence[tuple[T, tuple[int, int]]], text: str, path: str) -> list[list[T]]:
+    """The pieces (tokens or pre-tokens, with their offsets in `text`) that spell each mention of `path`; an empty
+    list where a piece crosses one of its ends."""
+    runs = []
+    start = text.find(path)
+    while start >= 0:
+        end = start + len(path)
+        inside = [(x, (a, b)) for x, (a, b) in pieces if start <= a and b <= end]
+        runs.append([x for x, _ in inside] if "".join(text[a:b] for _, (a, b) in inside) == path else [])
+        start = text.find(path, end)
+    return runs
+
+
+def path_spelling(tokenizer: Any, path: str) -> list[tuple[int, ...]]:
+    """The token ids that spell `path` at each of its mentions in the code header and in the diff
+    (`header_and_diff`). A model names the file by copying the header's tokens: they must be the diff's."""
+    spellings = []
+    for text in header_and_diff(path):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        spellings += [tuple(run) for run in mentions(list(zip(enc["input_ids"], enc["offset_mapping"], strict=True)),
+                                                      text, path)]
+    return spellings
+
+
+def paths_spelt_alike(model_dir: Path, task_dir: Path) -> dict[str, int]:
+    """Of the task set's gold-patch files, those `model_dir`'s tokenizer, loaded as every stage loads it, spells
+    with the same tokens in the code header and in the diff. Measured on the model folder itself: a qwen2 folder
+    once loaded Qwen2's split in place of its own (docs/swe-learning.md, "Ninth run")."""
+    from envs.swe.taskset import read_split
+    from fleet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    paths = {str(t.metadata["file"]) for split in ("train", "validation") for t in read_split(task_dir, split)}
+    alike = sum(len(set(s)) == 1 and () not in s for s in (path_spelling(tok, p) for p in paths))
+    return {"paths": len(paths), "alike": alike}
 
 
 def git_diff(path: str, old: str, new: str, context: int = 3) -> str:

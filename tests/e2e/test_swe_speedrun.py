@@ -32,6 +32,8 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
     assert pre["steps"] >= 1 and math.isfinite(pre["heldout_bits_per_byte"]) and pre["heldout_bits_per_byte"] > 0
     sft = json.loads((out / "sft.json").read_text())
     assert sft["steps"] >= 1 and all(math.isfinite(p["loss"]) for p in sft["curve"])
+    # The SFT model's folder spells every gold-patch path alike in the code header and the diff (the path split).
+    assert sft["paths_spelt_alike"]["alike"] == sft["paths_spelt_alike"]["paths"] > 0
     # The SFT model is an HF folder the fleet serves and trains.
     assert (out / "models" / "sft" / "config.json").is_file() and (out / "models" / "sft" / "tokenizer.json").is_file()
     # The smoke runs a sync and an async fleet side by side (`--mode both`, as the lent GPU does), each logging apart.

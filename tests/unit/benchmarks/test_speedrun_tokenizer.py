@@ -8,13 +8,11 @@ import json
 import lzma
 import sys
 import sysconfig
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from tokenizers import Regex, pre_tokenizers
 
-from envs.swe.prompt import _user_message
 from workshop.tinymodel import QWEN_SPLIT_PATTERN
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,34 +23,15 @@ import lm  # noqa: E402
 
 # Held-out paths of the speedrun's task set: a package folder, a `src/` layout, a single-module project.
 PATHS = ["unidiff/patch.py", "pathspec/util.py", "src/isodate/duration.py", "xmltodict.py", "my_pkg/_impl.py"]
-OLD, NEW = "def f(x):\n    return x + 1\n", "def f(x):\n    return x - 1\n"
-
-
-def both_places(path: str) -> tuple[str, str]:
-    """The prompt's code context as the single-shot prompt writes it, and the diff as the SFT targets write it."""
-    return _user_message("A test fails.", [(f"{path}:1 f", OLD)], []), fixes.git_diff(path, OLD, NEW, context=1)
-
-
-def path_run(pieces: Sequence[tuple[object, tuple[int, int]]], text: str, path: str) -> list[list[object]]:
-    """The pieces that spell each occurrence of `path` in `text`, where a piece boundary falls on both its ends."""
-    runs = []
-    start = text.find(path)
-    while start >= 0:
-        end = start + len(path)
-        run = [p for p, (s, e) in pieces if start <= s and e <= end]
-        covered = "".join(text[s:e] for _, (s, e) in pieces if start <= s and e <= end)
-        runs.append(run if covered == path else [])
-        start = text.find(path, end)
-    return runs
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_the_split_spells_a_path_alike_in_the_header_and_in_the_diff(path: str) -> None:
-    header, diff = both_places(path)
+    header, diff = fixes.header_and_diff(path)
     for pattern, alike in ((corpus.PATH_SPLIT_PATTERN, True), (QWEN_SPLIT_PATTERN, False)):
         split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-        in_header = path_run(split.pre_tokenize_str(header), header, path)
-        in_diff = path_run(split.pre_tokenize_str(diff), diff, path)
+        in_header = fixes.mentions(split.pre_tokenize_str(header), header, path)
+        in_diff = fixes.mentions(split.pre_tokenize_str(diff), diff, path)
         assert len(in_header) == 2 and len(in_diff) == 4  # [start of]/[end of]; diff --git a/ b/, ---, +++
         runs = {tuple(r) for r in in_header + in_diff}
         assert (len(runs) == 1 and [] not in in_header + in_diff) is alike, (pattern, runs)
@@ -83,7 +62,7 @@ def test_a_model_folder_tokenises_with_the_trained_split(trained: Path, model_fo
     and ran GRPO that way. The speedrun's own tokenisation of a model folder is the file's, ids for ids."""
     from tokenizers import Tokenizer
 
-    texts = [both_places(path)[i] for path in PATHS for i in (0, 1)]
+    texts = [fixes.header_and_diff(path)[i] for path in PATHS for i in (0, 1)]
     stream, _ = lm.tokenize_corpus(model_folder, iter(texts))
     file = Tokenizer.from_file(str(trained / "tokenizer.json"))
     eot = file.token_to_id("<|endoftext|>")
@@ -95,12 +74,8 @@ def test_the_trained_tokenizer_writes_a_header_path_token_for_token_in_the_diff(
 
     tok = load_tokenizer(model_folder)
     for path in PATHS:
-        header, diff = both_places(path)
-        runs = []
-        for text in (header, diff):
-            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-            runs += path_run(list(zip(enc["input_ids"], enc["offset_mapping"], strict=True)), text, path)
-        assert len({tuple(r) for r in runs}) == 1 and runs[0], (path, runs)
+        spellings = fixes.path_spelling(tok, path)
+        assert len(spellings) == 6 and len(set(spellings)) == 1 and spellings[0], (path, spellings)
 
 
 def test_answers_are_diagnosed_only_with_the_tokenizer_that_wrote_them(trained: Path, tmp_path: Path) -> None:
