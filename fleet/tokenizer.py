@@ -29,14 +29,22 @@ log = logging.getLogger(__name__)
 PIPELINE = ("normalizer", "pre_tokenizer", "decoder")
 
 
+def _pipeline(backend: Any) -> dict[str, Any]:
+    """The `PIPELINE` parts of a `tokenizers.Tokenizer`, each serialised alone (`__getstate__`, the JSON that
+    tokenizer.json holds for it): the whole tokenizer's JSON would carry the vocabulary and merges too, megabytes for
+    a Hub model, at every process start."""
+    return {part: None if (c := getattr(backend, part)) is None else json.loads(c.__getstate__()) for part in PIPELINE}
+
+
 def pipeline_differences(tokenizer: Any, tokenizer_json: Path) -> list[str]:
     """The parts of `PIPELINE` in which `tokenizer`'s backend differs from the file (empty when it has no backend)."""
+    from tokenizers import Tokenizer
+
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return []
-    loaded = json.loads(backend.to_str())
-    saved = json.loads(tokenizer_json.read_text())
-    return [part for part in PIPELINE if loaded.get(part) != saved.get(part)]
+    loaded, saved = _pipeline(backend), _pipeline(Tokenizer.from_file(str(tokenizer_json)))
+    return [part for part in PIPELINE if loaded[part] != saved[part]]
 
 
 def tokenizer_json(name_or_path: str | Path, *, revision: str | None = None,
