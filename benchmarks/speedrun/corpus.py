@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.data.sdist import sha256_file
+from launch.data.sdist import download_from_index, sha256_file
 from workshop.tinymodel import QWEN_SPLIT_PATTERN
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _version_of(archive: Path, package: str) -> str:
 
 
 def fetch_one(package: str, cache: Path, pin: tuple[str, str] | None) -> Sdist | None:
-    """The sdist of `package` (the pinned version when `pin`), downloaded with pip into `cache`; None if pip fails."""
+    """The sdist of `package` (the pinned version when `pin`), downloaded into `cache`; None if it cannot be."""
     want = f"{package}=={pin[0]}" if pin else package
     for archive in cache.glob("*"):
         meta = archive.with_suffix(archive.suffix + ".json")
@@ -101,30 +101,39 @@ def fetch_one(package: str, cache: Path, pin: tuple[str, str] | None) -> Sdist |
             if _canonical(m["package"]) == _canonical(package) and (pin is None or m["version"] == pin[0]):
                 return Sdist(package, m["version"], m["sha256"], archive)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        try:
-            proc = subprocess.run(
-                # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment too (Cython compiled
-                # from source to prepare one project's metadata).
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
-                 "--disable-pip-version-check", want, "-d", tmp],
-                capture_output=True, text=True, timeout=600)
-            failure = (proc.stderr.strip().splitlines() or ["?"])[-1] if proc.returncode else ""
-        except subprocess.TimeoutExpired:
-            failure = "no answer in 600 s"
-        archives = [p for p in Path(tmp).iterdir() if p.suffix in (".gz", ".zip", ".bz2")]
-        if failure or len(archives) != 1:
-            log.warning("corpus: skipping %s: pip download failed (%s)", want, failure[:200] or archives)
+        # A pin names its file by hash: fetched from the index as it is, with no metadata for pip to prepare.
+        fetched = download_from_index(package, *pin, Path(tmp)) if pin else None
+        if fetched is None:
+            fetched = _pip_download(want, package, Path(tmp))
+        if fetched is None:
             return None
-        archive = archives[0]
-        sha = sha256_file(archive)
-        version = pin[0] if pin else _version_of(archive, package)
+        sha = sha256_file(fetched)
+        version = pin[0] if pin else _version_of(fetched, package)
         if pin and sha != pin[1]:
             raise RuntimeError(f"packages.lock: {package}=={pin[0]} has sha256 {pin[1]}, the download has {sha}")
-        dest = cache / archive.name
-        archive.replace(dest)
+        dest = cache / fetched.name
+        fetched.replace(dest)
     dest.with_suffix(dest.suffix + ".json").write_text(json.dumps({"package": package, "version": version,
                                                                    "sha256": sha}))
     return Sdist(package, version, sha, dest)
+
+
+def _pip_download(want: str, package: str, tmp: Path) -> Path | None:
+    try:
+        proc = subprocess.run(
+            # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment too (Cython compiled
+            # from source to prepare one project's metadata).
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
+             "--disable-pip-version-check", want, "-d", str(tmp)],
+            capture_output=True, text=True, timeout=600)
+        failure = (proc.stderr.strip().splitlines() or ["?"])[-1] if proc.returncode else ""
+    except subprocess.TimeoutExpired:
+        failure = "no answer in 600 s"
+    archives = [p for p in tmp.iterdir() if p.suffix in (".gz", ".zip", ".bz2")]
+    if failure or len(archives) != 1:
+        log.warning("corpus: skipping %s: pip download failed (%s)", want, failure[:200] or archives)
+        return None
+    return archives[0]
 
 
 def fetch_all(names: list[str], cache: Path, *, workers: int = 3, locked: bool = False) -> list[Sdist]:

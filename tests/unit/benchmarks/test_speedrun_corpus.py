@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import corpus  # noqa: E402
 
+from launch.data.sdist import index_url  # noqa: E402
+
 
 def sdist(tmp: Path, name: str, version: str, files: dict[str, str]) -> corpus.Sdist:
     path = tmp / f"{name}-{version}.tar.gz"
@@ -87,3 +89,27 @@ def test_a_locked_fetch_skips_projects_the_lock_has_no_pin_for(tmp_path: Path, m
     monkeypatch.setattr(corpus.subprocess, "run", no_pip)
     got = corpus.fetch_all(["accelerate", "not-a-locked-project"], tmp_path, locked=True)
     assert [(s.package, s.version, s.sha256) for s in got] == [("accelerate", version, sha)]
+
+
+def test_a_locked_fetch_takes_each_pinned_file_from_the_index_without_pip(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, package_index) -> None:  # type: ignore[no-untyped-def]
+    """pip prepares an sdist's metadata in a build environment of its own (30 s a package on two busy cores); a pin
+    names its file by hash, so `prepare --locked` fetches it as it is."""
+    version, _ = corpus.read_lock()["accelerate"]
+    built = sdist(tmp_path, "accelerate", version, {"src/accelerate/__init__.py": "x = 1\n"})
+    package_index.publish("accelerate", {built.path.name: built.path.read_bytes()})
+    monkeypatch.setattr(corpus, "read_lock", lambda: {"accelerate": (version, built.sha256)})
+    assert index_url() == package_index.url  # asked of pip once, before pip is forbidden
+
+    def no_pip(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"pip ran: {args}")
+
+    monkeypatch.setattr(corpus.subprocess, "run", no_pip)
+    cache = tmp_path / "cache"
+    got = corpus.fetch_all(["accelerate"], cache, locked=True)
+    assert [(s.package, s.version, s.sha256, s.path.read_bytes()) for s in got] == [
+        ("accelerate", version, built.sha256, built.path.read_bytes())]
+    assert package_index.requests == ["/simple/accelerate/", f"/packages/{built.path.name}"]
+    # The sidecar the cache is looked up by: a second fetch asks nothing of the index.
+    assert corpus.fetch_all(["accelerate"], cache, locked=True)[0].path == got[0].path
+    assert len(package_index.requests) == 2
