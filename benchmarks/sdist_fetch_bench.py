@@ -70,7 +70,8 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {
-        "recipe": str(args.recipe), "index": index_url(), "sdists": len(rows),
+        "recipe": str(args.recipe.relative_to(ROOT) if args.recipe.is_relative_to(ROOT) else args.recipe),
+        "index": index_url(), "sdists": len(rows),
         "seconds": {way: round(sum(t), 1) for way, t in times.items()},
         "median_s": {way: round(statistics.median(t), 2) for way, t in times.items()},
         "speedup": round(sum(times["pip"]) / sum(times["index"]), 1),
