@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -92,15 +91,18 @@ def download_from_index(package: str, version: str, sha256: str, dest: Path, ind
             log.info("%s lists no file of %s with the pinned sha256; pip fetches %s==%s", page, package, package,
                      version)
             return None
-        name = Path(urllib.parse.urlparse(match["filename"]).path).name
+        name = Path(match["filename"]).name  # a bare name by PEP 691; never a path out of `dest`
         if not name.endswith(_ARCHIVE_SUFFIXES):
+            log.info("%s: the pinned file %s is no sdist archive; pip fetches %s==%s", page, name, package, version)
             return None
         out = dest / name
         with urllib.request.urlopen(urllib.parse.urljoin(page, match["url"]), timeout=600, context=context) as resp, \
                 out.open("wb") as f:
             for block in iter(lambda: resp.read(1 << 20), b""):
                 f.write(block)
-    except (OSError, ValueError, KeyError) as e:  # URLError and timeouts are OSErrors; a malformed page ValueError
+    # URLError and timeouts are OSErrors (so is an index URL holding credentials, which pip reads and urllib does not);
+    # a malformed page, ValueError or KeyError. pip then fetches it as before.
+    except (OSError, ValueError, KeyError) as e:
         log.info("%s: %s; pip fetches %s==%s", page, e, package, version)
         return None
     got = sha256_file(out)
