@@ -5,8 +5,8 @@
 
 Each sdist (the recipe's repositories and vendored packages) is fetched into an empty cache both ways, the order
 alternating from one sdist to the next so that load and the network hit both alike; both must give the pinned bytes.
-`pip download` is the fallback `fetch_sdist` used alone before: it prepares each sdist's metadata in a build
-environment of its own. Writes `benchmarks/results/sdist_fetch.json`.
+`pip download` (`launch.data.sdist.pip_download`) is the fallback `fetch_sdist` used alone before: it prepares each
+sdist's metadata in a build environment of its own. Writes `benchmarks/results/sdist_fetch.json`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,18 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from launch.data.recipe import load_recipe  # noqa: E402
-from launch.data.sdist import download_from_index, index_url, sha256_file  # noqa: E402
+from launch.data.sdist import download_from_index, index_url, pip_download, sha256_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def by_pip(package: str, version: str, dest: Path) -> Path:
-    # The command `fetch_sdist` falls back to.
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
-                    "--disable-pip-version-check", f"{package}=={version}", "-d", str(dest)], check=True,
-                   capture_output=True, timeout=600)
-    (archive,) = dest.iterdir()
-    return archive
 
 
 def by_index(package: str, version: str, sha: str, dest: Path) -> Path:
@@ -61,8 +51,8 @@ def main() -> None:
         for way in (("pip", "index") if i % 2 == 0 else ("index", "pip")):
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                got = by_pip(package, version, Path(tmp)) if way == "pip" else by_index(package, version, sha,
-                                                                                        Path(tmp))
+                got = (pip_download(package, f"{package}=={version}", Path(tmp)) if way == "pip"
+                       else by_index(package, version, sha, Path(tmp)))
                 times[way].append(time.perf_counter() - t0)
                 if sha256_file(got) != sha:
                     raise SystemExit(f"{way}: {got.name} is not the pinned {package}=={version}")

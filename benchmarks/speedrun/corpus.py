@@ -23,8 +23,6 @@ import json
 import logging
 import lzma
 import re
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -33,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.data.sdist import download_from_index, sha256_file
+from launch.data.sdist import SdistError, download_from_index, pip_download, sha256_file
 from workshop.tinymodel import QWEN_SPLIT_PATTERN
 
 log = logging.getLogger(__name__)
@@ -120,20 +118,10 @@ def fetch_one(package: str, cache: Path, pin: tuple[str, str] | None) -> Sdist |
 
 def _pip_download(want: str, package: str, tmp: Path) -> Path | None:
     try:
-        proc = subprocess.run(
-            # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment too (Cython compiled
-            # from source to prepare one project's metadata).
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
-             "--disable-pip-version-check", want, "-d", str(tmp)],
-            capture_output=True, text=True, timeout=600)
-        failure = (proc.stderr.strip().splitlines() or ["?"])[-1] if proc.returncode else ""
-    except subprocess.TimeoutExpired:
-        failure = "no answer in 600 s"
-    archives = [p for p in tmp.iterdir() if p.suffix in (".gz", ".zip", ".bz2")]
-    if failure or len(archives) != 1:
-        log.warning("corpus: skipping %s: pip download failed (%s)", want, failure[:200] or archives)
+        return pip_download(package, want, tmp)
+    except SdistError as e:
+        log.warning("corpus: skipping %s: %s", want, str(e)[-300:])
         return None
-    return archives[0]
 
 
 def fetch_all(names: list[str], cache: Path, *, workers: int = 3, locked: bool = False) -> list[Sdist]:

@@ -69,6 +69,12 @@ def index_url() -> str:
     return next((found[k] for k in (":env:", "download", "global") if k in found), PYPI_SIMPLE)
 
 
+@functools.cache
+def _tls_context(cafile: str | None) -> ssl.SSLContext:
+    # Loading the CA bundle takes ~30 ms: once per process, not once per sdist (226 of them for the corpus).
+    return ssl.create_default_context(cafile=cafile)
+
+
 def download_from_index(package: str, version: str, sha256: str, dest: Path, index: str | None = None) -> Path | None:
     """The file with this sha256 among `package`'s files on the index's JSON simple page (PEP 691), downloaded into
     `dest` and checked; None when the index has no JSON page or no such file, or cannot be reached (pip then tries).
@@ -78,7 +84,7 @@ def download_from_index(package: str, version: str, sha256: str, dest: Path, ind
     took: 30 s a package on two busy cores."""
     base = (index or index_url()).rstrip("/")
     page = f"{base}/{re.sub(r'[-_.]+', '-', package).lower()}/"
-    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
+    context = _tls_context(os.environ.get("PIP_CERT") or None)
     try:
         req = urllib.request.Request(page, headers={"Accept": _JSON_SIMPLE})
         with urllib.request.urlopen(req, timeout=60, context=context) as resp:
@@ -112,6 +118,26 @@ def download_from_index(package: str, version: str, sha256: str, dest: Path, ind
     return out
 
 
+def pip_download(package: str, requirement: str, dest: Path) -> Path:
+    """The one sdist archive `pip download` writes into `dest` for `requirement` (`package==version`, or `package`
+    for its newest); SdistError with pip's message when it fails."""
+    # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment that prepares the sdist's metadata
+    # too (setuptools built from its own sdist): toolz took 17 s to download in the image, 3.5 s without.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
+           "--disable-pip-version-check", requirement, "-d", str(dest)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise SdistError(f"pip download {requirement}: no answer in 600 s") from None
+    if proc.returncode != 0:
+        raise SdistError(f"pip download {requirement} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    archives = [p for p in dest.iterdir() if p.name.endswith(_ARCHIVE_SUFFIXES)]
+    if len(archives) != 1:
+        raise SdistError(f"pip download {requirement} produced {[p.name for p in archives]}, expected one sdist "
+                         "archive")
+    return archives[0]
+
+
 def fetch_sdist(package: str, version: str, sha256: str, cache_dir: str | Path) -> Path:
     """The sdist archive of `package==version` in `cache_dir`, fetched by its hash from the index when absent
     (`download_from_index`; pip download where the index cannot answer that way).
@@ -129,25 +155,14 @@ def fetch_sdist(package: str, version: str, sha256: str, cache_dir: str | Path) 
             log.info("fetched sdist %s from the index", fetched.name)
             # Renamed into place so that a concurrent or interrupted build never sees a partial archive.
             return fetched.replace(cache / fetched.name)
-        # `--no-binary PACKAGE`, not `:all:`: the latter reaches the build environment that prepares the sdist's
-        # metadata too (setuptools built from its own sdist): toolz took 17 s to download in the image, 3.5 s without.
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", package, "--quiet",
-               "--disable-pip-version-check", f"{package}=={version}", "-d", tmp]
         log.info("downloading sdist %s==%s", package, version)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise SdistError(f"pip download {package}=={version} failed (exit {proc.returncode}): "
-                             f"{proc.stderr.strip()[-2000:]}")
-        archives = [p for p in Path(tmp).iterdir() if p.name.endswith(_ARCHIVE_SUFFIXES)]
-        if len(archives) != 1:
-            raise SdistError(f"pip download {package}=={version} produced {[p.name for p in archives]}, "
-                             "expected one sdist archive")
-        got = sha256_file(archives[0])
+        archive = pip_download(package, f"{package}=={version}", Path(tmp))
+        got = sha256_file(archive)
         if got != sha256:
-            raise SdistError(f"{archives[0].name}: sha256 {got} differs from the recipe's {sha256} "
+            raise SdistError(f"{archive.name}: sha256 {got} differs from the recipe's {sha256} "
                              f"(the recipe pins {package}=={version})")
-        final = cache / archives[0].name
-        archives[0].replace(final)
+        final = cache / archive.name
+        archive.replace(final)
         return final
 
 

@@ -86,7 +86,7 @@ def test_a_locked_fetch_skips_projects_the_lock_has_no_pin_for(tmp_path: Path, m
     def no_pip(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"pip ran: {args}")
 
-    monkeypatch.setattr(corpus.subprocess, "run", no_pip)
+    monkeypatch.setattr("launch.data.sdist.subprocess.run", no_pip)
     got = corpus.fetch_all(["accelerate", "not-a-locked-project"], tmp_path, locked=True)
     assert [(s.package, s.version, s.sha256) for s in got] == [("accelerate", version, sha)]
 
@@ -104,7 +104,7 @@ def test_a_locked_fetch_takes_each_pinned_file_from_the_index_without_pip(
     def no_pip(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"pip ran: {args}")
 
-    monkeypatch.setattr(corpus.subprocess, "run", no_pip)
+    monkeypatch.setattr("launch.data.sdist.subprocess.run", no_pip)
     cache = tmp_path / "cache"
     got = corpus.fetch_all(["accelerate"], cache, locked=True)
     assert [(s.package, s.version, s.sha256, s.path.read_bytes()) for s in got] == [
