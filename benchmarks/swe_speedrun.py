@@ -250,9 +250,10 @@ def library_frames(statement: str, test_files: list[str]) -> bool:
     return any(not is_test(path) for path, _ in traceback_lines(statement))
 
 
-def train_split(tasks: Path, kinds: frozenset[str] | None, frames: bool, name: str = "train_kinds"
-                ) -> tuple[str, int]:
-    """Write the training tasks of `kinds` (None: every kind) whose statement shows a library frame (`frames`) as
+def train_split(tasks: Path, kinds: frozenset[str] | None, frames: bool, name: str = "train_kinds",
+                shown: Path | None = None) -> tuple[str, int]:
+    """Write the training tasks of `kinds` (None: every kind) whose statement shows a library frame (`frames`) and,
+    given the tokenizer folder `shown`, whose prompt shows the lines their fix changes (`fixes.fixes_shown`) as
     split `name` of the task set (`data.train.split=name`); the validation split is left whole, so the evaluation
     does not change."""
     from envs.swe.taskset import read_split, write_jsonl
@@ -260,9 +261,13 @@ def train_split(tasks: Path, kinds: frozenset[str] | None, frames: bool, name: s
     chosen = [t for t in read_split(tasks, "train")
               if (kinds is None or t.metadata.get("bug_kind") in kinds)
               and (not frames or library_frames(t.problem_statement, list(t.metadata.get("test_files") or [])))]
+    if shown is not None and chosen:
+        visible = fixes.fixes_shown(tasks, shown, chosen, max_prompt_length=MAX_PROMPT, context=CONTEXT)
+        chosen = [t for t, v in zip(chosen, visible, strict=True) if v]
     if not chosen:
-        raise SystemExit(f"--train-kinds/--train-frames: no training task of {tasks} has a kind in "
-                         f"{sorted(kinds or ['any'])}{' and a library frame' if frames else ''}")
+        raise SystemExit(f"--train-kinds/--train-frames/--train-shown: no training task of {tasks} has a kind in "
+                         f"{sorted(kinds or ['any'])}{' and a library frame' if frames else ''}"
+                         f"{' and its fix in the prompt' if shown else ''}")
     write_jsonl(tasks / f"{name}.jsonl", chosen)
     return name, len(chosen)
 
@@ -274,11 +279,13 @@ def grpo(args: argparse.Namespace) -> None:
     one device call instead of two, and the two modes share the same machine at the same time (the model is small;
     the sandbox, not the GPU, bounds the step)."""
     modes = ["sync", "async"] if args.mode == "both" else [args.mode]
-    if args.train_kinds or args.train_frames:
+    if args.train_kinds or args.train_frames or args.train_shown:
         kinds = parse_kinds(args.train_kinds) if args.train_kinds else None
-        split, n = train_split(args.data / "tasks", kinds, args.train_frames)
-        log.info("GRPO trains on the %d training tasks of kinds %s%s", n, args.train_kinds or "(all)",
-                 " whose statement shows a library frame" if args.train_frames else "")
+        split, n = train_split(args.data / "tasks", kinds, args.train_frames,
+                               shown=args.data / "corpus" / "tokenizer" if args.train_shown else None)
+        log.info("GRPO trains on the %d training tasks of kinds %s%s%s", n, args.train_kinds or "(all)",
+                 " whose statement shows a library frame" if args.train_frames else "",
+                 " whose prompt shows the lines their fix changes" if args.train_shown else "")
         args.overrides = [f"data.train.split={split}", *args.overrides]
     pool = args.pool or max(2, ((os.cpu_count() or 2) - 4) // len(modes))
     runs: dict[str, subprocess.Popen[bytes]] = {}
@@ -465,6 +472,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                        help="grpo: train only on tasks whose statement's traceback passes through the library (the "
                             "raising line is then in the prompt: every one of the 120 held-out resolves of runs 4-6 "
                             "was such a task); validation unchanged")
+        s.add_argument("--train-shown", action="store_true",
+                       help="grpo: train only on tasks whose prompt shows every line their fix changes (the SFT "
+                            "pairs' criterion, read off the gold patch of training tasks only): another task's group "
+                            "holds no resolve and so no gradient; validation unchanged")
         s.add_argument("--run-root", type=Path, default=None,
                        help="grpo: the fleets' run folders, ROOT/sync and ROOT/async (default: OUT/runs)")
         s.add_argument("--resume", action="store_true",

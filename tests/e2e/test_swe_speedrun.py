@@ -84,3 +84,36 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         # every answer that reached a sandbox was a hit or a miss.
         assert len(grpo["workers"]) == 2
         assert all({"hits", "misses", "kept"} == set(worker["verdict_cache"]) for worker in grpo["workers"])
+
+
+def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_slice: Path, tmp_path: Path) -> None:
+    """`grpo --train-shown` on a real built slice: the training split it writes holds exactly the tasks `fixes.build`
+    makes SFT pairs of (the same prompts, tokenizer and budget), and the validation split stays whole."""
+    import lzma
+    import shutil
+    import sysconfig
+
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "speedrun")]
+    import corpus
+    import fixes
+    import swe_speedrun
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(task_slice, tasks)
+    (tmp_path / "corpus").mkdir()
+    with lzma.open(tmp_path / "corpus" / "train.jsonl.xz", "wt") as f:
+        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:30]:
+            f.write(json.dumps({"package": "stdlib", "path": p.name, "text": p.read_text()}) + "\n")
+    tokenizer = tmp_path / "corpus" / "tokenizer"
+    corpus.train_tokenizer(tmp_path / "corpus", tokenizer, vocab_size=1024)
+    validation = (tasks / "validation.jsonl").read_text()
+
+    counts = fixes.build(tasks, tokenizer, tmp_path / "sft.jsonl.xz", max_prompt_length=swe_speedrun.MAX_PROMPT,
+                         context=swe_speedrun.CONTEXT, splits=("train",))
+    paired = [r["instance_id"] for r in fixes.read(tmp_path / "sft.jsonl.xz")]
+    assert counts["tasks"] == len((tasks / "train.jsonl").read_text().splitlines())
+    name, n = swe_speedrun.train_split(tasks, None, frames=False, shown=tokenizer)
+    chosen = [json.loads(line)["instance_id"] for line in (tasks / f"{name}.jsonl").read_text().splitlines()]
+    assert n == len(paired) >= 1 and chosen == paired
+    assert n < counts["tasks"]  # one of the slice's toolz fixes is out of its prompt (a 1,024-token vocabulary)
+    assert (tasks / "validation.jsonl").read_text() == validation
