@@ -98,11 +98,12 @@ class Executor:
                 raise
 
     async def _setup(self) -> SandboxPolicy:
-        names = ["git", "prlimit"] + (["bwrap", "setpriv"] if self.cfg.use_bwrap else [])
+        # GNU patch: the last command of SWE-bench's apply chain (workspace.swebench_apply_chain).
+        names = ["git", "patch", "prlimit"] + (["bwrap", "setpriv"] if self.cfg.use_bwrap else [])
         tools = {name: shutil.which(name) for name in names}
         missing = [name for name, path in tools.items() if path is None]
         if missing:
-            raise RuntimeError(f"missing tools: {', '.join(missing)} (packages: git, util-linux, bubblewrap)")
+            raise RuntimeError(f"missing tools: {', '.join(missing)} (packages: git, patch, util-linux, bubblewrap)")
         interpreter = await probe_interpreter(self.cfg.python)
         self._work_root = work_root = self._make_work_root()
         found = {name: path for name, path in tools.items() if path is not None}

@@ -32,8 +32,15 @@ class GitResult:
 
 async def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None,
               prefix: Sequence[str] = ()) -> GitResult:
+    return await run_tool("git", *_GIT_OPTS, *args, cwd=cwd, stdin=stdin, prefix=prefix)
+
+
+async def run_tool(*argv: str, cwd: Path | None = None, stdin: bytes | None = None,
+                   prefix: Sequence[str] = ()) -> GitResult:
+    """`argv` (git, or GNU patch in the apply chain) in git's clean environment, under `prefix` (rlimits), with
+    git's time limit."""
     proc = await asyncio.create_subprocess_exec(
-        *prefix, "git", *_GIT_OPTS, *args, cwd=cwd, env=_GIT_ENV, stdin=asyncio.subprocess.PIPE,
+        *prefix, *argv, cwd=cwd, env=_GIT_ENV, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(stdin), GIT_TIMEOUT_S)

@@ -1,9 +1,10 @@
 """A host task's patch steps, between the checkout and the test run (`executor.py`).
 
-The task's test patch is read first (its paths must stay in the tree), then the agent's patch is applied
-(`not_applied` if git cannot), checked (`integrity.py`: `refused` if it touches tests or what the runner reads), and
-every test file and runner input it touched goes back to its pristine content; last, the test patch is applied by
-force over whatever the agent left. Image tasks have their own steps (`images/contract.py`).
+The task's test patch is read first (its paths must stay in the tree), then the agent's patch is applied through
+SWE-bench's apply chain, as image tasks apply it (`not_applied` if nothing in it can), checked (`integrity.py`:
+`refused` if it touches tests or what the runner reads), and every test file and runner input it touched goes back
+to its pristine content; last, the test patch is applied by force over whatever the agent left. Image tasks have
+their own steps (`images/contract.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ async def apply_patches(ws: Workspace, spec: TaskSpec, config_names: Collection[
         if spec.patch.strip():
             try:
                 paths = await ws.patch_paths("agent.diff", spec.patch)
-                await ws.apply("agent.diff", spec.patch)
+                await ws.apply_as_harness("agent.diff", spec.patch)
             except PatchError as exc:
                 return Verdict(status="not_applied", error=f"patch does not apply: {exc}")
             if spec.integrity_check:

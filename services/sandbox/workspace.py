@@ -12,14 +12,16 @@ import ctypes
 import errno
 import logging
 import os
+import shlex
 import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
-from services.sandbox.gitcmd import git, parse_numstat, rename_sources
+from services.sandbox.gitcmd import GitResult, git, parse_numstat, rename_sources, run_tool
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,15 @@ class TreeLimits:
     size_mb: int
     files: int
     apply_prefix: tuple[str, ...] = ()
+
+
+@cache
+def swebench_apply_chain() -> tuple[tuple[str, ...], ...]:
+    """swebench's `GIT_APPLY_CMDS` (git apply, --3way, --reject, then `patch --batch --forward --fuzz=5 -p1 -i`),
+    each as argv awaiting the patch file's path: SWE-bench's own harness applies a prediction this way."""
+    from swebench.harness.run_evaluation import GIT_APPLY_CMDS
+
+    return tuple(tuple(shlex.split(command)) for command in GIT_APPLY_CMDS)
 
 
 def _raise_if_disk(err: str) -> None:
@@ -134,6 +145,39 @@ class Workspace:
         _raise_if_disk(result.err)
         if result.code != 0:
             raise PatchError(result.err.strip()[-2000:] or f"patch does not apply (git exit {result.code})")
+
+    async def apply_as_harness(self, name: str, text: str) -> None:
+        """The agent's patch, through SWE-bench's apply chain (`swebench_apply_chain`, as image tasks apply it):
+        each command in turn on a tree reset after the one before failed, then the reverse check SWE-bench ends on.
+        Stricter than the harness would score a patch SWE-bench applies `not_applied` (a hunk whose context line is
+        off by one applies there with `patch --fuzz=5`); looser would credit what it refuses. The error kept is the
+        first command's (git's, naming the hunk that failed), as the policy reads it."""
+        prefix = self.limits.apply_prefix if self.limits else ()
+        path = str(self._patch_file(name, text))
+        first: GitResult | None = None
+        for i, argv in enumerate(swebench_apply_chain()):
+            if i:
+                await self._reset_tree()
+            result = await run_tool(*argv, path, cwd=self.tree, prefix=prefix)
+            if self._mounted and ("No space left" in result.err + result.out or "Disk quota" in result.err):
+                raise TreeFull(f"the patch does not fit in the task's {self._size_note()}")
+            _raise_if_disk(result.err)
+            if result.code == 0:
+                return
+            first = first or result
+        if (await git("apply", "--check", "--reverse", path, cwd=self.tree, prefix=prefix)).code == 0:
+            return  # the chain left the patch wholly applied though every command exited non-zero
+        await self._reset_tree()
+        assert first is not None
+        raise PatchError(first.err.strip()[-2000:] or f"patch does not apply (git exit {first.code})")
+
+    async def _reset_tree(self) -> None:
+        """The tree back to base_commit after a failed attempt (`patch` leaves hunks, `.rej` and `.orig` files)."""
+        for args in (("checkout", "--quiet", "--force", self.commit, "--", "."), ("clean", "-q", "-f", "-d", "-x")):
+            result = await git(*args, cwd=self.tree)
+            _raise_if_disk(result.err)
+            if result.code != 0:
+                raise InfraError(f"resetting the tree after a failed apply: git {args[0]}: {result.err.strip()[-300:]}")
 
     async def restore_pristine(self, paths: list[str]) -> None:
         """Put `paths` back as they are at base_commit (absent ones removed), whatever the patch made of them or of
