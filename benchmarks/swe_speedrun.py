@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import corpus  # noqa: E402
 import fixes  # noqa: E402
 import lm  # noqa: E402
+import regrade  # noqa: E402
 from report import REMOVAL_KINDS, diagnose_rounds, finish_report, load_report  # noqa: E402
 
 from fleet.contracts.sandbox import RewardMode  # noqa: E402
@@ -346,6 +347,16 @@ def diagnose_stage(args: argparse.Namespace) -> None:
                                                                     CONTEXT, report.get("tokenizer_sha256"))})
 
 
+def regrade_stage(args: argparse.Namespace) -> None:
+    """CPU: a report's held-out answers that did not apply, graded again by this tree's sandbox (`regrade.py`)."""
+    figures = regrade.regrade(args.report, args.data, workers=args.workers)
+    for before, now in zip(figures["heldout_logged"], figures["heldout_now"], strict=True):
+        log.info("step %s: %d resolved as logged, %d as graded now (change %+.1f points, 95%% interval [%+.1f, %+.1f])",
+                 now["step"], before["resolved"], now["resolved"], 100 * now["change"],
+                 100 * now["change_ci95"][0], 100 * now["change_ci95"][1])
+    write(args.report.parent, args.report.name.replace(".json", ".regraded.json"), figures)
+
+
 def smoke(args: argparse.Namespace) -> None:
     """Every stage at toy size on CPU: a stdlib corpus, the embedded task set for both SFT and GRPO."""
     import sysconfig
@@ -422,6 +433,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     dg.add_argument("--out", type=Path, default=DATA / "results")
     dg.add_argument("--finish", action="store_true",
                     help="write into the report what `grpo` adds after the fleet (held-out changes, diagnosis)")
+    rg = sub.add_parser("regrade", help="a report's not-applied held-out answers graded again by this sandbox")
+    rg.add_argument("--report", type=Path, required=True, help="a grpo_<mode>.json with logged answers; the "
+                    "figures go beside it, to grpo_<mode>.regraded.json")
+    rg.add_argument("--data", type=Path, default=DATA)
+    rg.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="sandbox runs at a time")
     for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
@@ -496,7 +512,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
     stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "sft-examples": sft_examples,
               "sft": sft, "grpo": grpo, "smoke": smoke, "diagnose": diagnose_stage,
-              "localisation": localisation_stage, "tokenizer": tokenizer_stage}
+              "localisation": localisation_stage, "tokenizer": tokenizer_stage, "regrade": regrade_stage}
     stages[args.stage](args)
 
 

@@ -117,3 +117,48 @@ def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_
     assert n == len(paired) >= 1 and chosen == paired
     assert n < counts["tasks"]  # one of the slice's toolz fixes is out of its prompt (a 1,024-token vocabulary)
     assert (tasks / "validation.jsonl").read_text() == validation
+
+
+def test_regrade_grades_a_not_applied_answer_again_through_the_sandboxs_apply_chain(task_slice: Path,
+                                                                                      tmp_path: Path) -> None:
+    """`swe_speedrun.py regrade` on a report in the fleet's layout: an answer logged `patch_not_applied` whose only
+    fault is a context line (the gold fix with its first context line changed) is graded again by the real sandbox,
+    which applies it as SWE-bench's harness does, and resolves; the paired change counts it."""
+    import lzma
+    import shutil
+    import sysconfig
+
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "speedrun")]
+    import corpus
+    import regrade
+
+    from envs.swe.taskset import read_split
+
+    data = tmp_path / "data"
+    shutil.copytree(task_slice, data / "tasks")
+    # The slice is one training repository; its first task stands in for a held-out one.
+    (data / "tasks" / "validation.jsonl").write_text((task_slice / "train.jsonl").read_text().splitlines()[0] + "\n")
+    (data / "corpus").mkdir()
+    with lzma.open(data / "corpus" / "train.jsonl.xz", "wt") as f:
+        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:30]:
+            f.write(json.dumps({"package": "stdlib", "path": p.name, "text": p.read_text()}) + "\n")
+    corpus.train_tokenizer(data / "corpus", data / "corpus" / "tokenizer", vocab_size=1024)
+    from fleet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(data / "corpus" / "tokenizer")
+    task = read_split(data / "tasks", "validation")[0]
+    lines = task.patch.splitlines(keepends=True)
+    first_context = next(i for i, line in enumerate(lines) if line.startswith(" ") and i > 3)
+    lines[first_context] = " # a line that is not in the file\n"
+    off = "".join(lines)
+    answer = tok("```diff\n" + off + "```")["input_ids"]
+    rounds = [{"step": s, "verdicts": {task.instance_id: "patch_not_applied"}, "answers": {task.instance_id: answer}}
+              for s in (0, 1)]
+    rounds[0]["answers"] = {}  # no logged answer: kept as it was logged
+    report = tmp_path / "grpo_sync.json"
+    report.write_text(json.dumps({"validation_tasks": rounds}))
+    figures = regrade.regrade(report, data, workers=1)
+    assert figures["sandbox_runs"] == 1
+    assert [r["now_resolved"] for r in figures["rounds"]] == [[], [task.instance_id]]
+    assert [r["resolved"] for r in figures["heldout_logged"]] == [0, 0]
+    assert [r["resolved"] for r in figures["heldout_now"]] == [0, 1] and figures["heldout_now"][1]["change"] == 1.0
