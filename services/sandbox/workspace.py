@@ -12,6 +12,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -55,6 +56,18 @@ def swebench_apply_chain() -> tuple[tuple[str, ...], ...]:
     from swebench.harness.run_evaluation import GIT_APPLY_CMDS
 
     return tuple(tuple(shlex.split(command)) for command in GIT_APPLY_CMDS)
+
+
+_DIFF_LINE = re.compile(
+    r"(diff --git |index |--- |\+\+\+ |@@ |[ +\-\\]|$|new file mode 100|deleted file mode 100|old mode 100|"
+    r"new mode 100|similarity index |dissimilarity index |rename from |rename to |copy from |copy to )")
+
+
+def plain_text_diff(text: str) -> bool:
+    """Whether every line of `text` belongs to a unified diff of regular files: what may reach GNU `patch`, which
+    unlike git also reads ed scripts (found by an `Index:` line; CVE-2018-1000156 ran their shell commands),
+    context and normal diffs, symlinks and binary patches. A patch with anything else is judged by git alone."""
+    return all(_DIFF_LINE.match(line) for line in text.splitlines())
 
 
 def _raise_if_disk(err: str) -> None:
@@ -148,14 +161,18 @@ class Workspace:
 
     async def apply_as_harness(self, name: str, text: str) -> None:
         """The agent's patch, through SWE-bench's apply chain (`swebench_apply_chain`, as image tasks apply it):
-        each command in turn on a tree reset after the one before failed, then the reverse check SWE-bench ends on.
+        each command in turn on a tree reset after the one before failed, then the reverse check SWE-bench ends on;
+        `patch` only for a plain unified diff (`plain_text_diff`).
         Stricter than the harness would score a patch SWE-bench applies `not_applied` (a hunk whose context line is
         off by one applies there with `patch --fuzz=5`); looser would credit what it refuses. The error kept is the
         first command's (git's, naming the hunk that failed), as the policy reads it."""
         prefix = self.limits.apply_prefix if self.limits else ()
         path = str(self._patch_file(name, text))
         first: GitResult | None = None
-        for i, argv in enumerate(swebench_apply_chain()):
+        chain = swebench_apply_chain()
+        if not plain_text_diff(text):
+            chain = tuple(argv for argv in chain if argv[0] == "git")
+        for i, argv in enumerate(chain):
             if i:
                 await self._reset_tree()
             result = await run_tool(*argv, path, cwd=self.tree, prefix=prefix)

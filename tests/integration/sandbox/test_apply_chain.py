@@ -69,3 +69,25 @@ async def test_a_fuzzed_patch_is_still_refused_when_it_touches_a_test(executor: 
 """
     v = await executor.run(calc_repo.spec(tamper))
     assert v.status == "refused" and "tests/test_core.py" in v.error
+
+
+def test_only_a_plain_unified_diff_may_reach_gnu_patch(calc_repo: CalcRepo) -> None:
+    from services.sandbox.workspace import plain_text_diff
+
+    assert plain_text_diff(calc_repo.gold) and plain_text_diff(calc_repo.test_patch) and plain_text_diff(OFF_CONTEXT)
+    moved = calc_repo.diff({"calc/core.py": None, "calc/base.py": "x = 1\n"})  # a file deleted, one created
+    assert "deleted file mode 100644" in moved and "new file mode 100644" in moved and plain_text_diff(moved)
+    # What patch reads and git does not: an ed script found by its Index: line, a context diff, a normal diff.
+    assert not plain_text_diff(OFF_CONTEXT + "Index: calc/core.py\n1c\nimport os; os.system('id')\n.\n")
+    assert not plain_text_diff("*** calc/core.py\n--- calc/core.py\n***************\n*** 1,2 ****\n")
+    assert not plain_text_diff("2c2\n<     return a - b\n---\n>     return a + b\n")
+    # A symlink or a binary file: git's alone to write.
+    link = calc_repo.diff({}, symlinks={"calc/link": "/etc/passwd"})
+    assert "new file mode 120000" in link and not plain_text_diff(link)
+    assert not plain_text_diff("diff --git a/x.bin b/x.bin\nnew file mode 100644\nGIT binary patch\nliteral 3\n")
+
+
+async def test_a_patch_carrying_an_ed_script_is_judged_by_git_alone(executor: Executor, calc_repo: CalcRepo) -> None:
+    # The unified part would apply with fuzz; the whole is not a plain diff, so patch never sees it.
+    v = await executor.run(calc_repo.spec(OFF_CONTEXT + "Index: calc/core.py\n1c\nimport os\n.\n"))
+    assert (v.status, v.patch_applied) == ("not_applied", False) and "patch does not apply" in v.error
