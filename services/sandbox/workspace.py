@@ -162,10 +162,10 @@ class Workspace:
     async def apply_as_harness(self, name: str, text: str) -> None:
         """The agent's patch, through SWE-bench's apply chain (`swebench_apply_chain`, as image tasks apply it):
         each command in turn on a tree reset after the one before failed, then the reverse check SWE-bench ends on;
-        `patch` only for a plain unified diff (`plain_text_diff`).
-        Stricter than the harness would score a patch SWE-bench applies `not_applied` (a hunk whose context line is
-        off by one applies there with `patch --fuzz=5`); looser would credit what it refuses. The error kept is the
-        first command's (git's, naming the hunk that failed), as the policy reads it."""
+        `patch` only for a plain unified diff (`plain_text_diff`). Applied more strictly, a patch SWE-bench grades on
+        its tests (a hunk whose context line is a little off applies there with `patch --fuzz=5`) would be scored
+        `not_applied`; more loosely, one it refuses would be credited. The error kept is the first command's (git's,
+        naming the hunk that failed), as the policy reads it."""
         prefix = self.limits.apply_prefix if self.limits else ()
         path = str(self._patch_file(name, text))
         first: GitResult | None = None
@@ -175,7 +175,10 @@ class Workspace:
         for i, argv in enumerate(chain):
             if i:
                 await self._reset_tree()
-            result = await run_tool(*argv, path, cwd=self.tree, prefix=prefix)
+            if argv[0] == "git":  # with the executor's git options (no host config, hooks or fsmonitor)
+                result = await git(*argv[1:], path, cwd=self.tree, prefix=prefix)
+            else:
+                result = await run_tool(*argv, path, cwd=self.tree, prefix=prefix)
             if self._mounted and ("No space left" in result.err + result.out or "Disk quota" in result.err):
                 raise TreeFull(f"the patch does not fit in the task's {self._size_note()}")
             _raise_if_disk(result.err)
