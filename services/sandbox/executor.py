@@ -37,7 +37,7 @@ from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runner.protocol import KEY_BYTES
 from services.sandbox.trusted import TrustedRunner
 from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
-from services.sandbox.workspace import InfraError, TreeLimits, Workspace, remove_tree
+from services.sandbox.workspace import InfraError, TreeLimits, Workspace, remove_tree, swebench_apply_chain
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ class Executor:
         policy = SandboxPolicy(self.cfg, interpreter, self._work_root, self.pool_size, found, uid_base,
                                runner=self._runner)
         await asyncio.to_thread(grading.load_grader)
+        await asyncio.to_thread(swebench_apply_chain)  # swebench's harness module: ~1 s to import, not on the loop
         await self._preflight(policy)
         if not policy.as_root and self.cfg.use_bwrap:
             log.warning("executor is not root: tasks share its uid, so RLIMIT_NPROC is per user, not per task")
