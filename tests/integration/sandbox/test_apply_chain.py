@@ -78,7 +78,7 @@ def test_only_a_plain_unified_diff_may_reach_gnu_patch(calc_repo: CalcRepo) -> N
     moved = calc_repo.diff({"calc/core.py": None, "calc/base.py": "x = 1\n"})  # a file deleted, one created
     assert "deleted file mode 100644" in moved and "new file mode 100644" in moved and plain_text_diff(moved)
     # What patch reads and git does not: an ed script found by its Index: line, a context diff, a normal diff.
-    assert not plain_text_diff(OFF_CONTEXT + "Index: calc/core.py\n1c\nimport os; os.system('id')\n.\n")
+    assert not plain_text_diff(OFF_CONTEXT + "Index: a/calc/core.py\n1c\nimport os; os.system('id')\n.\n")
     assert not plain_text_diff("*** calc/core.py\n--- calc/core.py\n***************\n*** 1,2 ****\n")
     assert not plain_text_diff("2c2\n<     return a - b\n---\n>     return a + b\n")
     # A symlink or a binary file: git's alone to write.
@@ -88,6 +88,7 @@ def test_only_a_plain_unified_diff_may_reach_gnu_patch(calc_repo: CalcRepo) -> N
 
 
 async def test_a_patch_carrying_an_ed_script_is_judged_by_git_alone(executor: Executor, calc_repo: CalcRepo) -> None:
-    # The unified part would apply with fuzz; the whole is not a plain diff, so patch never sees it.
-    v = await executor.run(calc_repo.spec(OFF_CONTEXT + "Index: calc/core.py\n1c\nimport os\n.\n"))
+    # Given to patch, the unified part applies with fuzz and the ed script then replaces line 1 (checked by hand:
+    # `import os` lands there). The whole is not a plain diff, so patch never sees it.
+    v = await executor.run(calc_repo.spec(OFF_CONTEXT + "Index: a/calc/core.py\n1c\nimport os\n.\n"))
     assert (v.status, v.patch_applied) == ("not_applied", False) and "patch does not apply" in v.error
