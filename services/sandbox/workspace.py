@@ -70,6 +70,10 @@ def plain_text_diff(text: str) -> bool:
     return all(_DIFF_LINE.match(line) for line in text.splitlines())
 
 
+def _patch_error(result: GitResult) -> PatchError:
+    return PatchError(result.err.strip()[-2000:] or f"patch does not apply (git exit {result.code})")
+
+
 def _raise_if_disk(err: str) -> None:
     if "No space left" in err or "Disk quota exceeded" in err:
         raise InfraError(f"disk full: {err.strip()[-300:]}")
@@ -153,11 +157,16 @@ class Workspace:
         prefix = self.limits.apply_prefix if self.limits else ()
         result = await git("apply", "--whitespace=nowarn", str(self._patch_file(name, text)), cwd=self.tree,
                            prefix=prefix)
-        if self._mounted and ("No space left" in result.err or "Disk quota" in result.err):
+        self._raise_if_full(result)
+        if result.code != 0:
+            raise _patch_error(result)
+
+    def _raise_if_full(self, result: GitResult) -> None:
+        """TreeFull when an apply filled the task's tree (the patch's doing, a verdict); InfraError when the host's
+        disk is full."""
+        if self._mounted and any(m in result.err + result.out for m in ("No space left", "Disk quota")):
             raise TreeFull(f"the patch does not fit in the task's {self._size_note()}")
         _raise_if_disk(result.err)
-        if result.code != 0:
-            raise PatchError(result.err.strip()[-2000:] or f"patch does not apply (git exit {result.code})")
 
     async def apply_as_harness(self, name: str, text: str) -> None:
         """The agent's patch, through SWE-bench's apply chain (`swebench_apply_chain`, as image tasks apply it):
@@ -179,9 +188,7 @@ class Workspace:
                 result = await git(*argv[1:], path, cwd=self.tree, prefix=prefix)
             else:
                 result = await run_tool(*argv, path, cwd=self.tree, prefix=prefix)
-            if self._mounted and ("No space left" in result.err + result.out or "Disk quota" in result.err):
-                raise TreeFull(f"the patch does not fit in the task's {self._size_note()}")
-            _raise_if_disk(result.err)
+            self._raise_if_full(result)
             if result.code == 0:
                 return
             first = first or result
@@ -189,7 +196,7 @@ class Workspace:
             return  # the chain left the patch wholly applied though every command exited non-zero
         await self._reset_tree()
         assert first is not None
-        raise PatchError(first.err.strip()[-2000:] or f"patch does not apply (git exit {first.code})")
+        raise _patch_error(first)
 
     async def _reset_tree(self) -> None:
         """The tree back to base_commit after a failed attempt (`patch` leaves hunks, `.rej` and `.orig` files)."""

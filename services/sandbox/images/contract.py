@@ -29,7 +29,7 @@ from services.sandbox.gitcmd import parse_numstat, rename_sources
 from services.sandbox.images.parsers import r2e
 from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
-from services.sandbox.workspace import InfraError
+from services.sandbox.workspace import InfraError, swebench_apply_chain
 
 EVAL_LOG_CAP = 16 << 20
 """Eval output kept for grading: the parsers need the whole marked slice, not a tail."""
@@ -40,12 +40,11 @@ _STEP_LIMIT_S = 300.0
 def _swebench() -> Any:
     from swebench.harness import grading, utils
     from swebench.harness.constants import END_TEST_OUTPUT, FAIL_TO_PASS, PASS_TO_PASS, START_TEST_OUTPUT, EvalType
-    from swebench.harness.run_evaluation import GIT_APPLY_CMDS
 
     from services.sandbox.images import parsers
 
     parsers.install()
-    return {"grading": grading, "make_test_spec": utils.make_test_spec, "apply": GIT_APPLY_CMDS,
+    return {"grading": grading, "make_test_spec": utils.make_test_spec,
             "F2P": FAIL_TO_PASS, "P2P": PASS_TO_PASS, "start": START_TEST_OUTPUT, "end": END_TEST_OUTPUT,
             "EvalType": EvalType}
 
@@ -101,11 +100,11 @@ def apply_script(workdir: str = WORKDIR, patch: str = f"{IO_DIR}/patch.diff") ->
     before = "${TMPDIR:-/tmp}/grpo-untracked-before"
     untracked = f"{_GIT} ls-files --others --exclude-standard -z | sort -z"
     lines = [f"cd {shlex.quote(workdir)} || exit 1", f"{untracked} > {before} || exit 1"]
-    for i, command in enumerate(_swebench()["apply"]):
+    for i, argv in enumerate(swebench_apply_chain()):
         if i:
             lines.append(f"{_GIT} checkout -- . ; {untracked} | comm -z -13 {before} - | xargs -0 -r rm -f --")
-        prefix = command.replace("git ", f"{_GIT} ", 1) if command.startswith("git ") else command
-        lines.append(f"{prefix} {shlex.quote(patch)} && {{ echo GRPO_APPLIED; exit 0; }}")
+        command = f"{_GIT} {shlex.join(argv[1:])}" if argv[0] == "git" else shlex.join(argv)
+        lines.append(f"{command} {shlex.quote(patch)} && {{ echo GRPO_APPLIED; exit 0; }}")
     lines.append(f"{_GIT} apply --check --reverse {shlex.quote(patch)} && {{ echo GRPO_APPLIED; exit 0; }}")
     lines.append("exit 1")
     return "\n".join(lines) + "\n"
