@@ -26,11 +26,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "speedrun")]
 
-from report import check_tokenizer, load_report  # noqa: E402
+from regrade import logged_patches  # noqa: E402
+from report import load_report  # noqa: E402
 
-from envs.swe.patch import extract_patch  # noqa: E402
 from envs.swe.taskset import read_split  # noqa: E402
-from fleet.tokenizer import load_tokenizer  # noqa: E402
 from services.sandbox.workspace import PatchError, Workspace, remove_path  # noqa: E402
 
 
@@ -52,16 +51,10 @@ async def timed(repo: Path, commit: str, patch: str, chain: bool) -> tuple[float
 def answers(report_path: Path, data: Path, limit: int) -> list[tuple[str, str, str]]:
     """(task, logged verdict, patch) of the last round's answers with a diff, not-applied ones first."""
     report = load_report(report_path)
-    check_tokenizer(data, report.get("tokenizer_sha256"))
-    tok = load_tokenizer(data / "corpus" / "tokenizer")
-    last = report["validation_tasks"][-1]
-    out = []
-    for task, kind in sorted(last["verdicts"].items(), key=lambda kv: kv[1] != "patch_not_applied"):
-        if kind in ("patch_not_applied", "tests_failed", "resolved") and task in last.get("answers", {}):
-            patch = extract_patch(str(tok.decode(last["answers"][task], skip_special_tokens=True))).patch
-            if patch:
-                out.append((task, kind, patch))
-    return out[:limit]
+    kinds = report["validation_tasks"][-1]["verdicts"]
+    last = logged_patches(report, data, frozenset({"patch_not_applied", "tests_failed", "resolved"}))[-1]
+    chosen = sorted(last.items(), key=lambda tp: kinds[tp[0]] != "patch_not_applied")
+    return [(task, kinds[task], patch) for task, patch in chosen][:limit]
 
 
 async def bench(report: Path, data: Path, limit: int) -> dict[str, object]:

@@ -86,26 +86,34 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         assert all({"hits", "misses", "kept"} == set(worker["verdict_cache"]) for worker in grpo["workers"])
 
 
-def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_slice: Path, tmp_path: Path) -> None:
-    """`grpo --train-shown` on a real built slice: the training split it writes holds exactly the tasks `fixes.build`
-    makes SFT pairs of (the same prompts, tokenizer and budget), and the validation split stays whole."""
+def stdlib_tokenizer(data: Path) -> Path:
+    """DATA/corpus/tokenizer: the speedrun's BPE (1,024 tokens) trained on 30 standard-library files, as `smoke`
+    trains its own."""
     import lzma
-    import shutil
     import sysconfig
 
     sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "speedrun")]
     import corpus
+
+    (data / "corpus").mkdir(parents=True)
+    with lzma.open(data / "corpus" / "train.jsonl.xz", "wt") as f:
+        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:30]:
+            f.write(json.dumps({"package": "stdlib", "path": p.name, "text": p.read_text()}) + "\n")
+    corpus.train_tokenizer(data / "corpus", data / "corpus" / "tokenizer", vocab_size=1024)
+    return data / "corpus" / "tokenizer"
+
+
+def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_slice: Path, tmp_path: Path) -> None:
+    """`grpo --train-shown` on a real built slice: the training split it writes holds exactly the tasks `fixes.build`
+    makes SFT pairs of (the same prompts, tokenizer and budget), and the validation split stays whole."""
+    import shutil
+
+    tokenizer = stdlib_tokenizer(tmp_path)  # puts benchmarks/ and benchmarks/speedrun/ on the path
     import fixes
     import swe_speedrun
 
     tasks = tmp_path / "tasks"
     shutil.copytree(task_slice, tasks)
-    (tmp_path / "corpus").mkdir()
-    with lzma.open(tmp_path / "corpus" / "train.jsonl.xz", "wt") as f:
-        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:30]:
-            f.write(json.dumps({"package": "stdlib", "path": p.name, "text": p.read_text()}) + "\n")
-    tokenizer = tmp_path / "corpus" / "tokenizer"
-    corpus.train_tokenizer(tmp_path / "corpus", tokenizer, vocab_size=1024)
     validation = (tasks / "validation.jsonl").read_text()
 
     counts = fixes.build(tasks, tokenizer, tmp_path / "sft.jsonl.xz", max_prompt_length=swe_speedrun.MAX_PROMPT,
@@ -124,28 +132,18 @@ def test_regrade_grades_a_not_applied_answer_again_through_the_sandboxs_apply_ch
     """`swe_speedrun.py regrade` on a report in the fleet's layout: an answer logged `patch_not_applied` whose only
     fault is a context line (the gold fix with its first context line changed) is graded again by the real sandbox,
     which applies it as SWE-bench's harness does, and resolves; the paired change counts it."""
-    import lzma
     import shutil
-    import sysconfig
-
-    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "speedrun")]
-    import corpus
-    import regrade
 
     from envs.swe.taskset import read_split
+    from fleet.tokenizer import load_tokenizer
 
     data = tmp_path / "data"
+    tok = load_tokenizer(stdlib_tokenizer(data))  # puts benchmarks/speedrun/ on the path
+    import regrade
+
     shutil.copytree(task_slice, data / "tasks")
     # The slice is one training repository; its first task stands in for a held-out one.
     (data / "tasks" / "validation.jsonl").write_text((task_slice / "train.jsonl").read_text().splitlines()[0] + "\n")
-    (data / "corpus").mkdir()
-    with lzma.open(data / "corpus" / "train.jsonl.xz", "wt") as f:
-        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:30]:
-            f.write(json.dumps({"package": "stdlib", "path": p.name, "text": p.read_text()}) + "\n")
-    corpus.train_tokenizer(data / "corpus", data / "corpus" / "tokenizer", vocab_size=1024)
-    from fleet.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(data / "corpus" / "tokenizer")
     task = read_split(data / "tasks", "validation")[0]
     lines = task.patch.splitlines(keepends=True)
     first_context = next(i for i, line in enumerate(lines) if line.startswith(" ") and i > 3)
