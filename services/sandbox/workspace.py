@@ -178,10 +178,9 @@ class Workspace:
         prefix = self.limits.apply_prefix if self.limits else ()
         path = str(self._patch_file(name, text))
         first: GitResult | None = None
-        chain = swebench_apply_chain()
-        if not plain_text_diff(text):
-            chain = tuple(argv for argv in chain if argv[0] == "git")
-        for i, argv in enumerate(chain):
+        for i, argv in enumerate(swebench_apply_chain()):
+            if argv[0] != "git" and not plain_text_diff(text):
+                continue  # read only once git failed: most patches never get here
             if i:
                 await self._reset_tree()
             if argv[0] == "git":  # with the executor's git options (no host config, hooks or fsmonitor)
