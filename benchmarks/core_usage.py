@@ -90,19 +90,27 @@ def idle_share(samples: list[Reading], t0: float, t1: float) -> list[float] | No
 
 
 def step_report(samples: list[Reading], metrics_path: Path) -> dict[str, Any]:
-    """Per-core idle share of the whole training window and of each step (median, mean, per step)."""
+    """Per-core idle share of the whole training window and of each step (median, mean, per step), and the median
+    step's busy cores."""
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     ends = sorted(float(r["time"]) for r in rows if "reward/mean" in r)
     if len(ends) < 2:
         return {}
-    per_step = [s for a, b in zip(ends, ends[1:], strict=False) if (s := idle_share(samples, a, b)) is not None]
-    whole = idle_share(samples, ends[0], ends[-1])
-    if not per_step or whole is None:
+    # Steps the readings cover: a resumed run's metrics also hold the earlier calls' steps.
+    covered = [(a, b, s) for a, b in zip(ends, ends[1:], strict=False)
+               if (s := idle_share(samples, a, b)) is not None]
+    if not covered:
+        return {}
+    per_step = [s for _, _, s in covered]
+    whole = idle_share(samples, covered[0][0], covered[-1][1])
+    if whole is None:
         return {}
     cores = len(per_step[0])
     return {"window_idle": [round(x, 3) for x in whole],
             "step_idle_median": [round(statistics.median(s[c] for s in per_step), 3) for c in range(cores)],
             "step_idle_mean": [round(statistics.fmean(s[c] for s in per_step), 3) for c in range(cores)],
+            # Cores at work in a step, all together: whether a step left cores for more work at once.
+            "step_busy_cores_median": round(statistics.median(sum(1 - x for x in s) for s in per_step), 2),
             "steps_measured": len(per_step)}
 
 

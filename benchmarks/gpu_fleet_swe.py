@@ -41,6 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from core_usage import CoreSampler, Reading, step_report  # noqa: E402
 from gpu_fleet_x2 import SHAPE, accounting, n_params, supervise  # noqa: E402
 
 from launch.data.gold import phase_times  # noqa: E402
@@ -186,6 +187,16 @@ def sandbox_runs(run_dir: Path) -> dict[str, Any]:
             "by_status": dict(sorted(Counter(status for status, _ in runs).items()))}
 
 
+def host_cores(run_dir: Path, samples: list[Reading]) -> dict[str, Any]:
+    """How busy the host's cores were during this call's training steps (`core_usage.step_report` over `samples`,
+    read once a second while the fleet ran; the steps of an earlier call of a resumed run are left out), with the
+    busy cores of the median step: the sandbox bounds a step on one GPU host, and whether it could run more tests
+    at once depends on the cores left idle. The host's cores, not this fleet's: a fleet run beside another
+    (`swe_speedrun.py grpo both`) reads both."""
+    metrics = run_dir / "logs" / "metrics.jsonl"
+    return step_report(samples, metrics) if samples and metrics.is_file() else {}
+
+
 def training_tasks(trained: list[dict[str, Any]], top: int = 10) -> dict[str, Any]:
     """What the steps trained on, task by task (trained_groups.jsonl's `tasks` and `resolved`): how many tasks,
     how many of them had an answer resolve them, in the first and the second half of the run, and how much of the
@@ -237,7 +248,12 @@ def main() -> int:
     make_s = time.monotonic() - t0
     ovr = overrides(args, model, run_dir)
     cfg = load_config(None, ovr)
-    fleet = asyncio.run(run_fleet(args, cfg, ovr, run_dir))
+    sampler = CoreSampler(period=1.0)
+    sampler.start()
+    try:
+        fleet = asyncio.run(run_fleet(args, cfg, ovr, run_dir))
+    finally:
+        sampler.stop()
     acc = asyncio.run(accounting(run_dir))
     trained_path = run_dir / "logs" / "trained_groups.jsonl"
     trained = [json.loads(x) for x in trained_path.read_text().splitlines()] if trained_path.exists() else []
@@ -255,6 +271,7 @@ def main() -> int:
         # The rollout worker's own figures, one per lifetime (each call's, after a resume), verdict cache included.
         "workers": [json.loads(f.read_text()) for f in sorted((run_dir / "logs" / "workers").glob("*.json"))],
         "per_step": steps, "validation": validation_rounds(run_dir), "sandbox_runs": sandbox_runs(run_dir),
+        "host_cores": host_cores(run_dir, sampler.samples),
         "validation_tasks": [json.loads(x) for x in val_path.read_text().splitlines()] if val_path.exists() else [],
     }
     out = Path(args.out)

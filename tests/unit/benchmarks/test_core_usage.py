@@ -39,6 +39,7 @@ def test_step_report_splits_the_window_at_each_steps_metrics_record(tmp_path: Pa
     assert report["steps_measured"] == 2
     assert report["window_idle"] == [0.0, 0.5]
     assert report["step_idle_mean"] == [0.0, 0.5]
+    assert report["step_busy_cores_median"] == 1.5  # one core busy in step 1, both in step 2
 
 
 def test_the_sampler_thread_writes_readings_it_can_load_back(tmp_path: Path) -> None:
@@ -50,3 +51,23 @@ def test_the_sampler_thread_writes_readings_it_can_load_back(tmp_path: Path) -> 
     assert len(loaded) >= 3
     assert [t for t, _ in loaded] == sorted(t for t, _ in loaded)
     assert [cores for _, cores in loaded] == [cores for _, cores in sampler.samples]
+
+
+def test_a_fleet_report_reads_the_hosts_busy_cores_over_the_steps_of_its_own_call(tmp_path: Path) -> None:
+    from gpu_fleet_swe import host_cores
+
+    sampler = core_usage.CoreSampler(period=0.05)
+    sampler.start()
+    time.sleep(0.1)
+    t0 = time.time()
+    time.sleep(0.4)
+    sampler.stop()
+    # An earlier call's step (before the first reading), then two steps of this call.
+    rows = [{"step": 1, "time": t0 - 3600, "reward/mean": 0.0}, {"step": 2, "time": t0, "reward/mean": 0.1},
+            {"step": 3, "time": t0 + 0.2, "reward/mean": 0.2}, {"step": 4, "time": t0 + 0.4, "reward/mean": 0.3}]
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = host_cores(tmp_path, sampler.samples)
+    assert report["steps_measured"] == 2
+    assert 0.0 <= report["step_busy_cores_median"] <= len(sampler.samples[0][1])
+    assert host_cores(tmp_path, []) == {}
