@@ -10,6 +10,10 @@ grades every answer twice, once per setting, the order alternating between round
 `--pool` runs at a time, as the fleet's executor would. For every answer the two verdicts must agree on the
 resolution and on the reward under `fail_to_pass` and `binary`; the results say where they do not. Writes
 `benchmarks/results/fail_to_pass_first.json`.
+
+`--tracebacks` adds a third setting, graded in the same rounds: the first run formatting its failing tests'
+tracebacks as the task's command asks (`sandbox.first_run_tracebacks=true`, the behaviour before `--tb=no`), by a
+second executor; its verdicts must agree too. Writes `benchmarks/results/first_run_tracebacks.json` by default.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from sandbox_client.reward import reward_from_verdict  # noqa: E402
 from services.sandbox.executor import Executor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
+from report import load_report  # noqa: E402
+
 log = logging.getLogger("fail_to_pass_first_bench")
 
 
@@ -47,10 +54,10 @@ def answers(report: Path, data: Path, limit: int | None) -> list[tuple[str, dict
 
     tok = load_tokenizer(data / "corpus" / "tokenizer")
     tasks = {t.instance_id: t for split in ("train", "validation") for t in read_split(data / "tasks", split)}
-    logged = json.loads(report.read_text())["validation_tasks"][0]["answers"]
+    logged = load_report(report)["validation_tasks"][0]["answers"]
     out = []
     for task_id, ids in logged.items():
-        extracted = extract_patch(tok.decode(ids, skip_special_tokens=True))
+        extracted = extract_patch(str(tok.decode(ids, skip_special_tokens=True)))
         if extracted.ok:
             out.append((task_id, task_to_payload(tasks[task_id]), extracted.patch))
     return out[:limit]
@@ -89,31 +96,44 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     log.info("%d answers hold a patch", len(found))
     specs = {flag: [payload_to_spec(p, patch, timeout=args.task_timeout, fail_to_pass_first=flag)
                     for _, p, patch in found] for flag in (False, True)}
+    # setting -> (first_run_tracebacks of its executor, fail_to_pass_first of its specs)
+    settings = {"full": (False, False), "first": (False, True)}
+    if args.tracebacks:
+        settings["first_tracebacks"] = (True, True)
     with tempfile.TemporaryDirectory(prefix="f2p-first-") as work:
-        cfg = SandboxConfig(pool_size=args.pool, work_root=work, repos_root=str(args.data / "tasks" / "repos"),
-                            max_timeout_s=args.task_timeout)
+        def config(tracebacks: bool) -> SandboxConfig:
+            return SandboxConfig(pool_size=args.pool, work_root=f"{work}/{int(tracebacks)}",
+                                 repos_root=str(args.data / "tasks" / "repos"), max_timeout_s=args.task_timeout,
+                                 first_run_tracebacks=tracebacks)
         rounds: list[dict[str, Any]] = []
-        last: dict[bool, list[Verdict]] = {}
-        async with Executor(cfg) as ex:
-            await grade_all(ex, specs[False][:args.pool], args.pool)  # warm: the runner folder, page cache
+        last: dict[str, list[Verdict]] = {}
+        async with Executor(config(False)) as ex, Executor(config(True)) as ex_tb:
+            executors = {False: ex, True: ex_tb}
+            for e in executors.values():  # warm: the runner folders, the page cache
+                await grade_all(e, specs[True][:args.pool], args.pool)
+            names = list(settings)
             for r in range(args.rounds):
                 row: dict[str, Any] = {}
-                for flag in ((False, True) if r % 2 == 0 else (True, False)):
-                    last[flag], wall = await grade_all(ex, specs[flag], args.pool)
-                    row["first" if flag else "full"] = {"wall_s": wall, **summary(last[flag])}
-                    log.info("round %d %s: %.1f s", r, "fail_to_pass_first" if flag else "full runs", wall)
+                for name in names[r % len(names):] + names[:r % len(names)]:  # each setting leads a round in turn
+                    tracebacks, first = settings[name]
+                    last[name], wall = await grade_all(executors[tracebacks], specs[first], args.pool)
+                    row[name] = {"wall_s": wall, **summary(last[name])}
+                    log.info("round %d %s: %.1f s", r, name, wall)
                 rounds.append(row)
     disagreements = []
-    for (task_id, _, _), full, first in zip(found, last[False], last[True], strict=True):
-        a = (full.status, full.resolution, reward_from_verdict(full, "fail_to_pass"), reward_from_verdict(full))
-        b = (first.status, first.resolution, reward_from_verdict(first, "fail_to_pass"), reward_from_verdict(first))
-        if a != b:
-            disagreements.append({"task": task_id, "full": a, "first": b})
-    walls = {k: [row[k]["wall_s"] for row in rounds] for k in ("full", "first")}
-    return {"report": str(args.report), "pool": args.pool, "rounds": rounds, "disagreements": disagreements,
-            "wall_s_median": {k: statistics.median(v) for k, v in walls.items()},
-            "speedup": statistics.median(walls["full"]) / statistics.median(walls["first"]),
-            "host": {"cpus": os.cpu_count(), "python": platform.python_version()}}
+    for i, (task_id, _, _) in enumerate(found):
+        grades = {name: (v[i].status, v[i].resolution, reward_from_verdict(v[i], "fail_to_pass"),
+                         reward_from_verdict(v[i])) for name, v in last.items()}
+        if len(set(grades.values())) > 1:
+            disagreements.append({"task": task_id, **grades})
+    walls = {k: [row[k]["wall_s"] for row in rounds] for k in settings}
+    medians = {k: statistics.median(v) for k, v in walls.items()}
+    result = {"report": str(args.report), "pool": args.pool, "rounds": rounds, "disagreements": disagreements,
+              "wall_s_median": medians, "speedup": medians["full"] / medians["first"],
+              "host": {"cpus": os.cpu_count(), "python": platform.python_version()}}
+    if args.tracebacks:
+        result["tracebacks_speedup"] = medians["first_tracebacks"] / medians["first"]
+    return result
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,8 +144,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--limit", type=int, default=None, help="grade only the first N answers that hold a patch")
     p.add_argument("--task-timeout", type=float, default=120.0)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fail_to_pass_first.json")
-    return p.parse_args(argv)
+    p.add_argument("--tracebacks", action="store_true",
+                   help="also grade with the first run formatting tracebacks (sandbox.first_run_tracebacks)")
+    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/fail_to_pass_first.json, "
+                   "or first_run_tracebacks.json with --tracebacks")
+    args = p.parse_args(argv)
+    if args.out is None:
+        name = "first_run_tracebacks.json" if args.tracebacks else "fail_to_pass_first.json"
+        args.out = ROOT / "benchmarks" / "results" / name
+    return args
 
 
 if __name__ == "__main__":
@@ -134,5 +161,5 @@ if __name__ == "__main__":
     arguments = parse()
     result = asyncio.run(main(arguments))
     arguments.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("wall_s_median", "speedup")}), len(result["disagreements"]),
-          "disagreements")
+    print(json.dumps({k: result[k] for k in ("wall_s_median", "speedup", "tracebacks_speedup") if k in result}),
+          len(result["disagreements"]), "disagreements")

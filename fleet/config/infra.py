@@ -188,6 +188,13 @@ class SandboxConfig(Section):
     disable_plugin_autoload: bool = True
     """Default pytest command only: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, so plugins installed next to the interpreter
     cannot change how the task's tests run or report."""
+    first_run_tracebacks: bool = False
+    """Whether the first run of `fail_to_pass_first` (the FAIL_TO_PASS tests alone) formats failing tests' tracebacks
+    as the task's command asks (`--tb`). Off: it runs with `--tb=no`. That run settles a verdict only when every
+    FAIL_TO_PASS test ran and none passed, which no traceback changes; any other answer gets the full run with the
+    task's own command. Its output is read by no one, and pytest formats a traceback by parsing the frame's whole
+    source file, once per frame: most of a failing run's time for a suite whose tests fail in numbers
+    (benchmarks/fail_to_pass_first_bench.py)."""
     max_timeout_s: float = Field(3600.0, gt=0)
     """Largest `timeout` a task may ask for; larger requests are rejected (400)."""
     max_pending: int = Field(1024, ge=1)

@@ -363,7 +363,8 @@ class Executor:
         runner = self._runner
         assert runner is not None
         command, env = runner.test_command(spec, ws.tree, key_read, report_write,
-                                           disable_autoload=self.cfg.disable_plugin_autoload, only=only)
+                                           disable_autoload=self.cfg.disable_plugin_autoload, only=only,
+                                           tracebacks=self.cfg.first_run_tracebacks)
         hide = [repo, *([Path(self.cfg.repos_root)] if self.cfg.repos_root else [])]
         cgroup = self._cgroups.task(self.cfg.task_memory_mb << 20, self.cfg.max_processes) if self._cgroups else None
         t = time.monotonic()

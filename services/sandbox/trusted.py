@@ -143,11 +143,14 @@ class TrustedRunner:
                 str(tree), *opts, "--", *args]
 
     def test_command(self, spec: TaskSpec, tree: Path, key_fd: int, report_fd: int, *,
-                     disable_autoload: bool, only: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+                     disable_autoload: bool, only: list[str] | None = None,
+                     tracebacks: bool = True) -> tuple[list[str], dict[str, str]]:
         """(argv, environment) of a task's test run: pytest through this runner, or a shell command that is not of
         the task-set form, in which any pytest the shell starts loads the report plugin (weaker: see
         runner/shell.py). Every form streams a signed report. `only`: the same command, running these tests alone
-        (the runner's forms only: see `runs_tests_itself`)."""
+        (the runner's forms only: see `runs_tests_itself`); without `tracebacks`, that run formats none (`--tb=no`
+        last: pytest takes the last `--tb`)."""
+        quiet = ["--tb=no"] if only is not None and not tracebacks else []
         if spec.test_command is not None:
             parsed = pytest_command(spec.test_command)
             if parsed is None:
@@ -155,12 +158,12 @@ class TrustedRunner:
                     raise ValueError("a shell test command cannot run a subset of its tests")
                 env = {"PYTEST_ADDOPTS": "-p grpo_runner.shell", "GRPO_RUNNER_FDS": f"{key_fd},{report_fd}"}
                 return ["/bin/sh", "-c", spec.test_command], env
-            argv = self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths, args=parsed.args,
-                             only=only)
+            argv = self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths,
+                             args=[*parsed.args, *quiet], only=only)
             return argv, self.start_env(parsed.env)
         env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if disable_autoload else {}
         files = sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})
-        args = ["-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", *files]
+        args = ["-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", *files, *quiet]
         return self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=[], args=args, only=only), env
 
     @staticmethod

@@ -9,6 +9,7 @@ import logging
 import pytest
 from sandbox_helpers import ADD_ONLY, CORE, F2P, FIXED, P2P, CalcRepo
 
+from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import Verdict
 from sandbox_client.reward import reward_from_verdict
 from services.sandbox.executor import Executor, read_run_log
@@ -43,6 +44,27 @@ async def test_an_answer_that_fixes_a_failing_test_gets_the_full_run_in_a_fresh_
     same_grade(first, full)
     assert {"first_tests_s", "tests_s"} <= set(first.timings) and FIRST_RUN_NOTE not in first.error
     assert first.resolution == {"gold": "FULL", "partial": "PARTIAL", "breaks_a_passing_test": "NO"}[fix]
+
+
+async def test_the_first_run_formats_no_traceback_unless_configured_and_grades_the_same(
+        sandbox_cfg: SandboxConfig, calc_repo: CalcRepo) -> None:
+    """pytest formats a failing test's traceback by parsing each frame's source file: the first run, whose output
+    no one reads, skips it (`sandbox.first_run_tracebacks`); the verdict is the same either way, and the full run
+    keeps the task's own `--tb`."""
+    breaks = calc_repo.diff({"calc/core.py": FIXED.replace("return -x", "return x")})
+    verdicts: dict[bool, tuple[Verdict, Verdict]] = {}
+    for tracebacks in (False, True):
+        async with Executor(sandbox_cfg.model_copy(update={"first_run_tracebacks": tracebacks})) as ex:
+            verdicts[tracebacks] = (await ex.run(calc_repo.spec("", fail_to_pass_first=True)),
+                                    await ex.run(calc_repo.spec(breaks, fail_to_pass_first=True)))
+    (quiet, quiet_full), (loud, loud_full) = verdicts[False], verdicts[True]
+    same_grade(quiet, loud)
+    assert FIRST_RUN_NOTE in quiet.error and quiet.resolution == "NO"
+    assert "assert add(2, 3) == 5" in loud.stdout_tail  # the failing line, quoted by the traceback
+    assert "assert add(2, 3) == 5" not in quiet.stdout_tail
+    assert "FAILED tests/test_core.py::test_add" in quiet.stdout_tail  # -rfE's summary stays
+    same_grade(quiet_full, loud_full)
+    assert "tests_s" in quiet_full.timings and "assert neg(x) == -x" in quiet_full.stdout_tail
 
 
 async def test_a_failing_test_the_first_run_does_not_report_leaves_the_verdict_to_the_full_run(
