@@ -149,7 +149,7 @@ class TrustedRunner:
         the task-set form, in which any pytest the shell starts loads the report plugin (weaker: see
         runner/shell.py). Every form streams a signed report. `only`: the same command, running these tests alone
         (the runner's forms only: see `runs_tests_itself`); without `tracebacks`, that run formats none (`--tb=no`
-        last: pytest takes the last `--tb`)."""
+        after the command's options: pytest takes the last `--tb`)."""
         quiet = ["--tb=no"] if only is not None and not tracebacks else []
         if spec.test_command is not None:
             parsed = pytest_command(spec.test_command)
@@ -158,8 +158,10 @@ class TrustedRunner:
                     raise ValueError("a shell test command cannot run a subset of its tests")
                 env = {"PYTEST_ADDOPTS": "-p grpo_runner.shell", "GRPO_RUNNER_FDS": f"{key_fd},{report_fd}"}
                 return ["/bin/sh", "-c", spec.test_command], env
+            # Before a `--`, after which pytest reads only paths.
+            cut = parsed.args.index("--") if "--" in parsed.args else len(parsed.args)
             argv = self.argv(key_fd=key_fd, report_fd=report_fd, tree=tree, paths=parsed.paths,
-                             args=[*parsed.args, *quiet], only=only)
+                             args=[*parsed.args[:cut], *quiet, *parsed.args[cut:]], only=only)
             return argv, self.start_env(parsed.env)
         env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"} if disable_autoload else {}
         files = sorted({t.split("::", 1)[0] for t in [*spec.fail_to_pass, *spec.pass_to_pass]})

@@ -3,15 +3,17 @@ reward of an integrity violation."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from fleet.contracts.sandbox import Verdict
+from fleet.contracts.sandbox import TaskSpec, Verdict
 from sandbox_client import reward_from_verdict
 from services.sandbox.grading import strict_status
 from services.sandbox.report import disagreements, read_report
 from services.sandbox.runner import protocol
 from services.sandbox.runner.testpaths import is_protected
-from services.sandbox.trusted import pytest_command
+from services.sandbox.trusted import TrustedRunner, pytest_command
 
 KEY = b"k" * protocol.KEY_BYTES
 
@@ -106,6 +108,26 @@ def test_fail_to_pass_is_strict_about_xfail_and_xpass() -> None:
 def test_the_task_set_command_form_is_recognised(command: str, paths: list[str], args: list[str]) -> None:
     parsed = pytest_command(command)
     assert parsed is not None and (parsed.paths, parsed.args) == (paths, args)
+
+
+@pytest.mark.parametrize(("command", "pytest_args"), [
+    ("python -m pytest -q -rfE --tb=short tests/a.py", ["-q", "-rfE", "--tb=short", "tests/a.py", "--tb=no"]),
+    ("python -m pytest --tb=long -- tests/a.py", ["--tb=long", "--tb=no", "--", "tests/a.py"]),
+    (None, ["-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", "tests/a.py", "--tb=no"]),
+])
+def test_a_first_run_without_tracebacks_has_the_last_tb_option(command: str | None, pytest_args: list[str]) -> None:
+    """pytest takes the last `--tb`, and after `--` reads paths only: `--tb=no` goes after the command's options."""
+    runner = TrustedRunner(Path("/runner"), "/usr/bin/python3", True, frozenset())
+    spec = TaskSpec(repo_url="r", base_commit="c", patch="", test_command=command,
+                    fail_to_pass=["tests/a.py::test_x"], pass_to_pass=["tests/a.py::test_y"])
+
+    def args(**kw: object) -> list[str]:
+        argv, _ = runner.test_command(spec, Path("/tree"), 3, 4, disable_autoload=True, **kw)  # type: ignore[arg-type]
+        return argv[argv.index("--") + 1:]
+
+    assert args(only=["tests/a.py::test_x"], tracebacks=False) == pytest_args
+    assert "--tb=no" not in args(only=["tests/a.py::test_x"], tracebacks=True)
+    assert "--tb=no" not in args(tracebacks=False)  # the full run keeps the task's command
 
 
 @pytest.mark.parametrize("command", ["sleep 1 && python -m pytest", "python -m pytest; echo $?", "pytest tests",
