@@ -10,6 +10,9 @@ the isolated runner folder the executor builds (`TrustedRunner`, the base interp
 process (`time.perf_counter`) and around it. The figures are what a runner that imported pytest once and forked per
 run (before any of the tree is imported) would save: the import is the same for every run. Writes
 `benchmarks/results/test_run_cost.json`.
+
+The probes run each task's own tests at its base commit outside bubblewrap (no model's patch is applied): point it
+at a task set you trust. The executor's part runs in the sandbox as the fleet's does (root and bwrap).
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ def main() -> None:
     p.add_argument("--python", default=sys.executable, help="the tests' interpreter (sandbox.python)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "test_run_cost.json")
     args = p.parse_args()
+    if not (args.tasks / "validation.jsonl").is_file() or not (args.tasks / "repos").is_dir():
+        raise SystemExit(f"--tasks {args.tasks}: no task set there (build one with `grpo-fleet data build --out`)")
     tasks = one_per_repo(args.tasks)
     runner = asyncio.run(TrustedRunner.build(args.python, (), isolated=True,
                                              packages=SandboxConfig().runner_packages))
