@@ -6,8 +6,9 @@
 The held-out answers a speedrun report logged as `patch_not_applied` (the ones the chain can change) and as applied
 are applied to a fresh checkout of their task, once with `Workspace.apply` (`git apply`, what the host sandbox ran
 before the eleventh run) and once with `Workspace.apply_as_harness` (swebench's `GIT_APPLY_CMDS`, the tree reset after
-each failed command), alternating which goes first. Reports the seconds each takes (median, p90) and how many answers
-each applied. Needs `.speedrun` (`--data`) with the report's tokenizer. Writes `benchmarks/results/apply_chain.json`.
+each failed command that can leave part of the patch behind), alternating which goes first. Reports the seconds
+each takes (median, p90) and how many answers each applied. Needs `.speedrun` (`--data`) with the report's
+tokenizer. Writes `benchmarks/results/apply_chain.json`.
 """
 
 from __future__ import annotations

@@ -178,10 +178,11 @@ class Workspace:
         prefix = self.limits.apply_prefix if self.limits else ()
         path = str(self._patch_file(name, text))
         first: GitResult | None = None
-        for i, argv in enumerate(swebench_apply_chain()):
+        touched = False  # whether a failed command may have left part of the patch in the tree
+        for argv in swebench_apply_chain():
             if argv[0] != "git" and not plain_text_diff(text):
                 continue  # read only once git failed: most patches never get here
-            if i:
+            if touched:
                 await self._reset_tree()
             if argv[0] == "git":  # with the executor's git options (no host config, hooks or fsmonitor)
                 result = await git(*argv[1:], path, cwd=self.tree, prefix=prefix)
@@ -191,9 +192,12 @@ class Workspace:
             if result.code == 0:
                 return
             first = first or result
+            # A plain `git apply` applies all or nothing; --3way leaves conflicts, --reject and `patch` their hunks.
+            touched = argv[:2] != ("git", "apply") or bool({"--3way", "--reject"} & set(argv))
         if (await git("apply", "--check", "--reverse", path, cwd=self.tree, prefix=prefix)).code == 0:
             return  # the chain left the patch wholly applied though every command exited non-zero
-        await self._reset_tree()
+        if touched:
+            await self._reset_tree()
         assert first is not None
         raise _patch_error(first)
 
