@@ -35,7 +35,9 @@ if [ "$stage" = stash ]; then
   done
   # The task set as `tar -cJf .speedrun/tasks.tar.xz -C .speedrun tasks` (14 MB -> 2 MB): the tree grew to 31 MB
   # with the committed results, and tree + corpus + task set no longer fit the 64 MiB a call carries.
-  if [ -f .speedrun/tasks.tar.xz ]; then tar -xJf .speedrun/tasks.tar.xz -C "$DATA" && du -sh "$DATA/tasks"; fi
+  if [ -f .speedrun/tasks.tar.xz ] && [ ! -d .speedrun/tasks ]; then
+    tar -xJf .speedrun/tasks.tar.xz -C "$DATA" && du -sh "$DATA/tasks"
+  fi
   python3 --version
   exit 0
 fi
