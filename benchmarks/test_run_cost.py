@@ -37,6 +37,7 @@ from envs.registry import Task  # noqa: E402
 from envs.swe.payload import payload_to_spec, task_to_payload  # noqa: E402
 from envs.swe.taskset import read_split  # noqa: E402
 from fleet.config.infra import SandboxConfig  # noqa: E402
+from launch.data.gold import phase_times  # noqa: E402
 from services.sandbox.executor import Executor  # noqa: E402
 from services.sandbox.trusted import TrustedRunner, pytest_command  # noqa: E402
 
@@ -79,7 +80,8 @@ def probe(runner: TrustedRunner, tree: Path, args: list[str], env: dict[str, str
 
 
 def medians(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
+    """Each phase's median over `rows` (`phase_times`, as `data validate` reports a run's phases)."""
+    return {k: round(v["median"], 4) for k, v in phase_times(rows)["phases"].items()}
 
 
 async def executor_phases(tasks: list[Task], repos: Path, reps: int) -> dict[str, dict[str, float]]:
@@ -95,7 +97,7 @@ async def executor_phases(tasks: list[Task], repos: Path, reps: int) -> dict[str
                     v = await ex.run(spec)
                     if v.resolution != "FULL":
                         raise RuntimeError(f"{task.instance_id}: the gold patch graded {v.resolution} ({v.error})")
-                    timings.append({k: v.timings.get(k, 0.0) for k in ("first_tests_s", "tests_s", "total_s")})
+                    timings.append({k: v.timings[k] for k in ("first_tests_s", "tests_s", "total_s")})
                 out[task.repo] = medians(timings)
     return out
 
