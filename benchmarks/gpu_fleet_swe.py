@@ -122,6 +122,8 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
         # env.code.num_workers is left unset: the one worker then keeps as many tasks in flight as the pool has
         # runners (the fourth speedrun run, with a fixed 4, scored its 128 answers 4 at a time on 12 runners).
         f"sandbox.pool_size={args.pool}",
+        # One test run per distinct tree: a group's answers that make the same edit in other words share it.
+        "sandbox.tree_cache_size=4096",
         f"rollout.max_groups_in_flight={2 * args.prompts}",
         # A run continued by a later call (a device call may run 600 s) needs one checkpoint, at the end.
         *(["checkpointing.enabled=true", "checkpointing.save_period=100000", "checkpointing.keep_top_k=1"]
@@ -177,14 +179,16 @@ def validation_rounds(run_dir: Path) -> list[dict[str, Any]]:
 
 def sandbox_runs(run_dir: Path) -> dict[str, Any]:
     """Where the sandbox's time went, from its log: the phases of every run (`phase_times`), overall and for the
-    runs whose tests ran (the patch applied), and the runs by status."""
+    runs whose tests ran (the patch applied), the runs by status, and those the tree cache answered (a tree key
+    computed, no tests run: `sandbox.tree_cache_size`)."""
     log = run_dir / "logs" / "processes" / "sandbox.log"
     if not log.exists():
         return {}
     runs = read_run_log(log.read_text(errors="replace"))
     tested = [t for _, t in runs if "tests_s" in t or "first_tests_s" in t]
+    cached = sum("tree_key_s" in t and "tests_s" not in t and "first_tests_s" not in t for _, t in runs)
     return {"all": phase_times(t for _, t in runs), "tests_ran": phase_times(tested),
-            "by_status": dict(sorted(Counter(status for status, _ in runs).items()))}
+            "by_status": dict(sorted(Counter(status for status, _ in runs).items())), "tree_cache_hits": cached}
 
 
 def host_cores(run_dir: Path, samples: list[Reading]) -> dict[str, Any]:

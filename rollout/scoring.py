@@ -5,18 +5,17 @@ No protobuf here: a verdict becomes the wire's message in the buffer client (`bu
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import hashlib
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fleet.config.env import EnvConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict
+from fleet.singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -44,61 +43,20 @@ def reward_for(env: EnvConfig, env_name: str, verdict: Verdict) -> float:
 _KEPT = frozenset({"completed", "not_applied", "refused"})
 
 
-class VerdictCache:
+class VerdictCache(SingleFlight[Verdict]):
     """`env.code.verdict_cache_size` verdicts, keyed by the task spec's content (least recently used first out). A
     spec already graded is answered from here; one being graded is waited for (one run for identical answers
     in flight). Counts its hits and misses for the worker's summary."""
 
     def __init__(self, size: int) -> None:
-        self.size = size
-        self.hits = self.misses = 0
-        self._done: OrderedDict[str, Verdict] = OrderedDict()
-        self._running: dict[str, asyncio.Future[Verdict]] = {}
+        super().__init__(size, keep=lambda v: v.status in _KEPT)
 
     @staticmethod
     def key(spec: TaskSpec) -> str:
         return hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode()).hexdigest()
 
-    async def get_or_run(self, spec: TaskSpec, run: Callable[[], Awaitable[Verdict]]) -> Verdict:
-        key = self.key(spec)
-        if key in self._done:
-            self._done.move_to_end(key)
-            self.hits += 1
-            return dataclasses.replace(self._done[key])
-        shared = self._running.get(key)
-        if shared is not None:
-            try:
-                verdict = await asyncio.shield(shared)
-                self.hits += 1
-                return dataclasses.replace(verdict)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # this scoring was cancelled, not the run it waited for
-                # The run it waited for was cancelled (its worker task stopped): run it here instead.
-        self.misses += 1
-        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self._running[key] = future
-        try:
-            verdict = await run()
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when no other answer waited
-            raise
-        finally:
-            self._running.pop(key, None)
-        future.set_result(verdict)
-        if verdict.status in _KEPT and self.size:
-            self._done[key] = verdict
-            while len(self._done) > self.size:
-                self._done.popitem(last=False)
-        return verdict
-
-    def stats(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "kept": len(self._done)}
+    async def grade(self, spec: TaskSpec, run: Callable[[], Awaitable[Verdict]]) -> Verdict:
+        return await self.get_or_run(self.key(spec), run)
 
 
 class Scorer:
@@ -127,7 +85,7 @@ class Scorer:
     async def _run_in_sandbox(self, spec: TaskSpec) -> Verdict:
         if self.verdicts is None:
             return await self._evaluate(spec)
-        return await self.verdicts.get_or_run(spec, lambda: self._evaluate(spec))
+        return await self.verdicts.grade(spec, lambda: self._evaluate(spec))
 
     async def _evaluate(self, spec: TaskSpec) -> Verdict:
         result = await self.sandbox.evaluate(spec)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec, describe_runner
+from fleet.singleflight import SingleFlight
 from services.sandbox import grading, verdicts
 from services.sandbox.bwrap import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
@@ -46,6 +49,13 @@ log = logging.getLogger(__name__)
 # (benchmarks/gpu_fleet_swe.py sums a fleet's runs with it).
 RUN_LOG = "task %s@%.12s: %s %s in %.2f s (%s)"
 _RUN_LINE = re.compile(r"task \S+: (\w+) \w* ?in [0-9.]+ s \(((?:\w+=[0-9.]+ ?)*)\)")
+
+
+def tree_key(spec: TaskSpec, tree_id: str) -> str:
+    """A run's cache key: the tree its tests run on and everything else of the spec but the agent's patch (tests,
+    command, time limit), whose effect the tree already holds."""
+    rest = {k: v for k, v in dataclasses.asdict(spec).items() if k != "patch"}
+    return hashlib.sha256(json.dumps([tree_id, rest], sort_keys=True).encode()).hexdigest()
 
 
 def read_run_log(text: str) -> list[tuple[str, dict[str, float]]]:
@@ -76,6 +86,9 @@ class Executor:
         """Tasks that name an image (`services/sandbox/images`); None with `sandbox.runtime: bwrap`."""
         self.image_error: str | None = None
         self.running = self.queued = self.completed = self.infra_errors = 0
+        self.trees: SingleFlight[Verdict] | None = (
+            SingleFlight(cfg.tree_cache_size, keep=lambda v: v.status == "completed") if cfg.tree_cache_size else None)
+        """Verdicts by the tree their tests ran on (`sandbox.tree_cache_size`); None when off."""
 
     async def __aenter__(self) -> Executor:
         await self.start()
@@ -213,6 +226,7 @@ class Executor:
             "slot_uids": [policy.uid_for_slot(0), policy.uid_for_slot(self.pool_size - 1)]
             if policy and policy.uid_for_slot(0) is not None else None,
             "runtime": self.cfg.runtime, "image_error": self.image_error, "test_runner": self.test_runner,
+            "tree_cache": self.trees.stats() if self.trees is not None else None,
             **(self.images.health() if self.images is not None else {}),
         }
 
@@ -275,6 +289,16 @@ class Executor:
         early = await self._materialise(ws, repo, spec, timings)
         if early is not None:
             return early
+        if self.trees is None:
+            return await self._test(ws, spec, slot, repo, timings)
+        t = time.monotonic()
+        key = tree_key(spec, await ws.tree_id())
+        timings["tree_key_s"] = time.monotonic() - t
+        return await self.trees.get_or_run(key, lambda: self._test(ws, spec, slot, repo, timings))
+
+    async def _test(self, ws: Workspace, spec: TaskSpec, slot: int, repo: Path, timings: dict[str, float]) -> Verdict:
+        """The tests of `spec` on `ws`'s tree (both patches in), graded: the FAIL_TO_PASS tests alone first where the
+        spec asks for it, then the full run in a fresh tree unless that first run settled the verdict."""
         if not (spec.fail_to_pass_first and spec.fail_to_pass and TrustedRunner.runs_tests_itself(spec)):
             return await self._run_tests(ws, spec, slot, repo, timings)
         first = await self._run_tests(ws, spec, slot, repo, timings, only=spec.fail_to_pass)

@@ -137,16 +137,30 @@ class Workspace:
             raise PatchError(result.err.strip()[-2000:] or "malformed patch")
         return sorted({*parse_numstat(result.out), *rename_sources(text)})
 
-    async def changed_paths(self) -> list[str]:
-        """Every path that differs from base_commit, renames split in two: what a patch actually did."""
+    async def _stage_all(self) -> None:
+        """Every file of the tree in git's index, ignored ones included."""
         added = await git("add", "--all", "--force", ".", cwd=self.tree)
         _raise_if_disk(added.err)
         if added.code != 0:
             raise InfraError(f"git add failed: {added.err.strip()[-300:]}")
+
+    async def changed_paths(self) -> list[str]:
+        """Every path that differs from base_commit, renames split in two: what a patch actually did."""
+        await self._stage_all()
         diff = await git("diff", "--cached", "--name-only", "-z", "--no-renames", self.commit, cwd=self.tree)
         if diff.code != 0:
             raise InfraError(f"git diff failed: {diff.err.strip()[-300:]}")
         return [p for p in diff.out.split("\0") if p]
+
+    async def tree_id(self) -> str:
+        """git's id of the tree as it is now: every file's path, content and mode (links as links). Two trees with the
+        same id hold the same files; a patch writes nothing git does not see (it refuses paths inside `.git`)."""
+        await self._stage_all()
+        written = await git("write-tree", cwd=self.tree)
+        _raise_if_disk(written.err)
+        if written.code != 0:
+            raise InfraError(f"git write-tree failed: {written.err.strip()[-300:]}")
+        return written.out.strip()
 
     async def base_text(self, rel: str) -> str | None:
         """A file's text at base_commit (None if it did not exist)."""
