@@ -31,7 +31,8 @@ from regrade import logged_patches  # noqa: E402
 from report import load_report  # noqa: E402
 
 from envs.swe.taskset import read_split  # noqa: E402
-from services.sandbox.workspace import PatchError, Workspace, remove_path  # noqa: E402
+from services.sandbox.fstree import remove_path  # noqa: E402
+from services.sandbox.workspace import PatchError, Workspace  # noqa: E402
 
 
 async def timed(repo: Path, commit: str, patch: str, chain: bool) -> tuple[float, bool]:

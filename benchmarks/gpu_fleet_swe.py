@@ -45,7 +45,7 @@ from core_usage import CoreSampler, Reading, step_report  # noqa: E402
 from gpu_fleet_x2 import SHAPE, accounting, n_params, supervise  # noqa: E402
 
 from launch.data.gold import phase_times  # noqa: E402
-from services.sandbox.executor import read_run_log  # noqa: E402
+from services.sandbox.runlog import read_run_log  # noqa: E402
 from trainer.metrics import read_jsonl  # noqa: E402
 from workshop.tinymodel import tokenizer_fingerprint  # noqa: E402
 

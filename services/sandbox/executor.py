@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -29,39 +26,22 @@ from pathlib import Path
 
 from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec, describe_runner
-from fleet.singleflight import SingleFlight
 from services.sandbox import grading, verdicts
 from services.sandbox.bwrap import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
+from services.sandbox.fstree import remove_tree
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.patching import apply_patches
 from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limited
 from services.sandbox.repos import RepoNotFound, resolve_repo
+from services.sandbox.runlog import RUN_LOG
 from services.sandbox.runner.protocol import KEY_BYTES
+from services.sandbox.treecache import TreeCache, tree_key
 from services.sandbox.trusted import TrustedRunner
 from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
-from services.sandbox.workspace import InfraError, TreeLimits, Workspace, remove_tree, swebench_apply_chain
+from services.sandbox.workspace import InfraError, TreeLimits, Workspace, swebench_apply_chain
 
 log = logging.getLogger(__name__)
-
-
-# One line per run, with its phases: where a slow run's time went, read back from a service's log by `read_run_log`
-# (benchmarks/gpu_fleet_swe.py sums a fleet's runs with it).
-RUN_LOG = "task %s@%.12s: %s %s in %.2f s (%s)"
-_RUN_LINE = re.compile(r"task \S+: (\w+) \w* ?in [0-9.]+ s \(((?:\w+=[0-9.]+ ?)*)\)")
-
-
-def tree_key(spec: TaskSpec, tree_id: str) -> str:
-    """A run's cache key: the tree its tests run on and everything else of the spec but the agent's patch (tests,
-    command, time limit), whose effect the tree already holds."""
-    rest = {k: v for k, v in dataclasses.asdict(spec).items() if k != "patch"}
-    return hashlib.sha256(json.dumps([tree_id, rest], sort_keys=True).encode()).hexdigest()
-
-
-def read_run_log(text: str) -> list[tuple[str, dict[str, float]]]:
-    """(status, timings) of every run line in an executor's log, in order."""
-    return [(m[1], {k: float(v) for k, v in (kv.split("=", 1) for kv in m[2].split())})
-            for m in _RUN_LINE.finditer(text)]
 
 
 class Executor:
@@ -86,8 +66,7 @@ class Executor:
         """Tasks that name an image (`services/sandbox/images`); None with `sandbox.runtime: bwrap`."""
         self.image_error: str | None = None
         self.running = self.queued = self.completed = self.infra_errors = 0
-        self.trees: SingleFlight[Verdict] | None = (
-            SingleFlight(cfg.tree_cache_size, keep=lambda v: v.status == "completed") if cfg.tree_cache_size else None)
+        self.trees = TreeCache(cfg.tree_cache_size) if cfg.tree_cache_size else None
         """Verdicts by the tree their tests ran on (`sandbox.tree_cache_size`); None when off."""
 
     async def __aenter__(self) -> Executor:

@@ -14,14 +14,12 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import stat
-import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from services.sandbox.fstree import MNT_DETACH, libc, read_regular, remove_path, remove_tree, walk_tree
 from services.sandbox.gitcmd import GitResult, git, parse_numstat, rename_sources, run_tool
 
 log = logging.getLogger(__name__)
@@ -93,7 +91,7 @@ class Workspace:
         """`root` becomes a tmpfs of `limits.size_mb`: checkout, patches and test writes all count against it."""
         assert self.limits is not None
         opts = f"size={self.limits.size_mb}m,nr_inodes={self.limits.files},mode=0711".encode()
-        if _libc().mount(b"tmpfs", str(self.root).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
+        if libc().mount(b"tmpfs", str(self.root).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
             code = ctypes.get_errno()
             raise InfraError(f"cannot mount the tree's tmpfs on {self.root}: {os.strerror(code)}")
         self._mounted = True
@@ -270,16 +268,12 @@ class Workspace:
     def remove(self) -> None:
         if self._mounted:
             # Lazy: a file still open elsewhere (never the sandbox's: its processes are gone) cannot keep it busy.
-            _libc().umount2(str(self.root).encode(), _MNT_DETACH)
+            libc().umount2(str(self.root).encode(), MNT_DETACH)
             self._mounted = False
         remove_tree(self.root)
 
 
-_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+_MS_NOSUID, _MS_NODEV = 2, 4
 
 
 # Full commit ids already resolved, per repository: an object id names the same commit forever, so each is asked of
@@ -330,77 +324,3 @@ def _clear_parents(tree: Path, rel: str) -> bool:
             remove_path(current)
             return False
     return True
-
-
-def walk_tree(root: Path) -> Iterator[str]:
-    """Every path under `root` (not `root`), never following symlinks, with an explicit stack: `os.walk` recurses
-    once per level on Python 3.11, and a patch or session can nest folders past the recursion limit."""
-    stack = [str(root)]
-    while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
-                yield entry.path
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a folder the sandboxed code may have shaped: `shutil.rmtree` recurses once per level (1,100 nested
-    folders raise RecursionError on Python 3.11) and gives up on names it cannot handle; `rm -rf` walks any depth.
-    Never follows symlinks, never crosses into another filesystem."""
-    unmount_under(path)
-    try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
-        return
-    except (OSError, RecursionError) as exc:
-        done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, text=True,
-                              check=False)
-        if done.returncode != 0 and os.path.lexists(path):
-            log.error("could not remove %s (%s): %s", path, type(exc).__name__, done.stderr.strip()[-300:])
-
-
-def unmount_under(path: Path, mountinfo: str = "/proc/self/mountinfo") -> None:
-    """Detach the mounts at or below `path`, deepest first: the size-limited tmpfs of a tree (a session's, or one an
-    executor that was killed left mounted), which a removal could otherwise only empty."""
-    if os.geteuid() != 0:
-        return  # only root mounts trees
-    prefix = os.path.realpath(path)
-    try:
-        with open(mountinfo) as f:
-            points = [line.split()[4] for line in f]
-    except OSError:
-        return
-    # mountinfo escapes a space in a path as \040: trees are named by the executor, never with one.
-    under = [p for p in points if p == prefix or p.startswith(prefix.rstrip("/") + "/")]
-    for point in sorted(set(under), key=len, reverse=True):
-        _libc().umount2(point.encode(), _MNT_DETACH)
-
-
-def remove_path(path: Path) -> None:
-    """Remove a file, symlink or folder without following symlinks."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        remove_tree(path)
-    else:
-        path.unlink()
-
-
-def read_regular(path: Path, limit: int) -> bytes:
-    """Read a regular file written by untrusted code: no symlinks (O_NOFOLLOW), no FIFOs/devices, at most `limit`."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, f"{path.name} is not a regular file")
-        if st.st_size > limit:
-            raise OSError(errno.EFBIG, f"{path.name} is larger than {limit} bytes")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from services.sandbox.workspace import remove_tree
+from services.sandbox.fstree import remove_tree
 
 log = logging.getLogger(__name__)
 LayerMode = Literal["auto", "overlay", "copy"]

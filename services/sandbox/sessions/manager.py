@@ -35,6 +35,7 @@ from fleet.config.infra import SandboxSessionConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec
 from services.sandbox.bwrap import UidRange
 from services.sandbox.executor import Executor
+from services.sandbox.fstree import remove_tree
 from services.sandbox.gitcmd import git, git_capped
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.sessions.diff import SessionDiff, graded_paths, pathspecs
@@ -47,7 +48,7 @@ from services.sandbox.sessions.registry import (
     SessionRecord,
     SessionRegistry,
 )
-from services.sandbox.workspace import InfraError, Workspace, remove_tree
+from services.sandbox.workspace import InfraError, Workspace
 
 log = logging.getLogger(__name__)
 _KEYS_KEPT = 64

@@ -12,7 +12,8 @@ from sandbox_helpers import ADD_ONLY, CORE, F2P, FIXED, P2P, CalcRepo
 from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import Verdict
 from sandbox_client.reward import reward_from_verdict
-from services.sandbox.executor import Executor, read_run_log
+from services.sandbox.executor import Executor
+from services.sandbox.runlog import read_run_log
 from services.sandbox.verdicts import FIRST_RUN_NOTE
 
 

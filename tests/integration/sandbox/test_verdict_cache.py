@@ -13,7 +13,7 @@ from sandbox_helpers import CalcRepo
 
 from fleet.config import parse_config
 from rollout.scoring import Scorer
-from services.sandbox.executor import read_run_log
+from services.sandbox.runlog import read_run_log
 from services.sandbox.server import SandboxServer
 
 

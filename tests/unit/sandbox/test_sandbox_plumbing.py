@@ -12,9 +12,9 @@ import pytest
 
 from fleet.config.infra import SandboxConfig
 from services.sandbox.bwrap import Interpreter, SandboxPolicy, UidRange
+from services.sandbox.fstree import read_regular
 from services.sandbox.gitcmd import parse_numstat, rename_sources, unquote_git_path
 from services.sandbox.process import TailBuffer, kill_and_reap, run_limited
-from services.sandbox.workspace import read_regular
 
 
 def test_tail_buffer_keeps_only_the_last_bytes_and_counts_all() -> None:
