@@ -128,7 +128,8 @@ class SandboxConfig(Section):
     pool_size: int | None = Field(None, ge=1)
     """Tasks run concurrently by one executor (None: number of cores)."""
     work_root: str | None = None
-    """Where task working trees are made (None: a temp dir). Hidden from every sandbox but the task's own tree."""
+    """Where task working trees are made (None: `grpo-sandbox-<pid>-*` in the temp folder, and those of executors
+    whose pid is gone are removed at start). Hidden from every sandbox but the task's own tree."""
     repos_root: str | None = None
     """Folder of bare git repositories for `embedded://NAME` repo URLs (None: the built task set's)."""
     use_bwrap: bool = True

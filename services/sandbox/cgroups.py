@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.sandbox.fstree import pid_alive
+
 log = logging.getLogger(__name__)
 MOUNT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids")
@@ -307,13 +309,8 @@ def _events(path: Path) -> dict[str, int]:
 def _sweep(parent: Path) -> None:
     """Remove the empty groups of executors that died without removing them (their pid is gone)."""
     for folder in parent.glob("grpo-sandbox-*"):
-        try:
-            pid = int(folder.name.split("-")[2])
-            os.kill(pid, 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except (ValueError, IndexError, PermissionError):
+        pid = folder.name.split("-")[2] if folder.name.count("-") >= 2 else ""
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         for child in folder.glob("task-*"):
             with contextlib.suppress(OSError):

@@ -29,7 +29,7 @@ from fleet.contracts.sandbox import TaskSpec, Verdict, check_spec, describe_runn
 from services.sandbox import grading, verdicts
 from services.sandbox.bwrap import SandboxPolicy, UidRange, probe_interpreter
 from services.sandbox.cgroups import CgroupRoot, TaskCgroup
-from services.sandbox.fstree import remove_tree
+from services.sandbox.fstree import remove_tree, sweep_dead_roots
 from services.sandbox.images.service import ImageTasks
 from services.sandbox.patching import apply_patches
 from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limited
@@ -42,6 +42,8 @@ from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
 from services.sandbox.workspace import InfraError, TreeLimits, Workspace, swebench_apply_chain
 
 log = logging.getLogger(__name__)
+
+WORK_ROOT_PREFIX = "grpo-sandbox-"  # + pid + '-' + random, under the temp folder, when sandbox.work_root is unset
 
 
 class Executor:
@@ -134,7 +136,11 @@ class Executor:
             work_root = Path(self.cfg.work_root)
             work_root.mkdir(parents=True, exist_ok=True)
         else:
-            work_root, self._own_work_root = Path(tempfile.mkdtemp(prefix="grpo-sandbox-")), True
+            # Named by pid so that the next executor on this host removes what a killed one left (trees, mounts).
+            for stale in sweep_dead_roots(Path(tempfile.gettempdir()), WORK_ROOT_PREFIX):
+                log.info("removed %s, left by an executor that is gone", stale)
+            work_root = Path(tempfile.mkdtemp(prefix=f"{WORK_ROOT_PREFIX}{os.getpid()}-"))
+            self._own_work_root = True
         # Search but no listing: a sandbox's uid must traverse to its own tree (bwrap recreates these folders with
         # the same modes inside its tmpfs), and nobody may enumerate the other tasks' trees.
         os.chmod(work_root, 0o711)

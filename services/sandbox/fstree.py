@@ -68,6 +68,30 @@ def unmount_under(path: Path, mountinfo: str = "/proc/self/mountinfo") -> None:
         libc().umount2(point.encode(), MNT_DETACH)
 
 
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def sweep_dead_roots(parent: Path, prefix: str) -> list[Path]:
+    """Remove the work roots `PREFIX<pid>-*` under `parent` whose executor pid is gone: one killed with SIGKILL
+    (the chaos test, an OOM kill) never ran its cleanup, and its trees and tmpfs mounts would stay for good. A root
+    named otherwise, or whose pid is alive (ours included), is never touched."""
+    removed = []
+    for folder in sorted(parent.glob(f"{prefix}*")):
+        pid = folder.name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or pid_alive(int(pid)) or not folder.is_dir() or folder.is_symlink():
+            continue
+        remove_tree(folder)
+        removed.append(folder)
+    return removed
+
+
 def remove_path(path: Path) -> None:
     """Remove a file, symlink or folder without following symlinks."""
     try:
