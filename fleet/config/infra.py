@@ -200,7 +200,7 @@ class SandboxConfig(Section):
     """Verdicts the executor keeps, keyed by the tree the tests run on (git's id of the tree once both patches are in,
     with the rest of the task spec): an answer whose diff differs from one already graded but leaves the same files
     (other context lines, hunk offsets, a fix spelt by another route) is not run again, and identical trees in
-    flight share one run. Host tasks only; only completed runs are kept, never a timeout or a refusal. 0: off,
+    flight share one run. Host and image tasks; only completed runs are kept, never a timeout or a refusal. 0: off,
     where every run counts, as a benchmark that times runs or a check for flaky tests needs. The rollout worker's
     `env.code.verdict_cache_size` catches identical diffs only, before they reach the sandbox."""
     max_timeout_s: float = Field(3600.0, gt=0)

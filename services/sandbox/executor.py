@@ -269,7 +269,7 @@ class Executor:
             if self.images is None:
                 why = self.image_error or "sandbox.runtime is bwrap (host interpreter only)"
                 return Verdict(status="infra_error", error=f"image {spec.image}: {why}")
-            return await self.images.run(spec, timings)
+            return await self.images.run(spec, timings, self.trees)
         repo = resolve_repo(spec.repo_url, self.cfg)
         early = await self._materialise(ws, repo, spec, timings)
         if early is not None:

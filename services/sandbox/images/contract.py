@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shlex
 import tempfile
+import time
 from functools import cache
 from pathlib import PurePosixPath
 from typing import Any
@@ -29,6 +30,7 @@ from services.sandbox.gitcmd import parse_numstat, rename_sources
 from services.sandbox.images.parsers import r2e
 from services.sandbox.images.runtime import IO_DIR, ImageEnv
 from services.sandbox.integrity import CONFIG_FILES, check_patch, unsafe_path
+from services.sandbox.treecache import TreeCache, tree_key
 from services.sandbox.workspace import InfraError, swebench_apply_chain
 
 EVAL_LOG_CAP = 16 << 20
@@ -125,6 +127,30 @@ def touches_shipped(paths: list[str], shipped: list[str]) -> str | None:
     return None
 
 
+def tree_id_script(forced: list[str], workdir: str = WORKDIR) -> str:
+    """The tree the tests will run on, as git's tree id: every file .gitignore does not hide, and the patch's own
+    files even where it does (a patch may write code where .gitignore looks away). Staged in a copy of the index:
+    the eval script's git commands read the repository's own, which stays as it was."""
+    adds = "".join(f'{{ [ -e {q} ] || [ -L {q} ]; }} && {{ $g add --force -- {q} || exit 1; }}\n'
+                   for q in map(shlex.quote, forced))
+    return f"""cd {shlex.quote(workdir)} || exit 1
+g="{_GIT}"
+export GIT_INDEX_FILE="${{TMPDIR:-/tmp}}/grpo-tree-index"
+cp .git/index "$GIT_INDEX_FILE" || exit 1
+$g add --all . || exit 1
+{adds}echo "GRPO_TREE $($g write-tree)"
+"""
+
+
+async def tree_id(env: ImageEnv, forced: list[str]) -> str | None:
+    """`tree_id_script`'s answer; None when git could not say (the run then goes uncached)."""
+    env.put("tree.sh", tree_id_script(forced))
+    result = await env.exec(["/bin/sh", f"{IO_DIR}/tree.sh"], limit_s=_STEP_LIMIT_S)
+    found = [line.split()[1] for line in result.stdout.text().splitlines()
+             if line.startswith("GRPO_TREE ") and len(line.split()) == 2]
+    return found[0] if result.exit_code == 0 and found else None
+
+
 def test_spec(spec: TaskSpec, test_paths: list[str]) -> Any:
     """swebench's TestSpec of the task (its eval script records the test exit code)."""
     row = {"instance_id": spec.image or "task", "image": spec.image, "repo": spec.repo_url,
@@ -190,10 +216,9 @@ async def apply_setup(env: ImageEnv, patch: str) -> None:
                          f"{(result.stdout.text() + result.stderr.text())[-400:]}")
 
 
-async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> Verdict:
-    """Steps 1-4 on a prepared environment."""
-    import time
-
+async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float], trees: TreeCache | None = None) -> Verdict:
+    """Steps 1-4 on a prepared environment; with `trees`, a tree graded before answers from the cache (the host
+    path's step 10, docs/services/sandbox.md)."""
     t = time.monotonic()
     scrubbed = await prepare_history(env, spec.base_commit)
     if spec.setup_patch:
@@ -206,6 +231,7 @@ async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> 
         if found is None or any(unsafe_path(p) for p in found):
             raise InfraError(f"image {env.ref}: the task's test_patch is malformed or leaves the tree")
         test_paths = found
+    paths: list[str] | None = []
     if spec.patch.strip():
         paths = await _paths(env, "patch.diff", spec.patch)
         if spec.integrity_check:
@@ -224,6 +250,19 @@ async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float]) -> 
     if spec.eval_files:
         await stage_eval_files(env, spec.eval_files)
     timings["apply_s"] = time.monotonic() - t
+    if trees is None:
+        return await _evaluate(env, spec, test_paths, timings, scrubbed)
+    t = time.monotonic()
+    tree = await tree_id(env, paths or [])
+    timings["tree_key_s"] = time.monotonic() - t
+    if tree is None:
+        return await _evaluate(env, spec, test_paths, timings, scrubbed)
+    return await trees.get_or_run(tree_key(spec, tree), lambda: _evaluate(env, spec, test_paths, timings, scrubbed))
+
+
+async def _evaluate(env: ImageEnv, spec: TaskSpec, test_paths: list[str], timings: dict[str, float],
+                    scrubbed: int) -> Verdict:
+    """Steps 3-4: the eval script on the tree as it stands, graded."""
     ts = test_spec(spec, test_paths)
     env.put("eval.sh", ts.eval_script)
     t = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 from fleet.config.infra import SandboxConfig
@@ -18,6 +19,7 @@ from services.sandbox.images import contract
 from services.sandbox.images.cache import ImageCache
 from services.sandbox.images.pull import Puller, PullError, PullOptions, normalize
 from services.sandbox.images.runtime import BwrapImageRuntime, ImageRuntime
+from services.sandbox.treecache import TreeCache
 from services.sandbox.workspace import InfraError
 
 log = logging.getLogger(__name__)
@@ -83,19 +85,18 @@ class ImageTasks:
         self._prefetches[ref] = task
         task.add_done_callback(lambda t: (self._prefetches.pop(ref, None), t.cancelled() or t.exception()))
 
-    async def run(self, spec: TaskSpec, timings: dict[str, float]) -> Verdict:
+    async def run(self, spec: TaskSpec, timings: dict[str, float], trees: TreeCache | None = None) -> Verdict:
         assert spec.image is not None
         try:
             ref = self.ref(spec.image)
         except ValueError as exc:
             return Verdict(status="infra_error", error=str(exc))
-        import time
 
         t = time.monotonic()
         try:
             async with self.runtime.environment(ref) as env:
                 timings["image_s"] = time.monotonic() - t
-                return await contract.run_task(env, spec, timings)
+                return await contract.run_task(env, spec, timings, trees)
         except PullError as exc:
             return Verdict(status="infra_error", error=str(exc))
         except InfraError as exc:

@@ -24,6 +24,22 @@ from fleet.contracts.sandbox import TaskSpec
 from sandbox_client.sessions import SessionClient
 from services.sandbox.server import SandboxServer
 
+# The gold fix with one line of context around each change, where git's own diff has three.
+ONE_LINE_CONTEXT = """diff --git a/calc/core.py b/calc/core.py
+--- a/calc/core.py
++++ b/calc/core.py
+@@ -1,3 +1,3 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+ 
+@@ -5,3 +5,3 @@
+ def mul(a, b):
+-    return a + b
++    return a * b
+ 
+"""
+
 # Slot uids of this test session: distinct from a task-set build or another test session running on the same host.
 UID_BASE = 100_000 + (os.getpid() % 10_000) * 16
 

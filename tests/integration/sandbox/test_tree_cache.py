@@ -9,26 +9,11 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
-from sandbox_helpers import CORE, F2P, CalcRepo
+from sandbox_helpers import CORE, F2P, ONE_LINE_CONTEXT, CalcRepo
 
 from fleet.config.infra import SandboxConfig
 from services.sandbox.executor import Executor
 
-# The gold fix with one line of context around each change, where git's own diff has three.
-ONE_LINE_CONTEXT = """diff --git a/calc/core.py b/calc/core.py
---- a/calc/core.py
-+++ b/calc/core.py
-@@ -1,3 +1,3 @@
- def add(a, b):
--    return a - b
-+    return a + b
- 
-@@ -5,3 +5,3 @@
- def mul(a, b):
--    return a + b
-+    return a * b
- 
-"""
 # The same lines with the first hunk's context line wrong: `patch` applies it with fuzz and keeps a backup of the
 # file it fuzzed (`calc/core.py.orig`, as SWE-bench's harness would leave it): another tree.
 FUZZED = ONE_LINE_CONTEXT.replace(" def add(a, b):", " def neg(x):")
