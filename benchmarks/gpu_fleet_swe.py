@@ -124,6 +124,8 @@ def overrides(args: argparse.Namespace, model: str, run_dir: Path) -> list[str]:
         f"sandbox.pool_size={args.pool}",
         # One test run per distinct tree: a group's answers that make the same edit in other words share it.
         "sandbox.tree_cache_size=4096",
+        # ... kept in the run's folder: a continuation (`--resume`) starts with the trees graded before it.
+        f"sandbox.tree_cache_path={run_dir / 'tree_cache.jsonl'}",
         f"rollout.max_groups_in_flight={2 * args.prompts}",
         # A run continued by a later call (a device call may run 600 s) needs one checkpoint, at the end.
         *(["checkpointing.enabled=true", "checkpointing.save_period=100000", "checkpointing.keep_top_k=1"]

@@ -56,10 +56,19 @@ class SingleFlight(Generic[V]):
             self._running.pop(key, None)
         future.set_result(result)
         if self.size and self.keep(result):
-            self._done[key] = copy.deepcopy(result)
-            while len(self._done) > self.size:
-                self._done.popitem(last=False)
+            self.put(key, result)
+            self.kept(key, result)
         return result
+
+    def put(self, key: str, result: V) -> None:
+        """Keep `result` under `key` (a copy), the least recently used out past `size`."""
+        self._done[key] = copy.deepcopy(result)
+        self._done.move_to_end(key)
+        while len(self._done) > self.size:
+            self._done.popitem(last=False)
+
+    def kept(self, key: str, result: V) -> None:
+        """Called once a run's result is kept: a subclass may record it elsewhere too."""
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "kept": len(self._done)}

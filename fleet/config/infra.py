@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fleet.config.base import Section
 
@@ -203,6 +203,13 @@ class SandboxConfig(Section):
     flight share one run. Host and image tasks; only completed runs are kept, never a timeout or a refusal. 0: off,
     where every run counts, as a benchmark that times runs or a check for flaky tests needs. The rollout worker's
     `env.code.verdict_cache_size` catches identical diffs only, before they reach the sandbox."""
+    tree_cache_path: str | None = None
+    """A JSON-lines file the tree cache's kept verdicts are appended to, and read back from when the executor
+    starts (the last `tree_cache_size`): a resumed run or a restarted service does not grade a tree again. Each line
+    is tagged with the test environment (the settings that can change a verdict, the Python and pytest versions,
+    the sandbox's code); lines of another are skipped. Output tails are kept to their last 8 KB there. Image tasks
+    are kept there only for images pinned by digest.
+    Packages installed into the test interpreter are not in the tag: use a new file when they change."""
     max_timeout_s: float = Field(3600.0, gt=0)
     """Largest `timeout` a task may ask for; larger requests are rejected (400)."""
     max_pending: int = Field(1024, ge=1)
@@ -241,6 +248,12 @@ class SandboxConfig(Section):
     `auto` (overlay when it works)."""
     docker_url: str | None = None
     """`runtime: docker` only: the engine's URL (None: DOCKER_HOST or the default socket)."""
+
+    @model_validator(mode="after")
+    def _a_cache_file_needs_a_cache(self) -> "SandboxConfig":
+        if self.tree_cache_path and not self.tree_cache_size:
+            raise ValueError("sandbox.tree_cache_path needs sandbox.tree_cache_size > 0 (the cache it keeps)")
+        return self
 
 
 class CheckpointingConfig(Section):

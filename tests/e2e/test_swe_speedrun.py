@@ -73,6 +73,9 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
     for mode in ("sync", "async"):
         trainer_log = (out / "runs" / mode / "logs" / "processes" / "trainer.log").read_text()
         assert "resuming from" in trainer_log and "step_00000001" in trainer_log
+        # The continuation's sandbox read the trees the first call graded (`sandbox.tree_cache_path`).
+        sandbox_log = (out / "runs" / mode / "logs" / "processes" / "sandbox.log").read_text()
+        assert f"verdicts read from {out / 'runs' / mode / 'tree_cache.jsonl'}" in sandbox_log
         grpo = json.loads((out / f"grpo_{mode}.json").read_text())
         assert grpo["fleet"]["rc"] == 0 and not grpo["accounting"]["violations"]
         assert [r["val/step"] for r in grpo["validation"]] == [0.0, 1.0, 2.0]

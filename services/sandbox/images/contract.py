@@ -257,7 +257,9 @@ async def run_task(env: ImageEnv, spec: TaskSpec, timings: dict[str, float], tre
     timings["tree_key_s"] = time.monotonic() - t
     if tree is None:
         return await _evaluate(env, spec, test_paths, timings, scrubbed)
-    return await trees.get_or_run(tree_key(spec, tree), lambda: _evaluate(env, spec, test_paths, timings, scrubbed))
+    # Kept across restarts (`sandbox.tree_cache_path`) only for an image pinned by digest: a tag may move.
+    return await trees.get_or_run(tree_key(spec, tree), lambda: _evaluate(env, spec, test_paths, timings, scrubbed),
+                                  durable="@sha256:" in (spec.image or ""))
 
 
 async def _evaluate(env: ImageEnv, spec: TaskSpec, test_paths: list[str], timings: dict[str, float],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from sandbox_helpers import CORE, F2P, ONE_LINE_CONTEXT, CalcRepo
@@ -69,3 +70,22 @@ async def test_off_by_default_every_run_counts(executor: Executor, calc_repo: Ca
     runs = [await executor.run(calc_repo.spec(p)) for p in (calc_repo.gold, ONE_LINE_CONTEXT)]
     assert all(v.resolution == "FULL" and "tests_s" in v.timings for v in runs)
     assert executor.trees is None and executor.health()["tree_cache"] is None
+
+
+async def test_a_restarted_executor_answers_from_the_cache_file_of_its_own_environment(
+        sandbox_cfg: SandboxConfig, calc_repo: CalcRepo, tmp_path: Path) -> None:
+    cfg = sandbox_cfg.model_copy(update={"tree_cache_size": 8, "tree_cache_path": str(tmp_path / "trees.jsonl")})
+    async with Executor(cfg) as first:
+        graded = await first.run(calc_repo.spec(calc_repo.gold))
+    assert len((tmp_path / "trees.jsonl").read_text().splitlines()) == 1
+    async with Executor(cfg) as restarted:
+        again = await restarted.run(calc_repo.spec(ONE_LINE_CONTEXT))
+        assert restarted.trees is not None and restarted.trees.stats() == {"hits": 1, "misses": 0, "kept": 1,
+                                                                           "loaded": 1}
+    assert (again.status, again.resolution, again.test_status) == ("completed", "FULL", graded.test_status)
+    assert "tests_s" not in again.timings
+    # Another memory limit can change a verdict: that executor grades the tree itself.
+    async with Executor(cfg.model_copy(update={"memory_mb": cfg.memory_mb + 512})) as other:
+        rerun = await other.run(calc_repo.spec(ONE_LINE_CONTEXT))
+        assert other.trees is not None and other.trees.stats()["loaded"] == 0
+    assert rerun.resolution == "FULL" and "tests_s" in rerun.timings
