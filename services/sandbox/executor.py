@@ -36,7 +36,7 @@ from services.sandbox.process import ReportPipe, RunResult, open_pipe, run_limit
 from services.sandbox.repos import RepoNotFound, resolve_repo
 from services.sandbox.runlog import RUN_LOG
 from services.sandbox.runner.protocol import KEY_BYTES
-from services.sandbox.treecache import TreeCache, environment_fingerprint, sandbox_sources, tree_key
+from services.sandbox.treecache import TreeCache, tree_key
 from services.sandbox.trusted import TrustedRunner
 from services.sandbox.watchdog import Watchdog, WatchedRun, task_limits
 from services.sandbox.workspace import InfraError, TreeLimits, Workspace, swebench_apply_chain
@@ -87,9 +87,7 @@ class Executor:
                 self._policy = await self._setup()
                 await self._start_images()
                 if self.trees is not None and self.cfg.tree_cache_path:
-                    fingerprint = await asyncio.to_thread(
-                        environment_fingerprint, self.cfg.model_dump(), self.test_runner, sandbox_sources())
-                    await asyncio.to_thread(self.trees.attach, Path(self.cfg.tree_cache_path), fingerprint)
+                    await asyncio.to_thread(self.trees.attach_file, self.cfg, self.test_runner)
                 self.start_error = None
             except Exception as exc:
                 self.start_error = str(exc)

@@ -13,6 +13,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
+from fleet.config.infra import SandboxConfig
 from fleet.contracts.sandbox import TaskSpec, Verdict
 from fleet.singleflight import SingleFlight
 
@@ -63,6 +64,12 @@ class TreeCache(SingleFlight[Verdict]):
         self.fingerprint = ""
         self.loaded = 0
         self._transient: set[str] = set()
+
+    def attach_file(self, cfg: SandboxConfig, test_runner: dict[str, str]) -> None:
+        """`attach` to `sandbox.tree_cache_path` under this executor's environment."""
+        assert cfg.tree_cache_path is not None
+        self.attach(Path(cfg.tree_cache_path), environment_fingerprint(cfg.model_dump(), test_runner,
+                                                                        sandbox_sources()))
 
     def attach(self, path: Path, fingerprint: str) -> None:
         """Read the verdicts `path` holds for this environment (the last `size` of them), then append every verdict
