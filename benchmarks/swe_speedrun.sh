@@ -10,6 +10,7 @@
 #                                                         # (+ ".speedrun/tasks" where stash had no room for it)
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
 #           bash benchmarks/swe_speedrun.sh grpo both     # sync and async side by side, or `grpo sync|async`
+#           bash benchmarks/swe_speedrun.sh probe [W ...] # after stash: gold patches at W runners (--pool's choice)
 #   or      bash benchmarks/swe_speedrun.sh model         # base then sft in one call (~8 min; one call less to lose
 #                                                         # to the 30 s idle release), when everything CPU-side travels
 #
@@ -48,6 +49,17 @@ TEST_PYTHON_ARG=${GRPO_FLEET_TEST_PYTHON:+--python $GRPO_FLEET_TEST_PYTHON}
 # Context lines of an SFT diff (git diff -U<N>): fewer lines to copy exactly; the corpus's fixes made here must match.
 DIFF_CONTEXT=${DIFF_CONTEXT:-1}
 quiet() { grep --line-buffered -v "^ \|Writing\|Loading" || true; }
+# The gold and empty patches of `rows` training tasks, `workers` at a time (`data validate`, every run counted: no
+# tree cache), with the wall time of the whole batch: $WORK/sandbox_probe_<workers>.{json,log}.
+probe_sandbox() {
+    local workers=$1 rows=$2 start=$EPOCHREALTIME
+    timeout 150 python3 -m launch.cli data validate --gold "$rows" --workers "$workers" \
+      --out "$WORK/sandbox_probe_$workers.json" data.train.dataset_name=swe_embedded \
+      data.train.data_path="$DATA/tasks" ${GRPO_FLEET_TEST_PYTHON:+sandbox.python=$GRPO_FLEET_TEST_PYTHON} \
+      > "$WORK/sandbox_probe_$workers.log" 2>&1 || true
+    echo "sandbox probe: $rows tasks at $workers at a time in $(python3 -c "print(round($EPOCHREALTIME - $start, 1))") s" \
+      >> "$WORK/sandbox_probe_$workers.log"
+}
 base() {
     [ -f "$DATA/corpus/train.jsonl.xz" ] || cp -r .speedrun/corpus "$DATA/"
     for d in fixes tasks; do  # what `stash` had no room for may travel with this call
@@ -77,12 +89,7 @@ base() {
      # What one sandbox run costs on this host beside a busy GPU (the fleet's steps wait for verdicts): the gold and
      # empty patches of training tasks, a few at a time, then as many at a time as the fleet's pool.
      if [ "${PROBE_ROWS:-0}" -gt 0 ]; then
-       for workers in 2 12; do
-         timeout 150 python3 -m launch.cli data validate --gold $(( PROBE_ROWS * workers / 12 )) --workers "$workers" \
-           --out "$WORK/sandbox_probe_$workers.json" data.train.dataset_name=swe_embedded \
-           data.train.data_path="$DATA/tasks" ${GRPO_FLEET_TEST_PYTHON:+sandbox.python=$GRPO_FLEET_TEST_PYTHON} \
-           > "$WORK/sandbox_probe_$workers.log" 2>&1 || true
-       done
+       for workers in 2 12; do probe_sandbox "$workers" $(( PROBE_ROWS * workers / 12 )); done
      fi) &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/pretrain.json "$OUT"/
@@ -119,6 +126,14 @@ case "$stage" in
   # One call of ~8 min: pre-training and SFT sized to fit it (the fourth run's figures: 240 s, then 2 epochs).
   model) base --pretrain-seconds "${PRETRAIN_SECONDS:-240}" "$@" \
            && sft --sft-epochs "${SFT_EPOCHS:-2}" --task-weight "${TASK_WEIGHT:-3}" ;;
+  # How many runners the GPU host's cores carry (the fleets' `--pool`): the same PROBE_ROWS tasks at each count
+  # (default 8 12 14 16), after `stash` (the task set) on the same warm machine; carry [".whl", ".gpu/deb"].
+  probe)
+    counts=("$@")
+    [ "${#counts[@]}" -gt 0 ] || counts=(8 12 14 16)
+    for workers in "${counts[@]}"; do probe_sandbox "$workers" "${PROBE_ROWS:-144}"; done
+    for f in "$WORK"/sandbox_probe_*; do cp "$f" "$OUT"/; done
+    grep -h "one sandbox run\|sandbox probe:" "$WORK"/sandbox_probe_*.log ;;
   grpo)  # sync, async, or both side by side (one call; swe_speedrun.py splits the sandbox's runners between them)
     mode=${1:-both}
     shift || true
@@ -132,5 +147,5 @@ case "$stage" in
       for m in sync async; do if [ -f "$OUT/grpo_$m.log" ]; then grep -v "^ " "$OUT/grpo_$m.log" | tail -15; fi; done
     fi
     exit "$status" ;;
-  *) echo "usage: $0 stash|base|sft|model|grpo sync|async|both [options]" >&2; exit 2 ;;
+  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo sync|async|both [options]" >&2; exit 2 ;;
 esac
