@@ -71,7 +71,7 @@ def test_read_regular_refuses_symlinks_fifos_and_big_files(tmp_path: Path) -> No
 def _policy(tmp_path: Path, **kw: object) -> SandboxPolicy:
     interp = Interpreter(python="/opt/venv/bin/python", bin_dir="/opt/venv/bin",
                          prefixes=("/opt/venv", "/root/.pyenv/versions/3.11.7"))
-    return SandboxPolicy(SandboxConfig(**kw), interp, tmp_path, pool_size=2)  # type: ignore[arg-type]
+    return SandboxPolicy(SandboxConfig(**kw), interp, tmp_path, pool_size=2)
 
 
 def test_bwrap_argv_limits_isolates_and_drops_privileges(tmp_path: Path) -> None:
