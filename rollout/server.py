@@ -105,6 +105,8 @@ def write_summary(run_dir: str, backend: str, worker: RolloutWorker) -> None:
     summary = {"worker_id": worker.worker_id, "engine": backend, **worker.stats.summary()}
     if worker.scorer.verdicts is not None:
         summary["verdict_cache"] = worker.scorer.verdicts.stats()
+    if figures := worker.engine.figures():
+        summary["engine_figures"] = figures
     log.info("worker summary: %s", json.dumps(summary))
     try:
         folder = Path(run_dir) / "logs" / "workers"

@@ -258,6 +258,11 @@ class GenerationEngine(ABC):
     def last_update(self) -> UpdateStats | None:
         return self._counters.last
 
+    def figures(self) -> dict[str, float]:
+        """Engine-specific counters for the worker's summary (forwards, CUDA graph captures, phase seconds); none
+        by default."""
+        return {}
+
     @property
     def total_pause_s(self) -> float:
         return self._counters.total_pause_s

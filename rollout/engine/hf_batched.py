@@ -100,6 +100,11 @@ class BatchedHfEngine(HfEngine):
         self._launched = 0  # decode steps launched and not yet read
         self.overlap_prefill = True  # False: prefill, then decode (the order before; kept to measure the gain)
 
+    def figures(self) -> dict[str, float]:
+        """Forwards (prefill, decode steps and rounds, CUDA graphs captured: one per new shape) and where their time
+        went (`timings`): a first validation round that captures graphs for its shapes shows here."""
+        return {**{k: float(v) for k, v in self.forwards.items()}, **{k: round(v, 3) for k, v in self.timings.items()}}
+
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def _load(self) -> None:
         import torch

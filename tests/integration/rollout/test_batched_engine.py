@@ -64,6 +64,11 @@ async def test_greedy_tokens_and_logprobs_equal_the_one_request_path_as_requests
         assert max(abs(a - b) for a, b in zip(g.logprobs, r.logprobs, strict=True)) < TOL
     assert eng.forwards["prefill"] >= 5  # 14 requests through 4 slots, a budget of 24 prompt tokens per prefill
     assert eng.forwards["decode"] < sum(s.max_new_tokens for s in specs) / 2  # rows shared decode forwards
+    # The worker's summary carries the same counters and where their time went (no CUDA graphs on the CPU).
+    figures = eng.figures()
+    assert figures["prefill"] == eng.forwards["prefill"] and figures["graph_captures"] == 0
+    assert figures["decode_forward_s"] > 0 and figures["prefill_s"] > 0
+    assert HfEngine(tiny_model, max_model_len=256, device="cpu").figures() == {}
 
 
 async def test_requests_that_stop_inside_a_multi_step_round_match_one_step_rounds_and_the_one_request_path(

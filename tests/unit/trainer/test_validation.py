@@ -49,3 +49,13 @@ def test_status_line_shows_accuracy_and_the_nonzero_verdicts() -> None:
     assert line.startswith("val       step 20: accuracy 0.500 (FULL / 2 graded of 3 tasks)")
     assert line.endswith("resolved 1  timeout 1  infrastructure error 1")
     assert validation_lines({"reward/mean": 1.0}) == []
+
+
+def test_a_round_says_how_long_its_answers_took_to_generate_and_to_grade() -> None:
+    slow, quick = _traj("completed", "FULL", 1.0), _traj("timeout")
+    slow.generation_s, slow.scoring_s = 4.0, 1.0
+    quick.generation_s, quick.scoring_s = 2.0, 20.0
+    m = summarize([slow, quick], tasks=2)
+    assert (m["val/generation_s_mean"], m["val/generation_s_max"]) == (3.0, 4.0)
+    assert (m["val/scoring_s_mean"], m["val/scoring_s_max"]) == (10.5, 20.0)
+    assert "val/generation_s_max" not in summarize([], tasks=2)
