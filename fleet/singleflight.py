@@ -57,7 +57,7 @@ class SingleFlight(Generic[V]):
         future.set_result(result)
         if self.size and self.keep(result):
             self.put(key, result)
-            self.kept(key, result)
+            self.on_kept(key, result)
         return result
 
     def put(self, key: str, result: V) -> None:
@@ -67,7 +67,7 @@ class SingleFlight(Generic[V]):
         while len(self._done) > self.size:
             self._done.popitem(last=False)
 
-    def kept(self, key: str, result: V) -> None:
+    def on_kept(self, key: str, result: V) -> None:
         """Called once a run's result is kept: a subclass may record it elsewhere too."""
 
     def stats(self) -> dict[str, int]:

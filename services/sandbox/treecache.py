@@ -64,6 +64,7 @@ class TreeCache(SingleFlight[Verdict]):
         self.fingerprint = ""
         self.loaded = 0
         self._transient: set[str] = set()
+        self._write_failed = False
 
     def attach_file(self, cfg: SandboxConfig, test_runner: dict[str, str]) -> None:
         """`attach` to `sandbox.tree_cache_path` under this executor's environment."""
@@ -105,13 +106,16 @@ class TreeCache(SingleFlight[Verdict]):
         finally:
             self._transient.discard(key)
 
-    def kept(self, key: str, result: Verdict) -> None:
-        if self.path is None:
+    def on_kept(self, key: str, result: Verdict) -> None:
+        if self.path is None or key in self._transient:
             return
-        if key in self._transient:
-            return
-        with open(self.path, "a") as f:
-            f.write(self._line(key, result))
+        try:
+            with open(self.path, "a") as f:
+                f.write(self._line(key, result))
+        except OSError as exc:  # the verdict stands: only a later restart loses it
+            if not self._write_failed:
+                log.warning("tree cache: cannot append to %s (%s); verdicts stay in memory only", self.path, exc)
+            self._write_failed = True
 
     def _line(self, key: str, verdict: Verdict) -> str:
         data = verdict.to_json()

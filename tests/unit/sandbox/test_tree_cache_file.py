@@ -88,3 +88,13 @@ def test_the_fingerprint_follows_what_can_change_a_verdict(tmp_path: Path) -> No
 def test_a_cache_file_without_a_cache_is_refused_naming_both_keys() -> None:
     with pytest.raises(ValidationError, match="sandbox.tree_cache_path needs sandbox.tree_cache_size"):
         SandboxConfig(tree_cache_path="/tmp/trees.jsonl")
+
+
+def test_a_file_that_cannot_be_written_leaves_the_verdict_standing(tmp_path: Path) -> None:
+    path = tmp_path / "trees.jsonl"
+    cache = TreeCache(8)
+    cache.attach(path, "E1")
+    path.mkdir()  # appending now fails with IsADirectoryError
+    answer = asyncio.run(cache.get_or_run("a", lambda: _verdict(_full())))
+    again = asyncio.run(cache.get_or_run("a", lambda: _verdict(Verdict(status="completed"))))
+    assert answer.resolution == again.resolution == "FULL" and cache.hits == 1
