@@ -144,10 +144,17 @@ def _rollout_stats(groups: list[ScoredGroup]) -> dict[str, float]:
     if not trajs:
         return {}
     counts = Counter(outcome(t.verdict) for t in trajs)
+    return {**{f"outcome/{k}": counts[k] / len(trajs) for k in OUTCOMES}, **answer_times(trajs, "rollout")}
+
+
+def answer_times(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
+    """`<prefix>/generation_s_*` and `<prefix>/scoring_s_*`: how long the answers took to generate and to score
+    (mean and max; none for no answers)."""
+    if not trajs:
+        return {}
     gen, score = [t.generation_s for t in trajs], [t.scoring_s for t in trajs]
-    return {**{f"outcome/{k}": counts[k] / len(trajs) for k in OUTCOMES},
-            "rollout/generation_s_mean": sum(gen) / len(gen), "rollout/generation_s_max": max(gen),
-            "rollout/scoring_s_mean": sum(score) / len(score), "rollout/scoring_s_max": max(score)}
+    return {f"{prefix}/generation_s_mean": sum(gen) / len(gen), f"{prefix}/generation_s_max": max(gen),
+            f"{prefix}/scoring_s_mean": sum(score) / len(score), f"{prefix}/scoring_s_max": max(score)}
 
 
 def _image_stats(groups: list[ScoredGroup]) -> dict[str, float]:

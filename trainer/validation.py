@@ -29,6 +29,7 @@ from buffer_client import BufferClient
 from fleet.config.algorithm import GrpoConfig
 from fleet.contracts.groups import ScoredGroup, Trajectory
 from fleet.contracts.sandbox import Verdict
+from trainer.batch import answer_times
 from trainer.data import TaskSource, validation_groups
 
 T = TypeVar("T")
@@ -85,10 +86,7 @@ def summarize(trajectories: list[Trajectory], tasks: int) -> dict[str, float]:
         out["val/reward_mean"] = sum(t.reward for t in trajectories) / max(1, len(trajectories))
     if kinds["infra_error"]:
         out["val/incomplete"] = 1.0
-    if trajectories:  # where a round's time goes: the engine's answers, or the sandbox's verdicts
-        gen, score = [t.generation_s for t in trajectories], [t.scoring_s for t in trajectories]
-        out.update({"val/generation_s_mean": sum(gen) / len(gen), "val/generation_s_max": max(gen),
-                    "val/scoring_s_mean": sum(score) / len(score), "val/scoring_s_max": max(score)})
+    out.update(answer_times(trajectories, "val"))  # where a round's time goes: the engine, or the sandbox
     return out
 
 
