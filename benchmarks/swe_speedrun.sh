@@ -87,9 +87,9 @@ base() {
        echo "sft task build exited $?" >> "$WORK/sft-build.log"
      fi
      # What one sandbox run costs on this host beside a busy GPU (the fleet's steps wait for verdicts): the gold and
-     # empty patches of training tasks, a few at a time, then as many at a time as the fleet's pool.
+     # empty patches of training tasks at each of PROBE_COUNTS runners (PROBE_ROWS tasks at 12, in proportion).
      if [ "${PROBE_ROWS:-0}" -gt 0 ]; then
-       for workers in 2 12; do probe_sandbox "$workers" $(( PROBE_ROWS * workers / 12 )); done
+       for workers in ${PROBE_COUNTS:-2 12}; do probe_sandbox "$workers" $(( PROBE_ROWS * workers / 12 )); done
      fi) &
     python3 benchmarks/swe_speedrun.py pretrain --data "$DATA" --out "$WORK" "$@" 2>&1 | quiet
     cp "$WORK"/pretrain.json "$OUT"/
