@@ -120,6 +120,20 @@ sft() {
     cp "$WORK"/sft.json "$OUT"/
 }
 
+grpo_fleets() {  # sync, async, or both side by side (one call; swe_speedrun.py splits the sandbox's runners)
+    local mode=${1:-both} status=0
+    shift || true
+    # Reports and logs straight into $OUT: a call that runs out of time while the reports are diagnosed still
+    # brings back what the fleets wrote (`diagnose --finish` completes them anywhere). The runs stay in
+    # $WORK/runs with a checkpoint, for a later `grpo --resume` call while the machine is warm.
+    python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "${MODEL:-$WORK/models/sft}" \
+      --out "$OUT" --run-root "$WORK/runs" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
+    if [ "$mode" = both ]; then
+      for m in sync async; do if [ -f "$OUT/grpo_$m.log" ]; then grep -v "^ " "$OUT/grpo_$m.log" | tail -15; fi; done
+    fi
+    return "$status"
+}
+
 case "$stage" in
   base) base "$@" ;;
   sft) sft "$@" ;;
@@ -134,18 +148,17 @@ case "$stage" in
     for workers in "${counts[@]}"; do probe_sandbox "$workers" "${PROBE_ROWS:-144}"; done
     for f in "$WORK"/sandbox_probe_*; do cp "$f" "$OUT"/; done
     grep -h "one sandbox run\|sandbox probe:" "$WORK"/sandbox_probe_*.log ;;
-  grpo)  # sync, async, or both side by side (one call; swe_speedrun.py splits the sandbox's runners between them)
-    mode=${1:-both}
-    shift || true
-    status=0
-    # Reports and logs straight into $OUT: a call that runs out of time while the reports are diagnosed still
-    # brings back what the fleets wrote (`diagnose --finish` completes them anywhere). The runs stay in
-    # $WORK/runs with a checkpoint, for a later `grpo --resume` call while the machine is warm.
-    python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "$WORK/models/sft" \
-      --out "$OUT" --run-root "$WORK/runs" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
-    if [ "$mode" = both ]; then
-      for m in sync async; do if [ -f "$OUT/grpo_$m.log" ]; then grep -v "^ " "$OUT/grpo_$m.log" | tail -15; fi; done
-    fi
-    exit "$status" ;;
-  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo sync|async|both [options]" >&2; exit 2 ;;
+  # Where a call's first validation round goes (the twelfth and thirteenth runs: ~40 s longer than the next, in
+  # every call): GRPO from untrained weights, so every answer runs to max_new_tokens and none reaches the tests; two
+  # rounds of one call then differ only in what the engine and the sandbox hold from before (`engine_figures`,
+  # `val/generation_s_max`). No corpus, no pre-training: carry [".whl", ".gpu/deb", "grpofleet",
+  # ".speedrun/corpus/tokenizer", ".speedrun/tasks.tar.xz"]; the options are `grpo`'s (e.g. `cold sync --pool 14`).
+  cold)
+    [ -f "$DATA/tasks/train.jsonl" ] || tar -xJf .speedrun/tasks.tar.xz -C "$DATA"
+    mkdir -p "$DATA/corpus" && rm -rf "$DATA/corpus/tokenizer" && cp -r .speedrun/corpus/tokenizer "$DATA/corpus/"
+    python3 -c "import sys; from pathlib import Path; sys.path[:0] = ['.', 'benchmarks/speedrun']; import lm
+lm.make_model(Path('$DATA/corpus/tokenizer'), Path('$WORK/models/untrained'), lm.SHAPE, max_positions=2048)"
+    MODEL=$WORK/models/untrained grpo_fleets "$@" --run-root "$WORK/cold-runs" ;;
+  grpo) grpo_fleets "$@" ;;
+  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|cold sync|async|both [options]" >&2; exit 2 ;;
 esac
