@@ -11,6 +11,7 @@
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
 #           bash benchmarks/swe_speedrun.sh grpo both     # sync and async side by side, or `grpo sync|async`
 #           bash benchmarks/swe_speedrun.sh probe [W ...] # after stash: gold patches at W runners (--pool's choice)
+#           bash benchmarks/swe_speedrun.sh cold sync ... # GRPO from untrained weights: the first round's cost
 #   or      bash benchmarks/swe_speedrun.sh model         # base then sft in one call (~8 min; one call less to lose
 #                                                         # to the 30 s idle release), when everything CPU-side travels
 #
