@@ -165,14 +165,25 @@ def _device(args: argparse.Namespace) -> str:
     return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
 
 
+def initial_model(args: argparse.Namespace, dest: Path) -> tuple[Path, dict[str, int]]:
+    """The randomly initialised model pre-training starts from, with the corpus tokenizer, saved at `dest`."""
+    shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
+    return lm.make_model(args.data / "corpus" / "tokenizer", dest, shape, max_positions=MAX_PROMPT + MAX_NEW), shape
+
+
+def untrained(args: argparse.Namespace) -> None:
+    """OUT/models/untrained: the initial model as is (`swe_speedrun.sh cold`: GRPO whose answers never reach the
+    tests, to time what a call's first validation round costs the engine)."""
+    path, shape = initial_model(args, args.out / "models" / "untrained")
+    log.info("untrained model %s at %s", shape, path)
+
+
 def pretrain(args: argparse.Namespace) -> None:
     import torch
 
     device = _device(args)
-    shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
     models = args.out / "models"
-    init = lm.make_model(args.data / "corpus" / "tokenizer", models / "init", shape,
-                         max_positions=MAX_PROMPT + MAX_NEW)
+    init, shape = initial_model(args, models / "init")
     pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=MAX_PROMPT + MAX_NEW,
                       rows_per_step=args.rows_per_step, steps=args.pretrain_steps, peak_lr=args.pretrain_lr,
                       max_seconds=args.pretrain_seconds, device=device, compile=not args.cpu,
@@ -438,7 +449,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     "figures go beside it, to grpo_<mode>.regraded.json")
     rg.add_argument("--data", type=Path, default=DATA)
     rg.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="sandbox runs at a time")
-    for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
+    for name in ("pretrain", "untrained", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
         s.add_argument("--data", type=Path, default=DATA)
@@ -510,7 +521,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
-    stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "sft-examples": sft_examples,
+    stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "untrained": untrained,
+              "sft-examples": sft_examples,
               "sft": sft, "grpo": grpo, "smoke": smoke, "diagnose": diagnose_stage,
               "localisation": localisation_stage, "tokenizer": tokenizer_stage, "regrade": regrade_stage}
     stages[args.stage](args)

@@ -30,16 +30,19 @@ DATA=/tmp/speedrun-data
 mkdir -p "$OUT" "$WORK" "$DATA"
 stage=${1:-}
 shift || true
+# The task set as `tar -cJf .speedrun/tasks.tar.xz -C .speedrun tasks` (14 MB -> 2 MB): the tree grew to 31 MB with
+# the committed results, and tree + corpus + task set no longer fit the 64 MiB a call carries.
+unpack_tasks() {
+  if [ -f .speedrun/tasks.tar.xz ]; then
+    rm -rf "$DATA/tasks" && tar -xJf .speedrun/tasks.tar.xz -C "$DATA" && du -sh "$DATA/tasks"
+  fi
+}
 if [ "$stage" = stash ]; then
   rm -rf "$DATA/corpus" "$DATA/fixes" "$DATA/tasks" && cp -r .speedrun/corpus "$DATA/" && du -sh "$DATA/corpus"
   for d in fixes tasks; do  # optional: SFT examples made here, a task set built here
     if [ -d ".speedrun/$d" ]; then cp -r ".speedrun/$d" "$DATA/" && du -sh "$DATA/$d"; fi
   done
-  # The task set as `tar -cJf .speedrun/tasks.tar.xz -C .speedrun tasks` (14 MB -> 2 MB): the tree grew to 31 MB
-  # with the committed results, and tree + corpus + task set no longer fit the 64 MiB a call carries.
-  if [ -f .speedrun/tasks.tar.xz ] && [ ! -d .speedrun/tasks ]; then
-    tar -xJf .speedrun/tasks.tar.xz -C "$DATA" && du -sh "$DATA/tasks"
-  fi
+  if [ ! -d .speedrun/tasks ]; then unpack_tasks; fi
   python3 --version
   exit 0
 fi
@@ -155,10 +158,10 @@ case "$stage" in
   # `val/generation_s_max`). No corpus, no pre-training: carry [".whl", ".gpu/deb", "grpofleet",
   # ".speedrun/corpus/tokenizer", ".speedrun/tasks.tar.xz"]; the options are `grpo`'s (e.g. `cold sync --pool 14`).
   cold)
-    [ -f "$DATA/tasks/train.jsonl" ] || tar -xJf .speedrun/tasks.tar.xz -C "$DATA"
+    [ -f "$DATA/tasks/train.jsonl" ] || unpack_tasks
+    [ -f "$DATA/tasks/train.jsonl" ] || { echo "cold: no task set: carry .speedrun/tasks.tar.xz" >&2; exit 2; }
     mkdir -p "$DATA/corpus" && rm -rf "$DATA/corpus/tokenizer" && cp -r .speedrun/corpus/tokenizer "$DATA/corpus/"
-    python3 -c "import sys; from pathlib import Path; sys.path[:0] = ['.', 'benchmarks/speedrun']; import lm
-lm.make_model(Path('$DATA/corpus/tokenizer'), Path('$WORK/models/untrained'), lm.SHAPE, max_positions=2048)"
+    python3 benchmarks/swe_speedrun.py untrained --data "$DATA" --out "$WORK" 2>&1 | quiet
     MODEL=$WORK/models/untrained grpo_fleets "$@" --run-root "$WORK/cold-runs" ;;
   grpo) grpo_fleets "$@" ;;
   *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|cold sync|async|both [options]" >&2; exit 2 ;;
