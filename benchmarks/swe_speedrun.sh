@@ -46,6 +46,39 @@ if [ "$stage" = stash ]; then
   python3 --version
   exit 0
 fi
+# `start` and `watch` run beside a pipeline at work: they must not source lent_gpu_env.sh, which reinstalls the
+# wheels and the tests' interpreter that its fleet is using.
+case "$stage" in
+  # The whole GPU part as one process that outlives the calls (`setsid`): stash, model, then `grpo` with the options
+  # given, its --timeout and --max-train-s set when it starts so that it ends PIPELINE_SECONDS after `start`. Calls
+  # then only `watch` it, so no stage is cut at a call's 600 s, and a fleet restarts no more (a resumed call paid
+  # ~90 s to start again and a slow first validation round). The 30 s idle release still holds: issue each `watch`
+  # call at once. `start` copies the tree first: the next call's copy of the tree must not change it underneath.
+  #   call 1: SFT_FROM_TRAIN=0 ... bash benchmarks/swe_speedrun.sh start sync $GRPO --pool 14 && \
+  #           bash benchmarks/swe_speedrun.sh watch 560        # carry what `stash` and `model` need
+  #   then:   bash benchmarks/swe_speedrun.sh watch 585        # carry nothing; until the pipeline is done
+  start)
+    rm -rf "$WORK/pipeline".* /tmp/speedrun-repo /tmp/speedrun-out && cp -a . /tmp/speedrun-repo
+    date +%s > "$WORK/pipeline.start"
+    PIPELINE_DEADLINE=$(( $(date +%s) + ${PIPELINE_SECONDS:-1530} )) OUT=/tmp/speedrun-out \
+      setsid -f bash /tmp/speedrun-repo/benchmarks/swe_speedrun.sh pipeline "$@" \
+      > "$WORK/pipeline.log" 2>&1 < /dev/null
+    echo "pipeline started: ends by $(( ${PIPELINE_SECONDS:-1530} )) s from now; log $WORK/pipeline.log"
+    exit 0 ;;
+  pipeline) trap 'echo "$?" > "$WORK/pipeline.done"' EXIT ;;  # `watch` stops waiting, however it ends
+  # Waits up to N s (or until the pipeline is done), then brings back what it has written: one archive in $OUT.
+  watch)
+    end=$(( SECONDS + ${1:-560} ))
+    while [ ! -f "$WORK/pipeline.done" ] && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
+    files=$(cd /tmp && find speedrun speedrun-out -maxdepth 1 -type f -size -20M 2>/dev/null
+                             find speedrun/runs -name metrics.jsonl -size -20M 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    tar -cJf "$OUT/speedrun.tar.xz" -C /tmp $files
+    echo "$(( $(date +%s) - $(cat "$WORK/pipeline.start") )) s since start; done: $(cat "$WORK/pipeline.done" 2>/dev/null || echo no)"
+    tail -n 25 "$WORK/pipeline.log"
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader || true
+    exit 0 ;;
+esac
 # shellcheck source=benchmarks/lent_gpu_env.sh
 source benchmarks/lent_gpu_env.sh
 # The tests' interpreter (lent_gpu_env.sh): builds and fleets grade with the pytest the carried task set was made with.
@@ -125,13 +158,15 @@ sft() {
 }
 
 grpo_fleets() {  # sync, async, or both side by side (one call; swe_speedrun.py splits the sandbox's runners)
-    local mode=${1:-both} status=0
+    local mode=${1:-both} status=0 log=/dev/null
     shift || true
+    # One fleet writes to the pipe; side by side, each fleet writes its own grpo_<mode>.log.
+    if [ "$mode" != both ]; then log=$OUT/grpo_$mode.log; fi
     # Reports and logs straight into $OUT: a call that runs out of time while the reports are diagnosed still
     # brings back what the fleets wrote (`diagnose --finish` completes them anywhere). The runs stay in
     # $WORK/runs with a checkpoint, for a later `grpo --resume` call while the machine is warm.
     python3 benchmarks/swe_speedrun.py grpo --mode "$mode" --data "$DATA" --model "${MODEL:-$WORK/models/sft}" \
-      --out "$OUT" --run-root "$WORK/runs" "$@" 2>&1 | grep -v "^ " | tail -40 || status=$?
+      --out "$OUT" --run-root "$WORK/runs" "$@" 2>&1 | tee "$log" | grep -v "^ " | tail -40 || status=$?
     if [ "$mode" = both ]; then
       for m in sync async; do if [ -f "$OUT/grpo_$m.log" ]; then grep -v "^ " "$OUT/grpo_$m.log" | tail -15; fi; done
     fi
@@ -164,5 +199,16 @@ case "$stage" in
     python3 benchmarks/swe_speedrun.py untrained --data "$DATA" --out "$WORK" 2>&1 | quiet
     MODEL=$WORK/models/untrained grpo_fleets "$@" --run-root "$WORK/cold-runs" ;;
   grpo) grpo_fleets "$@" ;;
-  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|cold sync|async|both [options]" >&2; exit 2 ;;
+  pipeline)
+    bash "$0" stash && bash "$0" model
+    left=$(( PIPELINE_DEADLINE - $(date +%s) ))
+    overhead=${GRPO_OVERHEAD_S:-170}  # the fleet's start, the first and last validation rounds, the checkpoint
+    if [ "$left" -lt $(( overhead + 60 )) ]; then
+      echo "pipeline: $left s left for grpo, under its ${overhead} s of start and validation" >&2; exit 3
+    fi
+    echo "pipeline: grpo with $left s, training $(( left - overhead )) s"
+    # --timeout 30 s early: the fleet is then given 60 s to stop and report.
+    grpo_fleets "$@" --timeout "$(( left - 30 ))" --max-train-s "$(( left - overhead ))" ;;
+  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|cold|start sync|async|both [options]|watch [seconds]" >&2
+     exit 2 ;;
 esac
