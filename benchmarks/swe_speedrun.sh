@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/speedrun-out}
-WORK=/tmp/speedrun
+WORK=${SPEEDRUN_WORK:-/tmp/speedrun}
 DATA=/tmp/speedrun-data
 mkdir -p "$OUT" "$WORK" "$DATA"
 stage=${1:-}
@@ -57,11 +57,15 @@ case "$stage" in
   #   call 1: SFT_FROM_TRAIN=0 ... bash benchmarks/swe_speedrun.sh start sync $GRPO --pool 14 && \
   #           bash benchmarks/swe_speedrun.sh watch 560        # carry what `stash` and `model` need
   #   then:   bash benchmarks/swe_speedrun.sh watch 585        # carry nothing; until the pipeline is done
+  # `watch` also sends the SFT model back in parts. A later session starts from them instead of making a model:
+  # `model_parts.py spread` puts them in one folder per call; carry .speedrun/model-up/1 with the wheels, the
+  # tokenizer and the task set, then each next folder in a call of its own, and start in the last one with
+  # MODEL_PARTS=".speedrun/model-up/*".
   start)
-    rm -rf "$WORK/pipeline".* /tmp/speedrun-repo /tmp/speedrun-out && cp -a . /tmp/speedrun-repo
+    rm -rf "$WORK/pipeline".* "$WORK-repo" "$WORK-out" && cp -a . "$WORK-repo"
     date +%s > "$WORK/pipeline.start"
-    PIPELINE_DEADLINE=$(( $(date +%s) + ${PIPELINE_SECONDS:-1530} )) OUT=/tmp/speedrun-out \
-      setsid -f bash /tmp/speedrun-repo/benchmarks/swe_speedrun.sh pipeline "$@" \
+    PIPELINE_DEADLINE=$(( $(date +%s) + ${PIPELINE_SECONDS:-1530} )) OUT=$WORK-out \
+      setsid -f bash "$WORK-repo/benchmarks/swe_speedrun.sh" pipeline "$@" \
       > "$WORK/pipeline.log" 2>&1 < /dev/null
     echo "pipeline started: ends by $(( ${PIPELINE_SECONDS:-1530} )) s from now; log $WORK/pipeline.log"
     exit 0 ;;
@@ -70,11 +74,28 @@ case "$stage" in
   watch)
     end=$(( SECONDS + ${1:-560} ))
     while [ ! -f "$WORK/pipeline.done" ] && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
-    files=$(cd /tmp && find speedrun speedrun-out -maxdepth 1 -type f -size -20M 2>/dev/null
-                             find speedrun/runs -name metrics.jsonl -size -20M 2>/dev/null || true)
+    # What the pipeline wrote in $WORK and its reports in $WORK-out, with the fleet's metrics, all small.
+    files=$(cd "$(dirname "$WORK")" && w=$(basename "$WORK") \
+            && find "$w" "$w-out" -maxdepth 1 -type f -size -20M 2>/dev/null
+            find "$w/runs" -name metrics.jsonl -size -20M 2>/dev/null || true)
     # shellcheck disable=SC2086
-    tar -cJf "$OUT/speedrun.tar.xz" -C /tmp $files
+    tar -cJf "$OUT/speedrun.tar.xz" -C "$(dirname "$WORK")" $files
     echo "$(( $(date +%s) - $(cat "$WORK/pipeline.start") )) s since start; done: $(cat "$WORK/pipeline.done" 2>/dev/null || echo no)"
+    # The SFT model in parts (benchmarks/speedrun/model_parts.py), four a call once SFT has written its figures, so
+    # that a later session starts GRPO from it (`MODEL_PARTS`); MODEL_BACK=0 sends none.
+    if [ "${MODEL_BACK:-1}" != 0 ] && [ -f "$WORK/sft.json" ] && [ -d "$WORK/models/sft" ]; then
+      [ -f "$WORK/model-parts/manifest.json" ] \
+        || python3 benchmarks/speedrun/model_parts.py pack --model "$WORK/models/sft" --out "$WORK/model-parts" \
+             --part-bytes "${MODEL_PART_BYTES:-15000000}"
+      touch "$WORK/model-parts/sent" && cp "$WORK/model-parts/manifest.json" "$OUT/"
+      n=0
+      for part in "$WORK"/model-parts/part-*; do
+        if [ "$n" -lt 4 ] && ! grep -qx "${part##*/}" "$WORK/model-parts/sent"; then
+          cp "$part" "$OUT/" && echo "${part##*/}" >> "$WORK/model-parts/sent" && n=$(( n + 1 ))
+        fi
+      done
+      echo "model parts sent: $(wc -l < "$WORK/model-parts/sent") of $(ls "$WORK"/model-parts/part-* | wc -l)"
+    fi
     tail -n 25 "$WORK/pipeline.log"
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader || true
     exit 0 ;;
@@ -200,7 +221,12 @@ case "$stage" in
     MODEL=$WORK/models/untrained grpo_fleets "$@" --run-root "$WORK/cold-runs" ;;
   grpo) grpo_fleets "$@" ;;
   pipeline)
-    bash "$0" stash && bash "$0" model
+    if [ -n "${MODEL_PARTS:-}" ]; then  # an SFT model an earlier session sent back (`watch`), carried in parts
+      # shellcheck disable=SC2086
+      bash "$0" stash && python3 benchmarks/speedrun/model_parts.py join --parts $MODEL_PARTS --out "$WORK/models/sft"
+    else
+      bash "$0" stash && bash "$0" model
+    fi
     left=$(( PIPELINE_DEADLINE - $(date +%s) ))
     overhead=${GRPO_OVERHEAD_S:-170}  # the fleet's start, the first and last validation rounds, the checkpoint
     if [ "$left" -lt $(( overhead + 60 )) ]; then
