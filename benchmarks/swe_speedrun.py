@@ -171,13 +171,6 @@ def initial_model(args: argparse.Namespace, dest: Path) -> tuple[Path, dict[str,
     return lm.make_model(args.data / "corpus" / "tokenizer", dest, shape, max_positions=MAX_PROMPT + MAX_NEW), shape
 
 
-def untrained(args: argparse.Namespace) -> None:
-    """OUT/models/untrained: the initial model as is (`swe_speedrun.sh cold`: GRPO whose answers never reach the
-    tests, to time what a call's first validation round costs the engine)."""
-    path, shape = initial_model(args, args.out / "models" / "untrained")
-    log.info("untrained model %s at %s", shape, path)
-
-
 def pretrain(args: argparse.Namespace) -> None:
     import torch
 
@@ -449,7 +442,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     "figures go beside it, to grpo_<mode>.regraded.json")
     rg.add_argument("--data", type=Path, default=DATA)
     rg.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="sandbox runs at a time")
-    for name in ("pretrain", "untrained", "sft-examples", "sft", "grpo", "smoke"):
+    for name in ("pretrain", "sft-examples", "sft", "grpo", "smoke"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True)
         s.add_argument("--data", type=Path, default=DATA)
@@ -521,8 +514,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [speedrun] %(message)s")
-    stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "untrained": untrained,
-              "sft-examples": sft_examples,
+    stages = {"prepare": prepare, "fixes": fixes_stage, "pretrain": pretrain, "sft-examples": sft_examples,
               "sft": sft, "grpo": grpo, "smoke": smoke, "diagnose": diagnose_stage,
               "localisation": localisation_stage, "tokenizer": tokenizer_stage, "regrade": regrade_stage}
     stages[args.stage](args)

@@ -11,7 +11,6 @@
 #           bash benchmarks/swe_speedrun.sh sft           # the same machine: models and tasks stay in /tmp
 #           bash benchmarks/swe_speedrun.sh grpo both     # sync and async side by side, or `grpo sync|async`
 #           bash benchmarks/swe_speedrun.sh probe [W ...] # after stash: gold patches at W runners (--pool's choice)
-#           bash benchmarks/swe_speedrun.sh cold sync ... # GRPO from untrained weights: the first round's cost
 #   or      bash benchmarks/swe_speedrun.sh model         # base then sft in one call (~8 min; one call less to lose
 #                                                         # to the 30 s idle release), when everything CPU-side travels
 #
@@ -74,10 +73,11 @@ case "$stage" in
   watch)
     end=$(( SECONDS + ${1:-560} ))
     while [ ! -f "$WORK/pipeline.done" ] && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
-    # What the pipeline wrote in $WORK and its reports in $WORK-out, with the fleet's metrics, all small.
+    # What the pipeline wrote in $WORK and its reports in $WORK-out, with the fleet's metrics and its processes'
+    # logs (when the rollout worker was ready, what the trainer waited for), all small.
     files=$(cd "$(dirname "$WORK")" && w=$(basename "$WORK") \
             && find "$w" "$w-out" -maxdepth 1 -type f -size -20M 2>/dev/null
-            find "$w/runs" -name metrics.jsonl -size -20M 2>/dev/null || true)
+            find "$w/runs" \( -name metrics.jsonl -o -path "*/processes/*.log" \) -size -20M 2>/dev/null || true)
     # shellcheck disable=SC2086
     tar -cJf "$OUT/speedrun.tar.xz" -C "$(dirname "$WORK")" $files
     echo "$(( $(date +%s) - $(cat "$WORK/pipeline.start") )) s since start; done: $(cat "$WORK/pipeline.done" 2>/dev/null || echo no)"
@@ -208,17 +208,6 @@ case "$stage" in
     for workers in "${counts[@]}"; do probe_sandbox "$workers" "${PROBE_ROWS:-144}"; done
     for f in "$WORK"/sandbox_probe_*; do cp "$f" "$OUT"/; done
     grep -h "one sandbox run\|sandbox probe:" "$WORK"/sandbox_probe_*.log ;;
-  # Where a call's first validation round goes (the twelfth and thirteenth runs: ~40 s longer than the next, in
-  # every call): GRPO from untrained weights, so every answer runs to max_new_tokens and none reaches the tests; two
-  # rounds of one call then differ only in what the engine and the sandbox hold from before (`engine_figures`,
-  # `val/generation_s_max`). No corpus, no pre-training: carry [".whl", ".gpu/deb", "grpofleet",
-  # ".speedrun/corpus/tokenizer", ".speedrun/tasks.tar.xz"]; the options are `grpo`'s (e.g. `cold sync --pool 14`).
-  cold)
-    [ -f "$DATA/tasks/train.jsonl" ] || unpack_tasks
-    [ -f "$DATA/tasks/train.jsonl" ] || { echo "cold: no task set: carry .speedrun/tasks.tar.xz" >&2; exit 2; }
-    mkdir -p "$DATA/corpus" && rm -rf "$DATA/corpus/tokenizer" && cp -r .speedrun/corpus/tokenizer "$DATA/corpus/"
-    python3 benchmarks/swe_speedrun.py untrained --data "$DATA" --out "$WORK" 2>&1 | quiet
-    MODEL=$WORK/models/untrained grpo_fleets "$@" --run-root "$WORK/cold-runs" ;;
   grpo) grpo_fleets "$@" ;;
   pipeline)
     if [ -n "${MODEL_PARTS:-}" ]; then  # an SFT model an earlier session sent back (`watch`), carried in parts
@@ -235,6 +224,6 @@ case "$stage" in
     echo "pipeline: grpo with $left s, training $(( left - overhead )) s"
     # --timeout 30 s early: the fleet is then given 60 s to stop and report.
     grpo_fleets "$@" --timeout "$(( left - 30 ))" --max-train-s "$(( left - overhead ))" ;;
-  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|cold|start sync|async|both [options]|watch [seconds]" >&2
+  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|start sync|async|both [options]|watch [seconds]" >&2
      exit 2 ;;
 esac
