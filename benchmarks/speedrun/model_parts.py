@@ -67,6 +67,16 @@ def pack(model: Path, out: Path, *, part_bytes: int = PART_BYTES) -> dict[str, A
     return manifest
 
 
+def replace_dir(path: Path, *, holds: str, ours: bool) -> None:
+    """Empty `path` for a new output, but only when it is one of ours (`ours`): a mistyped `--out` (`.`, the
+    checkout) is refused, not wiped."""
+    if path.exists():
+        if not ours:
+            raise ValueError(f"{path} exists and does not hold {holds}: refusing to replace it")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
 def find_manifest(dirs: list[Path]) -> dict[str, Any]:
     found = [d / MANIFEST for d in dirs if (d / MANIFEST).is_file()]
     if not found:
@@ -92,9 +102,7 @@ def join(dirs: list[Path], out: Path) -> dict[str, Any]:
         blob += chunk
     if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
         raise ValueError(f"the joined parts do not hash to the manifest's {manifest['sha256'][:12]}")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    replace_dir(out, holds="a model (config.json)", ours=(out / "config.json").is_file())
     with tarfile.open(fileobj=io.BytesIO(bytes(blob)), mode="r") as tar:
         tar.extractall(out, filter="data")
     return manifest
@@ -106,11 +114,11 @@ def spread(parts: Path, out: Path, *, first: int, per: int) -> list[list[str]]:
     manifest = find_manifest([parts])
     names = [p["name"] for p in manifest["parts"]]
     groups = [names[:first]] + [names[i:i + per] for i in range(first, len(names), per)]
-    if out.exists():
-        shutil.rmtree(out)
+    replace_dir(out, holds="only numbered folders of parts",
+                ours=out.is_dir() and all(d.is_dir() and d.name.isdigit() for d in out.iterdir()))
     for i, group in enumerate((g for g in groups if g), start=1):
         dest = out / str(i)
-        dest.mkdir(parents=True)
+        dest.mkdir()
         shutil.copy(parts / MANIFEST, dest / MANIFEST)
         for name in group:
             shutil.copy(parts / name, dest / name)

@@ -101,3 +101,20 @@ def test_watch_sends_the_sft_model_back_four_parts_a_call(model: Path, tmp_path:
     assert len({name for s in sent for name in s}) == total  # each part once
     model_parts.join(outs, tmp_path / "joined")
     assert weights(tmp_path / "joined").keys() == weights(model).keys()
+
+
+def test_an_out_folder_that_is_not_ours_is_refused_not_wiped(model: Path, tmp_path: Path) -> None:
+    model_parts.pack(model, tmp_path / "parts", part_bytes=PART)
+    keep = tmp_path / "checkout"
+    keep.mkdir()
+    (keep / "README.md").write_text("mine")
+    with pytest.raises(ValueError, match="refusing to replace"):
+        model_parts.join([tmp_path / "parts"], keep)
+    with pytest.raises(ValueError, match="refusing to replace"):
+        model_parts.spread(tmp_path / "parts", keep, first=2, per=4)
+    assert (keep / "README.md").read_text() == "mine"
+    model_parts.spread(tmp_path / "parts", tmp_path / "up", first=2, per=4)
+    model_parts.spread(tmp_path / "parts", tmp_path / "up", first=3, per=5)  # its own output is replaced
+    assert len(list((tmp_path / "up" / "1").glob("part-*"))) == 3
+    model_parts.join([tmp_path / "parts"], tmp_path / "sft")
+    model_parts.join([tmp_path / "parts"], tmp_path / "sft")  # a model folder is replaced
