@@ -49,6 +49,7 @@ from services.sandbox.runlog import read_run_log  # noqa: E402
 from trainer.metrics import read_jsonl  # noqa: E402
 from workshop.tinymodel import tokenizer_fingerprint  # noqa: E402
 
+SLOW_VERDICT_S = 10.0  # a verdict this slow doubled its sync step in the sixteenth run (docs/swe-learning.md)
 STEP_KEYS = {  # per-step figure -> metrics.jsonl key
     "step_s": "timing/step_s", "wait_data_s": "timing/wait_data_s", "recompute_s": "timing/logprob_recompute_s",
     "train_step_s": "timing/train_step_s", "push_wait_s": "timing/push_wait_s",
@@ -207,7 +208,8 @@ def training_tasks(trained: list[dict[str, Any]], top: int = 10) -> dict[str, An
     """What the steps trained on, task by task (trained_groups.jsonl's `tasks` and `resolved`): how many tasks,
     how many of them had an answer resolve them, in the first and the second half of the run, and how much of the
     resolving came from the few tasks resolved most. A training resolve rate that rises on a handful of tasks seen
-    again and again is memorisation; one that spreads over tasks is a skill."""
+    again and again is memorisation; one that spreads over tasks is a skill. `slowest`: the tasks whose answers
+    took longest to score (`scoring_s_max`, records from before it have none), which a sync step waits for."""
     rows = [r for r in trained if "tasks" in r]
     if not rows:
         return {}
@@ -233,7 +235,22 @@ def training_tasks(trained: list[dict[str, Any]], top: int = 10) -> dict[str, An
     return {**summary(rows, groups, resolved), "first_half": summary(halves[0], *tally(halves[0])),
             "second_half": summary(halves[1], *tally(halves[1])),
             "most_resolved": [{"task": t, "groups": groups[t], "resolved": n}
-                              for t, n in resolved.most_common(top) if n]}
+                              for t, n in resolved.most_common(top) if n],
+            **slowest_tasks(rows, top)}
+
+
+def slowest_tasks(rows: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    """Per task, its slowest answer's scoring time over the run and the steps where one took over 10 s."""
+    worst: dict[str, float] = {}
+    slow_steps: Counter[str] = Counter()
+    for r in rows:
+        for task, s in zip(r["tasks"], r.get("scoring_s_max", []), strict=False):
+            worst[task] = max(worst.get(task, 0.0), s)
+            slow_steps[task] += s > SLOW_VERDICT_S
+    if not worst:
+        return {}
+    ranked = sorted(worst.items(), key=lambda kv: -kv[1])[:top]
+    return {"slowest": [{"task": t, "scoring_s_max": s, "slow_groups": slow_steps[t]} for t, s in ranked]}
 
 
 def main() -> int:

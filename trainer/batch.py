@@ -69,10 +69,12 @@ class StepBatch:
     stats: dict[str, float] = field(default_factory=dict)
     ages: list[int] = field(default_factory=list)  # per group: step - min_version
     # Per group, for the step's record in trained_groups.jsonl: which task it answered, its mean reward, and how
-    # many of its answers resolved the task (FULL): whether learning spreads over tasks or repeats a few.
+    # many of its answers resolved the task (FULL): whether learning spreads over tasks or repeats a few; and its
+    # slowest answer's scoring time (a sync step waits for it): which tasks hold the steps.
     group_tasks: list[str] = field(default_factory=list)
     group_rewards: list[float] = field(default_factory=list)
     group_resolved: list[int] = field(default_factory=list)
+    group_scoring_s_max: list[float] = field(default_factory=list)
 
 
 def _clip(group: ScoredGroup, traj: Trajectory, max_len: int) -> tuple[list[int], list[float], bool]:
@@ -134,7 +136,8 @@ def build_step_batch(groups: list[ScoredGroup], step: int, *, leave_one_out: boo
                      group_tasks=[g.prompt.task_id for g in groups],
                      group_rewards=[sum(t.reward for t in g.trajectories) / max(1, len(g.trajectories))
                                     for g in groups],
-                     group_resolved=[sum(t.verdict.resolution == "FULL" for t in g.trajectories) for g in groups])
+                     group_resolved=[sum(t.verdict.resolution == "FULL" for t in g.trajectories) for g in groups],
+                     group_scoring_s_max=[max((t.scoring_s for t in g.trajectories), default=0.0) for g in groups])
 
 
 def _rollout_stats(groups: list[ScoredGroup]) -> dict[str, float]:

@@ -221,7 +221,8 @@ class TrainLoop:
         with (r0.log_dir / "trained_groups.jsonl").open("a") as fh:
             fh.write(json.dumps({"step": batch.step, "epoch": coord.epoch, "groups": batch.group_ids,
                                  "tasks": batch.group_tasks, "rewards": [round(r, 4) for r in batch.group_rewards],
-                                 "resolved": batch.group_resolved}) + "\n")
+                                 "resolved": batch.group_resolved,
+                                 "scoring_s_max": [round(x, 3) for x in batch.group_scoring_s_max]}) + "\n")
         r0.progress.update(merged, coord.buffer_stats() if self.logger.progress_bar else None)
 
     def _validate(self, log_step: int, weights_step: int) -> None:
