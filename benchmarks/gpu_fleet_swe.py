@@ -240,17 +240,18 @@ def training_tasks(trained: list[dict[str, Any]], top: int = 10) -> dict[str, An
 
 
 def slowest_tasks(rows: list[dict[str, Any]], top: int) -> dict[str, Any]:
-    """Per task, its slowest answer's scoring time over the run and the steps where one took over 10 s."""
+    """Per task, its slowest answer's scoring time over the run and how many of its groups held one over
+    `SLOW_VERDICT_S`."""
     worst: dict[str, float] = {}
-    slow_steps: Counter[str] = Counter()
+    slow_groups: Counter[str] = Counter()
     for r in rows:
-        for task, s in zip(r["tasks"], r.get("scoring_s_max", []), strict=False):
+        for task, s in zip(r["tasks"], r.get("scoring_s_max", []), strict=False):  # older records have none
             worst[task] = max(worst.get(task, 0.0), s)
-            slow_steps[task] += s > SLOW_VERDICT_S
+            slow_groups[task] += s > SLOW_VERDICT_S
     if not worst:
         return {}
     ranked = sorted(worst.items(), key=lambda kv: -kv[1])[:top]
-    return {"slowest": [{"task": t, "scoring_s_max": s, "slow_groups": slow_steps[t]} for t, s in ranked]}
+    return {"slowest": [{"task": t, "scoring_s_max": s, "slow_groups": slow_groups[t]} for t, s in ranked]}
 
 
 def main() -> int:

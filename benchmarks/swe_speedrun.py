@@ -165,18 +165,14 @@ def _device(args: argparse.Namespace) -> str:
     return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
 
 
-def initial_model(args: argparse.Namespace, dest: Path) -> tuple[Path, dict[str, int]]:
-    """The randomly initialised model pre-training starts from, with the corpus tokenizer, saved at `dest`."""
-    shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
-    return lm.make_model(args.data / "corpus" / "tokenizer", dest, shape, max_positions=MAX_PROMPT + MAX_NEW), shape
-
-
 def pretrain(args: argparse.Namespace) -> None:
     import torch
 
     device = _device(args)
+    shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
     models = args.out / "models"
-    init, shape = initial_model(args, models / "init")
+    init = lm.make_model(args.data / "corpus" / "tokenizer", models / "init", shape,
+                         max_positions=MAX_PROMPT + MAX_NEW)
     pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=MAX_PROMPT + MAX_NEW,
                       rows_per_step=args.rows_per_step, steps=args.pretrain_steps, peak_lr=args.pretrain_lr,
                       max_seconds=args.pretrain_seconds, device=device, compile=not args.cpu,

@@ -62,11 +62,12 @@ case "$stage" in
   # MODEL_PARTS=".speedrun/model-up/*".
   start)
     rm -rf "$WORK/pipeline".* "$WORK-repo" "$WORK-out" && cp -a . "$WORK-repo"
+    seconds=${PIPELINE_SECONDS:-1530}
     date +%s > "$WORK/pipeline.start"
-    PIPELINE_DEADLINE=$(( $(date +%s) + ${PIPELINE_SECONDS:-1530} )) OUT=$WORK-out \
+    PIPELINE_DEADLINE=$(( $(date +%s) + seconds )) OUT=$WORK-out \
       setsid -f bash "$WORK-repo/benchmarks/swe_speedrun.sh" pipeline "$@" \
       > "$WORK/pipeline.log" 2>&1 < /dev/null
-    echo "pipeline started: ends by $(( ${PIPELINE_SECONDS:-1530} )) s from now; log $WORK/pipeline.log"
+    echo "pipeline started: ends by $seconds s from now; log $WORK/pipeline.log"
     exit 0 ;;
   pipeline) trap 'echo "$?" > "$WORK/pipeline.done"' EXIT ;;  # `watch` stops waiting, however it ends
   # Waits up to N s (or until the pipeline is done), then brings back what it has written: one archive in $OUT.
@@ -86,7 +87,7 @@ case "$stage" in
     if [ "${MODEL_BACK:-1}" != 0 ] && [ -f "$WORK/sft.json" ] && [ -d "$WORK/models/sft" ]; then
       [ -f "$WORK/model-parts/manifest.json" ] \
         || python3 benchmarks/speedrun/model_parts.py pack --model "$WORK/models/sft" --out "$WORK/model-parts" \
-             --part-bytes "${MODEL_PART_BYTES:-15000000}"
+             ${MODEL_PART_BYTES:+--part-bytes "$MODEL_PART_BYTES"}
       touch "$WORK/model-parts/sent" && cp "$WORK/model-parts/manifest.json" "$OUT/"
       n=0
       for part in "$WORK"/model-parts/part-*; do
