@@ -32,22 +32,16 @@ from fleet.tokenizer import load_tokenizer  # noqa: E402
 
 # The speedrun's prompt (benchmarks/swe_speedrun.py: MAX_PROMPT, CONTEXT).
 MAX_PROMPT, CONTEXT = 1792, "bm25_functions"
-FILE_CACHES = (retrieval._file_doc, retrieval._module_spans, retrieval._file_function_docs)
-
-
-def clear(caches: tuple[Any, ...]) -> None:
-    for cached in caches:
-        cached.cache_clear()
 
 
 def build_all(tasks: list[Any], tokenizer: Any, repos: Path, cached: bool) -> tuple[float, str]:
     """Seconds to build every task's prompt, and a digest of the prompts."""
-    clear((retrieval._index, retrieval._function_index, *FILE_CACHES))
+    retrieval.clear_caches()
     digest = hashlib.sha256()
     t0 = time.perf_counter()
     for task in tasks:
         if not cached:
-            clear(FILE_CACHES)
+            retrieval.clear_caches(by_commit=False)
         prompt = build_prompt(task, tokenizer, MAX_PROMPT, CONTEXT, repos_root=repos)
         digest.update(json.dumps(prompt.token_ids).encode())
     return time.perf_counter() - t0, digest.hexdigest()

@@ -156,6 +156,16 @@ def _function_index(repo_path: str, commit: str) -> tuple[_Doc, ...]:
     return function_docs((f.path, f.text) for f in _index(repo_path, commit))
 
 
+CONTENT_CACHES = (_file_doc, _module_spans, _file_function_docs)
+"""The caches kept by file content; `_index` and `_function_index` are kept by commit."""
+
+
+def clear_caches(*, by_commit: bool = True) -> None:
+    """Empty the content caches, and the per-commit indexes too unless `by_commit` is False (tests, benchmarks)."""
+    for cached in (*CONTENT_CACHES, *((_index, _function_index) if by_commit else ())):
+        cached.cache_clear()
+
+
 _TEST_ID = re.compile(r"([\w./-]+\.py)::([\w:]+)")
 _MAX_NAMED_TESTS = 5
 

@@ -38,9 +38,7 @@ E   assert 91 == 90
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The sources retrieval parses, from caches emptied for the test."""
-    for cached in (retrieval._index, retrieval._function_index, retrieval._file_doc, retrieval._module_spans,
-                   retrieval._file_function_docs):
-        cached.cache_clear()
+    retrieval.clear_caches()
     seen: list[str] = []
     real = ast.parse
 
