@@ -1,5 +1,5 @@
-"""`grpo-fleet data ...`: build the embedded SWE task set, list what a built one holds, restate its problem
-statements, or validate any SWE dataset's rows (gold FULL, empty NO) through the sandbox.
+"""`grpo-fleet data ...`: build the embedded SWE task set, list what a built one holds, merge two builds, restate its
+problem statements, or validate any SWE dataset's rows (gold FULL, empty NO) through the sandbox.
 
 `launch/cli.py` calls `data_main(argv)`; heavy imports (LibCST, the executor) happen only inside the subcommands.
 """
@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--recipe", type=Path, required=True, help="recipe YAML whose statement_frames to apply")
     r.add_argument("--workers", type=int, default=os.cpu_count() or 2,
                    help="sandbox runs in parallel (default: cores, %(default)s)")
+    m = sub.add_parser("merge", help="one task set from two builds of the same recipe: OTHER's repositories "
+                                     "replace BASE's, the rest of BASE is kept (grow a set one repository at a time)")
+    m.add_argument("base", type=Path, help="task-set folder whose other repositories are kept")
+    m.add_argument("other", type=Path, help="task-set folder (e.g. `data build --repos ...`) whose repositories win")
+    m.add_argument("--out", type=Path, required=True, help="the merged set's folder (must not exist)")
     ls = sub.add_parser("list", help="counts per repository and bug kind of a built task set")
     ls.add_argument("--data", type=Path, default=default_task_dir(), help="task-set folder (default: %(default)s)")
     v = sub.add_parser("validate", help="grade N rows' gold and empty patches in the sandbox; exit 1 unless every "
@@ -152,6 +157,18 @@ def _restate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from launch.data.merge import format_merge, merge_tasksets
+
+    try:
+        report = merge_tasksets(args.base, args.other, args.out)
+    except (FileExistsError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(format_merge(report))
+    return 0
+
+
 def _list(args: argparse.Namespace) -> int:
     from envs.swe.taskset import format_summary, summarize
 
@@ -217,7 +234,7 @@ def data_main(argv: list[str]) -> int:
     args = parse_config_args(_parser(), argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    commands = {"build": _build, "list": _list, "restate": _restate, "validate": _validate}
+    commands = {"build": _build, "list": _list, "merge": _merge, "restate": _restate, "validate": _validate}
     return commands[args.command](args)
 
 

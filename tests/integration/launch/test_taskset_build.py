@@ -267,3 +267,53 @@ def test_restating_with_repository_frames_writes_what_a_build_with_them_writes(s
     assert manifest["restated"]["rows"] == TASKS and manifest["restated"]["changed"] == len(changed)
     assert manifest["recipe_fingerprint"] == read_manifest(framed)["recipe_fingerprint"]
     assert manifest["recipe_fingerprint"] != read_manifest(plain)["recipe_fingerprint"]
+
+
+def test_a_set_grown_one_repository_at_a_time_keeps_the_others_and_still_grades(built, sdist_cache, tmp_path):
+    """`data merge`: two repositories built apart make one set, then a wider build of one of them replaces its
+    tasks while the other's stay byte for byte; the merged set carries the bare repositories its commits are in, so
+    every gold patch still resolves FULL and every empty patch NO through the sandbox."""
+    first, _, _ = built
+
+    def build(repo: str, tasks: int, out: Path) -> Path:
+        assert data_main(["build", "--out", str(out), "--repos", repo, "--max-per-repo", str(tasks), "--seed",
+                          str(SEED), "--workers", "2", "--cache-dir", str(sdist_cache)]) == 0
+        return out
+
+    parse, wide = build("parse", 2, tmp_path / "parse"), build(REPO, TASKS + 2, tmp_path / "wide")
+    two, grown = tmp_path / "two", tmp_path / "grown"
+    assert data_main(["merge", str(first), str(parse), "--out", str(two)]) == 0
+    assert data_main(["merge", str(two), str(wide), "--out", str(grown)]) == 0
+
+    def of(folder: Path, repo: str) -> list[dict[str, Any]]:
+        return sorted((r for r in rows(folder) if r["repo"] == repo), key=lambda r: r["instance_id"])
+
+    assert of(grown, "parse") == of(parse, "parse") and len(of(grown, "parse")) == 2
+    assert of(grown, REPO) == of(wide, REPO) and len(of(grown, REPO)) == TASKS + 2
+    # The same seed: the narrower build's tasks are the wider one's first ones.
+    assert {r["instance_id"] for r in of(first, REPO)} <= {r["instance_id"] for r in of(grown, REPO)}
+    assert sorted(p.name for p in (grown / "repos").iterdir()) == ["inflection.git", "parse.git"]
+    manifest = read_manifest(grown)
+    assert manifest["tasks"] == TASKS + 4 and [m["repos"] for m in manifest["merged"]] == [["parse"], [REPO]]
+    assert manifest["repos"][REPO]["accepted"] == TASKS + 2 and manifest["repos"]["parse"]["accepted"] == 2
+    for split in sorted({r["split"] for r in rows(grown)}):
+        assert data_main(["validate", "--gold", "0", "--workers", "2", "data.train.dataset_name=swe_embedded",
+                          f"data.train.data_path={grown}", f"data.train.split={split}"]) == 0
+
+
+def test_merging_builds_of_another_test_runner_or_over_a_folder_is_refused(built, tmp_path, capsys):
+    """A task's FAIL_TO_PASS ids are its pytest's names: two builds on different pytest releases do not make one
+    set. And `--out` is a new folder: an existing one (a typo for BASE) is never replaced."""
+    first, second, _ = built
+    other = tmp_path / "other"
+    shutil.copytree(second, other)
+    manifest = read_manifest(other)
+    manifest["test_runner"] = {**manifest["test_runner"], "pytest": "8.3.5"}
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    assert data_main(["merge", str(first), str(other), "--out", str(tmp_path / "merged")]) == 1
+    err = capsys.readouterr().err
+    assert "test_runner differs" in err and "8.3.5" in err and str(other) in err
+    assert not (tmp_path / "merged").exists() and not (tmp_path / "merged.merging").exists()
+    before = rows(first)
+    assert data_main(["merge", str(second), str(second), "--out", str(first)]) == 1
+    assert "exists" in capsys.readouterr().err and rows(first) == before
