@@ -79,8 +79,10 @@ case "$stage" in
     files=$(cd "$(dirname "$WORK")" && w=$(basename "$WORK") \
             && find "$w" "$w-out" -maxdepth 1 -type f -size -20M 2>/dev/null
             find "$w/runs" \( -name metrics.jsonl -o -path "*/processes/*.log" \) -size -20M 2>/dev/null || true)
+    # GNU tar exits 1 when a file changed while it read it (the fleet's logs grow as it runs): the archive is whole
+    # and the rest of `watch` (the model's parts, the log's tail) must still run, as set -e would not let it.
     # shellcheck disable=SC2086
-    tar -cJf "$OUT/speedrun.tar.xz" -C "$(dirname "$WORK")" $files
+    tar -cJf "$OUT/speedrun.tar.xz" -C "$(dirname "$WORK")" $files || [ "$?" -eq 1 ]
     echo "$(( $(date +%s) - $(cat "$WORK/pipeline.start") )) s since start; done: $(cat "$WORK/pipeline.done" 2>/dev/null || echo no)"
     # The SFT model in parts (benchmarks/speedrun/model_parts.py), four a call once SFT has written its figures, so
     # that a later session starts GRPO from it (`MODEL_PARTS`); MODEL_BACK=0 sends none.

@@ -2,31 +2,40 @@
 held-out answers fail (`speedrun/diagnose.py`, where the run logged them).
 
     python benchmarks/speedrun/plot.py benchmarks/results/swe_speedrun docs/img/swe_speedrun.png
+    # a run that started from an earlier session's model: that session's folder gives the pre-training and the mode
+    # this run did not train, both from the same base
+    python benchmarks/speedrun/plot.py RESULTS OUT.png --with EARLIER_RESULTS
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 
-def main(results: Path, out: Path) -> None:
+def _find(name: str, results: Path, also: Path | None) -> Path:
+    """`results/name`, or `also/name` where this run has none (a run from an earlier session's model)."""
+    path = results / name
+    return also / name if also is not None and not path.is_file() and (also / name).is_file() else path
+
+
+def main(results: Path, out: Path, also: Path | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(1, 5, figsize=(25, 4.2))
-    pre = json.loads((results / "pretrain.json").read_text())
+    pre = json.loads(_find("pretrain.json", results, also).read_text())
     ax[0].plot([p["tokens"] / 1e6 for p in pre["curve"]], [p["loss"] for p in pre["curve"]])
     ax[0].set(xlabel="tokens (M)", ylabel="loss (nats/token)",
               title=f"pre-training: {pre['params'] / 1e6:.0f}M params, {pre['tokens_per_s'] / 1e3:.0f}k tok/s, "
                     f"{pre['heldout_bits_per_byte']:.2f} bits/byte held out")
     resolved_ax = ax[3].twinx()
     for mode, style in (("sync", "-"), ("async", "--")):
-        path = results / f"grpo_{mode}.json"
+        path = _find(f"grpo_{mode}.json", results, also)
         if not path.is_file():
             continue
         run = json.loads(path.read_text())
@@ -52,7 +61,7 @@ def main(results: Path, out: Path) -> None:
             if all("change_ci95" in h for h in held) else None
         resolved_ax.errorbar([h["step"] for h in held], [h["resolved"] for h in held], yerr=err, fmt=style + "s",
                              color="C0", capsize=3, label=f"resolved ({mode})")
-    _diagnosis(ax[4], results)
+    _diagnosis(ax[4], results, also)
     ax[1].set(xlabel="GRPO step", ylabel="mean reward / share of groups",
               title="training reward; groups whose rewards differ")
     ax[2].set(xlabel="GRPO step", ylabel="share of answers", title="training answers by outcome")
@@ -67,12 +76,12 @@ def main(results: Path, out: Path) -> None:
     fig.savefig(out, dpi=90)
 
 
-def _diagnosis(ax: Any, results: Path) -> None:
+def _diagnosis(ax: Any, results: Path, also: Path | None) -> None:
     """Held-out answers by diagnosis kind, first and last round of each mode, side by side."""
     kinds = ["format", "path", "invented_elsewhere", "invented_from_prompt", "whitespace", "scattered", "anchored"]
     bars: list[tuple[str, dict[str, int], dict[str, int]]] = []
     for mode in ("sync", "async"):
-        path = results / f"grpo_{mode}.json"
+        path = _find(f"grpo_{mode}.json", results, also)
         diag = json.loads(path.read_text()).get("diagnosis", []) if path.is_file() else []
         for r in (diag[:1] + diag[-1:]) if len(diag) > 1 else diag:
             bars.append((f"{mode} step {r['step']}", r["kinds"], r["gold"]))
@@ -89,4 +98,10 @@ def _diagnosis(ax: Any, results: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--with", dest="also", type=Path, default=None,
+                        help="an earlier run's results: its pretrain.json and the GRPO mode missing here")
+    args = parser.parse_args()
+    main(args.results, args.out, args.also)
