@@ -72,6 +72,19 @@ def merge_tasksets(base: Path, other: Path, out: Path) -> MergeReport:
 
     staging = out.with_name(out.name + ".merging")
     shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _write(staging, base, other, kept, taken, merged, base_manifest, other_manifest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a half-written set is never left to be mistaken for one
+        raise
+    staging.rename(out)
+    replaced = Counter(_repo_name(t) for split in SPLITS for t in merged[split] if _repo_name(t) in taken)
+    return MergeReport(out=out, kept=dict(sorted(kept.items())), replaced=dict(sorted(replaced.items())),
+                       per_split={s: len(merged[s]) for s in SPLITS})
+
+
+def _write(staging: Path, base: Path, other: Path, kept: Counter[str], taken: set[str],
+           merged: dict[str, list[Task]], base_manifest: dict[str, object], other_manifest: dict[str, object]) -> None:
     repos_dir(staging).mkdir(parents=True)
     for name in sorted(kept):
         shutil.copytree(repos_dir(base) / f"{name}.git", repos_dir(staging) / f"{name}.git", symlinks=True)
@@ -94,10 +107,6 @@ def merge_tasksets(base: Path, other: Path, out: Path) -> MergeReport:
                     **{k: other_manifest.get(k) for k in ("max_per_repo", "kinds", "seed", "build_seconds")}}],
     })
     write_manifest(staging, manifest)
-    staging.rename(out)
-    replaced = Counter(_repo_name(t) for split in SPLITS for t in merged[split] if _repo_name(t) in taken)
-    return MergeReport(out=out, kept=dict(sorted(kept.items())), replaced=dict(sorted(replaced.items())),
-                       per_split={s: len(merged[s]) for s in SPLITS})
 
 
 def format_merge(report: MergeReport) -> str:
@@ -106,4 +115,3 @@ def format_merge(report: MergeReport) -> str:
     return (f"merged -> {report.out}: {sum(report.per_split.values())} tasks "
             f"({', '.join(f'{s} {n}' for s, n in report.per_split.items())}); from OTHER: {replaced}; "
             f"kept from BASE: {kept}")
-
