@@ -219,6 +219,9 @@ case "$stage" in
     else
       bash "$0" stash && bash "$0" model
     fi
+    # `start model`: a session that spends its budget on the base (a long PRETRAIN_SECONDS over the corpus and its
+    # `corpus-more` parts) and sends it back through `watch`; GRPO runs from it in the next sessions.
+    if [ "${1:-}" = model ]; then exit 0; fi
     left=$(( PIPELINE_DEADLINE - $(date +%s) ))
     overhead=${GRPO_OVERHEAD_S:-170}  # the fleet's start, the first and last validation rounds, the checkpoint
     if [ "$left" -lt $(( overhead + 60 )) ]; then
@@ -227,6 +230,6 @@ case "$stage" in
     echo "pipeline: grpo with $left s, training $(( left - overhead )) s"
     # --timeout 30 s early: the fleet is then given 60 s to stop and report.
     grpo_fleets "$@" --timeout "$(( left - 30 ))" --max-train-s "$(( left - overhead ))" ;;
-  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|start sync|async|both [options]|watch [seconds]" >&2
+  *) echo "usage: $0 stash|base|sft|model|probe [workers ...]|grpo|start sync|async|both|model [options]|watch [seconds]" >&2
      exit 2 ;;
 esac

@@ -170,16 +170,14 @@ def _heldout(digest: str) -> bool:
     return int(digest[:8], 16) / 0x1_0000_0000 < HELDOUT_SHARE
 
 
-def build(sdists: list[Sdist], out: Path, excluded: set[str], *, max_train_bytes: int = MAX_TRAIN_BYTES
-          ) -> dict[str, object]:
-    """Write train/heldout JSONL (xz) of the deduplicated `.py` files; return the counts for the manifest.
+Doc = tuple[str, str, str, str]  # (content digest, package, path, text)
 
-    Beyond `max_train_bytes` the training files are a sample, chosen by content hash (so the same files whatever the
-    order), that fits: the corpus must travel to the lent GPU machine within its 64 MiB."""
-    out.mkdir(parents=True, exist_ok=True)
+
+def _documents(sdists: list[Sdist], excluded: set[str]) -> tuple[list[Doc], dict[str, int]]:
+    """Every `.py` file of the sdists outside `excluded`, deduplicated on content, in package order."""
     seen: set[str] = set()
     counts = {"files": 0, "duplicates": 0, "filtered": 0, "not_utf8": 0}
-    docs: list[tuple[str, str, str, str]] = []  # (digest, package, path, text)
+    docs: list[Doc] = []
     for s in sorted(sdists, key=lambda s: s.package):
         if _canonical(s.package) in excluded:
             continue
@@ -199,33 +197,105 @@ def build(sdists: list[Sdist], out: Path, excluded: set[str], *, max_train_bytes
             seen.add(digest)
             counts["files"] += 1
             docs.append((digest, s.package, path, text))
+    return docs, counts
+
+
+def _split(docs: list[Doc], max_train_bytes: int) -> tuple[list[Doc], list[Doc], list[Doc]]:
+    """(training files within the cap, training files beyond it, held-out files). The cap keeps a sample chosen by
+    content hash (so the same files whatever the order); the rest stays in hash order, a fair sample at any prefix."""
     heldout = [d for d in docs if _heldout(d[0])]
     train = sorted((d for d in docs if not _heldout(d[0])), key=lambda d: d[0])  # hash order: a fair sample
-    total = sum(len(d[3].encode()) for d in train)
-    kept, size = [], 0
+    kept, rest, size = [], [], 0
     for d in train:
         n = len(d[3].encode())
         if size + n > max_train_bytes:
+            rest.append(d)
             continue
         kept.append(d)
         size += n
     kept.sort(key=lambda d: (d[1], d[2]))
+    return kept, rest, heldout
+
+
+def _write_rows(path: Path, docs: list[Doc]) -> None:
+    with lzma.open(path, "wt", preset=6) as f:
+        for _, package, file, text in docs:
+            f.write(json.dumps({"package": package, "path": file, "text": text}) + "\n")
+
+
+def build(sdists: list[Sdist], out: Path, excluded: set[str], *, max_train_bytes: int = MAX_TRAIN_BYTES
+          ) -> dict[str, object]:
+    """Write train/heldout JSONL (xz) of the deduplicated `.py` files; return the counts for the manifest.
+
+    Beyond `max_train_bytes` the training files are a sample, chosen by content hash (so the same files whatever the
+    order), that fits: the corpus must travel to the lent GPU machine within its 64 MiB (`build_more` writes the
+    rest in parts that travel one a call)."""
+    out.mkdir(parents=True, exist_ok=True)
+    docs, counts = _documents(sdists, excluded)
+    kept, rest, heldout = _split(docs, max_train_bytes)
+    _write_rows(out / "train.jsonl.xz", kept)
+    _write_rows(out / "heldout.jsonl.xz", heldout)
     per_package: dict[str, int] = {}
-    for name, chosen in (("train", kept), ("heldout", heldout)):
-        with lzma.open(out / f"{name}.jsonl.xz", "wt", preset=6) as f:
-            for _, package, path, text in chosen:
-                f.write(json.dumps({"package": package, "path": path, "text": text}) + "\n")
-                if name == "train":
-                    per_package[package] = per_package.get(package, 0) + len(text.encode())
-    return {**counts, "train_files": len(kept), "train_bytes": size, "train_bytes_before_cap": total,
+    for _, package, _, text in kept:
+        per_package[package] = per_package.get(package, 0) + len(text.encode())
+    size = sum(len(d[3].encode()) for d in kept)
+    return {**counts, "train_files": len(kept), "train_bytes": size,
+            "train_bytes_before_cap": size + sum(len(d[3].encode()) for d in rest),
             "heldout_files": len(heldout), "heldout_bytes": sum(len(d[3].encode()) for d in heldout),
             "packages": len(per_package), "bytes_per_package": per_package}
 
 
-def read_texts(path: Path) -> Iterator[str]:
+MORE = "train-more-{:03d}.jsonl.xz"
+MORE_GLOB = "train-more-*.jsonl.xz"
+
+
+def build_more(sdists: list[Sdist], out: Path, excluded: set[str], *, max_train_bytes: int = MAX_TRAIN_BYTES,
+               part_bytes: int = 100_000_000, max_parts: int | None = None) -> dict[str, object]:
+    """The training files the cap left out, as `out/train-more-NNN.jsonl.xz` parts of about `part_bytes` each (~15 MB
+    as xz: one part and the tree travel in a device call), beside the corpus `build` wrote from the same sdists;
+    `train.jsonl.xz`, the held-out files and the tokenizer are not touched. Refused unless the corpus there is the
+    cap's sample of these sdists, file for file: a file in both would be trained on twice as often."""
+    docs, _ = _documents(sdists, excluded)
+    kept, rest, _ = _split(docs, max_train_bytes)
+    there = [(r["package"], r["path"]) for r in _read_rows(out / "train.jsonl.xz")]
+    if there != [(d[1], d[2]) for d in kept]:
+        raise ValueError(f"{out / 'train.jsonl.xz'} is not the {max_train_bytes:,}-byte sample of these sdists "
+                         f"({len(there)} files there, {len(kept)} here): build the corpus again from them first")
+    for old in out.glob(MORE_GLOB):
+        old.unlink()
+    parts: list[list[Doc]] = [[]]
+    size = 0
+    for d in rest:
+        n = len(d[3].encode())
+        if parts[-1] and size + n > part_bytes:
+            parts.append([])
+            size = 0
+        parts[-1].append(d)
+        size += n
+    parts = [p for p in parts if p][:max_parts]
+    for i, part in enumerate(parts):
+        _write_rows(out / MORE.format(i), part)
+    written = [d for p in parts for d in p]
+    return {"parts": len(parts), "files": len(written), "bytes": sum(len(d[3].encode()) for d in written),
+            "left_out_files": len(rest) - len(written),
+            "compressed_bytes": [(out / MORE.format(i)).stat().st_size for i in range(len(parts))]}
+
+
+def _read_rows(path: Path) -> Iterator[dict[str, str]]:
     with lzma.open(path, "rt") as f:
         for line in f:
-            yield json.loads(line)["text"]
+            yield json.loads(line)
+
+
+def training_parts(corpus_dir: Path) -> list[Path]:
+    """The training corpus as pre-training reads it: `train.jsonl.xz`, then the `train-more-*` parts present."""
+    return [corpus_dir / "train.jsonl.xz", *sorted(corpus_dir.glob(MORE_GLOB))]
+
+
+def read_texts(*paths: Path) -> Iterator[str]:
+    for path in paths:
+        for row in _read_rows(path):
+            yield row["text"]
 
 
 # Qwen2's split, except that a path component (a word followed by `/` or `.py`) never takes the character before it.
@@ -278,11 +348,17 @@ def task_repo_packages(recipes: Iterable[Path]) -> set[str]:
     return names
 
 
-def run(out: Path, cache: Path, recipes: list[Path], *, locked: bool, workers: int = 3) -> dict[str, object]:
-    t0 = time.perf_counter()
+def sources(cache: Path, recipes: list[Path], *, locked: bool, workers: int = 3
+            ) -> tuple[list[str], list[Sdist], set[str]]:
+    """(the projects asked for, their sdists fetched into `cache`, the task projects kept out of the corpus)."""
     excluded = task_repo_packages(recipes)
     names = [n for n in read_names() if _canonical(n) not in excluded]
-    sdists = fetch_all(names, cache, workers=workers, locked=locked)
+    return names, fetch_all(names, cache, workers=workers, locked=locked), excluded
+
+
+def run(out: Path, cache: Path, recipes: list[Path], *, locked: bool, workers: int = 3) -> dict[str, object]:
+    t0 = time.perf_counter()
+    names, sdists, excluded = sources(cache, recipes, locked=locked, workers=workers)
     if not locked:
         write_lock(sdists)
     t_fetch = time.perf_counter() - t0

@@ -182,10 +182,11 @@ def rows_of(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
 def pretrain(model_dir: Path, corpus_dir: Path, *, out: Path, seq_len: int, rows_per_step: int, steps: int,
              peak_lr: float, max_seconds: float, device: str, compile: bool, seed: int = 0,
              max_eval_rows: int = 256) -> dict[str, Any]:
-    from corpus import read_texts
+    from corpus import read_texts, training_parts
 
     t0 = time.perf_counter()
-    train_stream, train_bytes = tokenize_corpus(model_dir, read_texts(corpus_dir / "train.jsonl.xz"))
+    parts = training_parts(corpus_dir)  # the capped sample, then any parts of the rest carried beside it
+    train_stream, train_bytes = tokenize_corpus(model_dir, read_texts(*parts))
     held_stream, held_bytes = tokenize_corpus(model_dir, read_texts(corpus_dir / "heldout.jsonl.xz"))
     tokenize_s = time.perf_counter() - t0
     rows = rows_of(train_stream, seq_len)
@@ -210,7 +211,7 @@ def pretrain(model_dir: Path, corpus_dir: Path, *, out: Path, seq_len: int, rows
     loss = total / max(1, count)
     stats.update(heldout_loss=loss, heldout_bits_per_byte=loss / math.log(2) * held_stream.numel() / held_bytes,
                  heldout_tokens_evaluated=count,
-                 train_tokens=int(train_stream.numel()), train_bytes=train_bytes,
+                 train_tokens=int(train_stream.numel()), train_bytes=train_bytes, train_parts=[p.name for p in parts],
                  epochs=stats["tokens"] / max(1, train_stream.numel()), tokenize_s=tokenize_s,
                  params=sum(p.numel() for p in s.module.lm.parameters()))
     save(s, model_dir, out, note=f"pre-trained on {corpus_dir.name}: {json.dumps(_brief(stats))}")

@@ -30,6 +30,7 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
     assert where["tasks"] >= 2 and where["function_first"] <= where["function_in_context"] <= where["tasks"]
     pre = json.loads((out / "pretrain.json").read_text())
     assert pre["steps"] >= 1 and math.isfinite(pre["heldout_bits_per_byte"]) and pre["heldout_bits_per_byte"] > 0
+    assert pre["train_parts"] == ["train.jsonl.xz", "train-more-000.jsonl.xz"]
     sft = json.loads((out / "sft.json").read_text())
     assert sft["steps"] >= 1 and all(math.isfinite(p["loss"]) for p in sft["curve"])
     # The SFT model's folder spells every gold-patch path alike in the code header and the diff (the path split).

@@ -35,6 +35,16 @@ def rows(path: Path) -> list[dict[str, str]]:
         return [json.loads(line) for line in f]
 
 
+def sixty_files(tmp_path: Path) -> list[corpus.Sdist]:
+    files = {f"m{i}.py": f"def f{i}():\n    return {i}\n" * 20 for i in range(60)}
+    return [sdist(tmp_path, "one", "1.0", {f"one/{k}": v for k, v in list(files.items())[:30]}),
+            sdist(tmp_path, "two", "1.0", {f"two/{k}": v for k, v in list(files.items())[30:]})]
+
+
+def key(row: dict[str, str]) -> tuple[str, str]:
+    return row["package"], row["path"]
+
+
 def test_only_python_files_of_non_task_projects_once_each(tmp_path: Path) -> None:
     shared = "def vendored():\n    return 1\n"
     a = sdist(tmp_path, "alpha", "1.0", {"alpha/core.py": "def f():\n    return 2\n", "alpha/_six.py": shared,
@@ -53,9 +63,7 @@ def test_only_python_files_of_non_task_projects_once_each(tmp_path: Path) -> Non
 
 
 def test_the_cap_keeps_a_hash_sample_that_fits(tmp_path: Path) -> None:
-    files = {f"m{i}.py": f"def f{i}():\n    return {i}\n" * 20 for i in range(60)}
-    one = sdist(tmp_path, "one", "1.0", {f"one/{k}": v for k, v in list(files.items())[:30]})
-    two = sdist(tmp_path, "two", "1.0", {f"two/{k}": v for k, v in list(files.items())[30:]})
+    one, two = sixty_files(tmp_path)
     full = corpus.build([one, two], tmp_path / "full", set())
     cap = int(full["train_bytes"]) // 2
     capped = corpus.build([one, two], tmp_path / "capped", set(), max_train_bytes=cap)
@@ -64,6 +72,42 @@ def test_the_cap_keeps_a_hash_sample_that_fits(tmp_path: Path) -> None:
     assert {r["package"] for r in rows(tmp_path / "capped" / "train.jsonl.xz")} == {"one", "two"}
     corpus.build([two, one], tmp_path / "again", set(), max_train_bytes=cap)
     assert rows(tmp_path / "capped" / "train.jsonl.xz") == rows(tmp_path / "again" / "train.jsonl.xz")
+
+
+def test_the_files_beyond_the_cap_come_in_parts_that_pretraining_reads_after_the_sample(tmp_path: Path) -> None:
+    one, two = sixty_files(tmp_path)
+    full = corpus.build([one, two], tmp_path / "full", set())
+    cap = int(full["train_bytes"]) // 3
+    out = tmp_path / "capped"
+    corpus.build([one, two], out, set(), max_train_bytes=cap)
+    part = cap // 2
+    more = corpus.build_more([two, one], out, set(), max_train_bytes=cap, part_bytes=part)
+    sample = rows(out / "train.jsonl.xz")
+    paths = corpus.training_parts(out)
+    assert paths[0] == out / "train.jsonl.xz" and [p.name for p in paths[1:]] == [
+        f"train-more-{i:03d}.jsonl.xz" for i in range(more["parts"])] and more["parts"] >= 2
+    parts = [rows(p) for p in paths[1:]]
+    rest = [r for p in parts for r in p]
+    # Every training file once: the sample and the parts together are the corpus without its cap.
+    assert sorted(map(key, sample + rest)) == sorted(map(key, rows(tmp_path / "full" / "train.jsonl.xz")))
+    assert not set(map(key, sample)) & set(map(key, rest)) and more["files"] == len(rest)
+    assert all(sum(len(r["text"].encode()) for r in p) <= part for p in parts)
+    assert list(corpus.read_texts(*paths)) == [r["text"] for r in sample + rest]
+    # --max-parts: the first parts alone, and parts written before are replaced, not left to be read twice.
+    first = corpus.build_more([one, two], out, set(), max_train_bytes=cap, part_bytes=part, max_parts=1)
+    assert first["parts"] == 1 and [p.name for p in corpus.training_parts(out)[1:]] == ["train-more-000.jsonl.xz"]
+    assert rows(corpus.training_parts(out)[1]) == parts[0] and first["left_out_files"] == len(rest) - len(parts[0])
+
+
+def test_parts_are_refused_beside_a_corpus_these_sdists_did_not_make(tmp_path: Path) -> None:
+    one, two = sixty_files(tmp_path)
+    out = tmp_path / "corpus"
+    full = corpus.build([one, two], out, set(), max_train_bytes=10_000)
+    with pytest.raises(ValueError, match="not the 5,000-byte sample"):
+        corpus.build_more([one, two], out, set(), max_train_bytes=5_000)
+    with pytest.raises(ValueError, match="not the"):  # another project's files in the sample
+        corpus.build_more([one], out, set(), max_train_bytes=10_000)
+    assert corpus.training_parts(out) == [out / "train.jsonl.xz"] and int(full["train_bytes"]) <= 10_000
 
 
 def test_recipes_and_reserved_projects_are_kept_out(tmp_path: Path) -> None:
