@@ -155,9 +155,9 @@ def tokenizer_stage(args: argparse.Namespace) -> None:
 
 def corpus_more_stage(args: argparse.Namespace) -> None:
     """CPU, where `prepare` ran: the training files the corpus's 150 MB cap left out (312 MB of the 462), in parts of
-    ~15 MB as xz that travel one a device call (`corpus.build_more`); pre-training reads every part beside the corpus.
-    The seventeenth run's 240 s of pre-training went 3.2 times over its 38M-token sample; the whole corpus is ~3 times
-    that. The tokenizer and the held-out files do not change."""
+    ~16 MB as xz (`corpus.build_more`; four, 50 MB, that travel in one device call of their own); pre-training reads
+    every part beside the corpus. The seventeenth run's 240 s of pre-training went 3.2 times over its 38M-token
+    sample; the whole corpus is ~3 times that. The tokenizer and the held-out files do not change."""
     t0 = time.perf_counter()
     _, sdists, excluded = corpus.sources(args.cache / "corpus-sdists", CORPUS_RECIPES, locked=True)
     figures = corpus.build_more(sdists, args.data / "corpus", excluded, part_bytes=int(args.part_mb * 1e6),
@@ -444,7 +444,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     cm.add_argument("--data", type=Path, default=DATA, help="writes DATA/corpus/train-more-NNN.jsonl.xz")
     cm.add_argument("--cache", type=Path, default=Path(os.environ.get("GRPO_FLEET_CACHE", ROOT / ".cache")))
     cm.add_argument("--out", type=Path, default=DATA / "results")
-    cm.add_argument("--part-mb", type=float, default=100.0, help="uncompressed MB a part (~15 MB as xz at 100)")
+    cm.add_argument("--part-mb", type=float, default=100.0, help="uncompressed MB a part (~16 MB as xz at 100)")
     cm.add_argument("--max-parts", type=int, default=None, help="write only the first N parts (hash order: a sample)")
     lo = sub.add_parser("localisation")
     lo.add_argument("--data", type=Path, default=DATA, help="DATA/tasks: the task set; DATA/corpus: the tokenizer")

@@ -229,7 +229,7 @@ def build(sdists: list[Sdist], out: Path, excluded: set[str], *, max_train_bytes
 
     Beyond `max_train_bytes` the training files are a sample, chosen by content hash (so the same files whatever the
     order), that fits: the corpus must travel to the lent GPU machine within its 64 MiB (`build_more` writes the
-    rest in parts that travel one a call)."""
+    rest in parts that travel in calls of their own)."""
     out.mkdir(parents=True, exist_ok=True)
     docs, counts = _documents(sdists, excluded)
     kept, rest, heldout = _split(docs, max_train_bytes)
@@ -251,10 +251,11 @@ MORE_GLOB = "train-more-*.jsonl.xz"
 
 def build_more(sdists: list[Sdist], out: Path, excluded: set[str], *, max_train_bytes: int = MAX_TRAIN_BYTES,
                part_bytes: int = 100_000_000, max_parts: int | None = None) -> dict[str, object]:
-    """The training files the cap left out, as `out/train-more-NNN.jsonl.xz` parts of about `part_bytes` each (~15 MB
-    as xz: one part and the tree travel in a device call), beside the corpus `build` wrote from the same sdists;
-    `train.jsonl.xz`, the held-out files and the tokenizer are not touched. Refused unless the corpus there is the
-    cap's sample of these sdists, file for file: a file in both would be trained on twice as often."""
+    """The training files the cap left out, as `out/train-more-NNN.jsonl.xz` parts of about `part_bytes` each (~16 MB
+    as xz at 100 MB: the speedrun corpus's four parts travel together in one device call), beside the corpus
+    `build` wrote from the same sdists; `train.jsonl.xz`, the held-out files and the tokenizer are not touched.
+    Refused unless the corpus there is the cap's sample of these sdists, file for file: a file in both would be
+    trained on twice as often."""
     docs, _ = _documents(sdists, excluded)
     kept, rest, _ = _split(docs, max_train_bytes)
     there = [(r["package"], r["path"]) for r in _read_rows(out / "train.jsonl.xz")]
