@@ -16,6 +16,7 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from envs.registry import Task
 from envs.swe.paths import repos_dir
@@ -31,10 +32,11 @@ class MergeReport:
 
 
 def _repo_name(task: Task) -> str:
-    return task.repo_url.removeprefix("embedded://") if task.repo_url.startswith("embedded://") else task.repo
+    """A built set's rows name their bare repository `embedded://NAME` (`repos/NAME.git`)."""
+    return task.repo_url.removeprefix("embedded://").strip("/")
 
 
-def _load(folder: Path, what: str) -> tuple[dict[str, list[Task]], dict[str, object]]:
+def _load(folder: Path, what: str) -> tuple[dict[str, list[Task]], dict[str, Any]]:
     if not (folder / "train.jsonl").is_file():
         raise FileNotFoundError(f"{what} {folder}: no train.jsonl: not a built task set")
     manifest = read_manifest(folder)
@@ -84,7 +86,7 @@ def merge_tasksets(base: Path, other: Path, out: Path) -> MergeReport:
 
 
 def _write(staging: Path, base: Path, other: Path, kept: Counter[str], taken: set[str],
-           merged: dict[str, list[Task]], base_manifest: dict[str, object], other_manifest: dict[str, object]) -> None:
+           merged: dict[str, list[Task]], base_manifest: dict[str, Any], other_manifest: dict[str, Any]) -> None:
     repos_dir(staging).mkdir(parents=True)
     for name in sorted(kept):
         shutil.copytree(repos_dir(base) / f"{name}.git", repos_dir(staging) / f"{name}.git", symlinks=True)
@@ -92,20 +94,16 @@ def _write(staging: Path, base: Path, other: Path, kept: Counter[str], taken: se
         shutil.copytree(repos_dir(other) / f"{name}.git", repos_dir(staging) / f"{name}.git", symlinks=True)
     for split in SPLITS:
         write_jsonl(staging / f"{split}.jsonl", merged[split])
-    manifest = dict(base_manifest)
-    base_repos = base_manifest.get("repos")
-    other_repos = other_manifest.get("repos")
-    repos = {n: v for n, v in (base_repos.items() if isinstance(base_repos, dict) else []) if n in kept}
-    if isinstance(other_repos, dict):
-        repos.update({n: v for n, v in other_repos.items() if n in taken})
-    history = base_manifest.get("merged")
-    manifest.update({
+    repos = {n: v for n, v in base_manifest.get("repos", {}).items() if n in kept}
+    repos.update({n: v for n, v in other_manifest.get("repos", {}).items() if n in taken})
+    manifest = {
+        **base_manifest,
         "repos": dict(sorted(repos.items())),
         "tasks": sum(len(merged[s]) for s in SPLITS),
-        "merged": [*(history if isinstance(history, list) else []),
+        "merged": [*base_manifest.get("merged", []),
                    {"base": str(base), "other": str(other), "repos": sorted(taken),
                     **{k: other_manifest.get(k) for k in ("max_per_repo", "kinds", "seed", "build_seconds")}}],
-    })
+    }
     write_manifest(staging, manifest)
 
 
