@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -14,32 +13,15 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from fleet.spawn import guarded
 from launch.topology import ProcessSpec
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 # An error line of the fleet's log format (fleet/logs.py): "HH:MM:SS [prefix] E logger: message".
 _ERROR_LINE = re.compile(r"^\d\d:\d\d:\d\d (?:\[[^\]]*\] )?[EC] (.*)$")
-
-
-def _child_setup(cpus: list[int] | None) -> Callable[[], None]:
-    def setup() -> None:
-        _die_with_launcher()
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    return setup
-
-
-def _die_with_launcher() -> None:
-    # Children are in their own session (Ctrl-C must reach only the launcher, which stops them in order), so tie
-    # their life to the launcher's instead: a SIGKILLed launcher leaves no orphans behind.
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class FleetFailed(RuntimeError):
@@ -104,9 +86,12 @@ class Supervisor:
 
     async def _spawn(self, spec: ProcessSpec) -> asyncio.subprocess.Process:
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        # Children are in their own session (Ctrl-C must reach only the launcher, which stops them in order), so
+        # their life is tied to the launcher's instead: a SIGKILLed launcher leaves no orphans behind.
+        argv, hook = guarded(spec.argv, cpus=spec.cpus)
         proc = await asyncio.create_subprocess_exec(
-            *spec.argv, cwd=self.cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup(spec.cpus),
+            *argv, cwd=self.cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=hook,
         )
         self.procs[spec.name] = proc
         self.started_at[spec.name] = time.time()

@@ -11,11 +11,9 @@ Importable without grpc: the local launcher (`grpo-fleet up`) prepares its serve
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.contracts.buffer import embedded_redis_socket
+from fleet.spawn import guarded
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
 
 
 def redis_server_binary() -> str:
@@ -120,25 +117,8 @@ def _shutdown_previous(data_dir: Path, sock: Path, timeout: float) -> None:
 
 def _launch(argv: list[str], cwd: Path) -> subprocess.Popen[bytes]:
     """Start redis-server so that Linux SIGTERMs it when its parent dies: a SIGKILLed replay buffer then leaves no
-    server behind (SIGTERM makes Redis flush the AOF and exit).
-
-    util-linux `setpriv --pdeathsig` sets that up in the child without Python code between fork and exec; a
-    `preexec_fn` would force a plain fork(), and forking a process with live gRPC threads runs gRPC's fork handlers,
-    which can abort the child. Without setpriv, the pre-exec hook is used only while gRPC is not loaded.
-    The signal fires when the *thread* that started the child exits: start from a long-lived (the main) thread."""
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    if setpriv:
-        argv = [setpriv, "--pdeathsig", "TERM", "--", *argv]
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, cwd=cwd)
-    hook = None
-    if sys.platform.startswith("linux") and "grpc" not in sys.modules:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded in the parent: the hook only makes the call
-
-        def hook() -> None:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    else:
-        log.debug("embedded redis: no setpriv; the server will not follow its parent's death")
+    server behind (SIGTERM makes Redis flush the AOF and exit). `fleet.spawn` says why not with a `preexec_fn`."""
+    argv, hook = guarded(argv)
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, cwd=cwd, preexec_fn=hook)
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet.spawn import guarded
 from services.sandbox.process import kill_and_reap
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,9 @@ class PullOptions:
 
 async def _tool(argv: list[str], timeout_s: float = _TOOL_TIMEOUT_S) -> tuple[int, str]:
     """(exit code, stderr+stdout tail) of a tool that dies with this process."""
-    guard = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
-    proc = await asyncio.create_subprocess_exec(*guard, *argv, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    argv, hook = guarded(argv, death_signal=signal.SIGKILL)
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT, preexec_fn=hook)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except BaseException:
