@@ -30,7 +30,7 @@ from envs.swe.prompt import build_prompt  # noqa: E402
 from envs.swe.taskset import read_split  # noqa: E402
 from fleet.tokenizer import load_tokenizer  # noqa: E402
 
-# The speedrun's prompt (benchmarks/swe_speedrun.py: MAX_PROMPT, CONTEXT).
+# The speedrun's default prompt (benchmarks/speedrun/prompting.py).
 MAX_PROMPT, CONTEXT = 1792, "bm25_functions"
 
 

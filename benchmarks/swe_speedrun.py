@@ -46,6 +46,7 @@ import corpus  # noqa: E402
 import fixes  # noqa: E402
 import lm  # noqa: E402
 import regrade  # noqa: E402
+from prompting import MAX_NEW, Prompting  # noqa: E402
 from report import REMOVAL_KINDS, diagnose_rounds, finish_report, load_report  # noqa: E402
 
 from fleet.contracts.sandbox import RewardMode  # noqa: E402
@@ -54,9 +55,9 @@ log = logging.getLogger("speedrun")
 
 DATA = ROOT / ".speedrun"  # what `prepare` makes and the GPU stages read (git ignores it; it travels with carry)
 SPEEDRUN = ROOT / "benchmarks" / "speedrun"
-MAX_PROMPT = 1792  # prompt budget (tokens) of SFT and GRPO; + MAX_NEW = the pre-training row length
-MAX_NEW = 256
-CONTEXT = "bm25_functions"
+# The prompt's budget and code context, the same in every stage and process of a pipeline (SPEEDRUN_MAX_PROMPT,
+# SPEEDRUN_CONTEXT_FUNCTIONS: speedrun/prompting.py); + MAX_NEW = the pre-training row length.
+PROMPT = Prompting.from_env()
 
 
 def write(out: Path, name: str, figures: dict[str, Any]) -> None:
@@ -125,13 +126,12 @@ def fixes_stage(args: argparse.Namespace) -> None:
     if args.corpus_fixes:
         figures["corpus"] = fixes.corpus_examples(args.data / "corpus" / "train.jsonl.xz", tokenizer,
                                                   args.data / "fixes" / "corpus.jsonl.xz", n=args.corpus_fixes,
-                                                  max_prompt_length=MAX_PROMPT, workers=args.workers,
+                                                  prompting=PROMPT, workers=args.workers,
                                                   context_lines=args.diff_context, per_file=args.per_file,
                                                   rename_share=args.rename_share)
     if args.sft_tasks:
         figures["sft_tasks"] = fixes.build(args.sft_tasks, tokenizer, args.data / "fixes" / f"{args.name}.jsonl.xz",
-                                           max_prompt_length=MAX_PROMPT, context=CONTEXT,
-                                           context_lines=args.diff_context)
+                                           prompting=PROMPT, context_lines=args.diff_context)
     figures["seconds"] = time.perf_counter() - t0
     write(args.out, "fixes.json", figures)
 
@@ -170,7 +170,7 @@ def corpus_more_stage(args: argparse.Namespace) -> None:
 def localisation_stage(args: argparse.Namespace) -> None:
     """CPU: how often the held-out prompts show the buggy function and the fix's lines (`fixes.localisation`)."""
     figures = fixes.localisation(args.data / "tasks", args.data / "corpus" / "tokenizer",
-                                 max_prompt_length=MAX_PROMPT, context=CONTEXT)
+                                 prompting=PROMPT)
     log.info("%s", json.dumps(figures))
     write(args.out, f"localisation_{args.name}.json", figures)
 
@@ -188,12 +188,12 @@ def pretrain(args: argparse.Namespace) -> None:
     shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
     models = args.out / "models"
     init = lm.make_model(args.data / "corpus" / "tokenizer", models / "init", shape,
-                         max_positions=MAX_PROMPT + MAX_NEW)
-    pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=MAX_PROMPT + MAX_NEW,
+                         max_positions=PROMPT.row_tokens)
+    pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=PROMPT.row_tokens,
                       rows_per_step=args.rows_per_step, steps=args.pretrain_steps, peak_lr=args.pretrain_lr,
                       max_seconds=args.pretrain_seconds, device=device, compile=not args.cpu,
                       max_eval_rows=args.eval_rows)
-    write(args.out, "pretrain.json", {**pre, "shape": shape, "device": device,
+    write(args.out, "pretrain.json", {**pre, "shape": shape, "device": device, "prompting": PROMPT.figures(),
                                       "gpu": torch.cuda.get_device_name() if device == "cuda" else None})
 
 
@@ -206,8 +206,8 @@ def sft_examples(args: argparse.Namespace) -> None:
                                                                    "total")}}
     figures["sft_split"] = split_for_sft(args.data / "tasks", args.sft_from_train)
     figures["sft_examples"] = fixes.build(args.data / "tasks", args.data / "corpus" / "tokenizer",
-                                          args.data / "sft.jsonl.xz", max_prompt_length=MAX_PROMPT,
-                                          context=CONTEXT, splits=("sft",), context_lines=args.diff_context)
+                                          args.data / "sft.jsonl.xz", prompting=PROMPT, splits=("sft",),
+                                          context_lines=args.diff_context)
     write(args.out, "sft_examples.json", figures)
 
 
@@ -217,19 +217,22 @@ def sft(args: argparse.Namespace) -> None:
     # corpus's (statements that name the function).
     # SFT task sets built here and there (`fixes --sft-tasks DIR --name sft_tasks*`) overlap: the builder picks the
     # same bugs first whatever --max-per-repo, so each task counts once.
-    by_id = {e["instance_id"]: e for path in [args.data / "sft.jsonl.xz",
-                                              *sorted((args.data / "fixes").glob("sft_tasks*.jsonl.xz"))]
-             if path.exists() for e in fixes.read(path)}
+    PROMPT.check_model(models / "base")
+    pairs = {path: fixes.read(path) for path in [args.data / "sft.jsonl.xz",
+                                                 *sorted((args.data / "fixes").glob("sft_tasks*.jsonl.xz")),
+                                                 args.data / "fixes" / "corpus.jsonl.xz"] if path.exists()}
+    for path, rows in pairs.items():
+        PROMPT.check_pairs(rows, path)
+    by_id = {e["instance_id"]: e for path, rows in pairs.items() if path.name != "corpus.jsonl.xz" for e in rows}
     tasks = list(by_id.values())
-    from_corpus = (fixes.read(args.data / "fixes" / "corpus.jsonl.xz")
-                   if (args.data / "fixes" / "corpus.jsonl.xz").exists() else [])
+    from_corpus = pairs.get(args.data / "fixes" / "corpus.jsonl.xz", [])
     examples = [*tasks * args.task_weight, *from_corpus]
     random.Random(0).shuffle(examples)
     examples = examples[: args.sft_examples]
     log.info("SFT on %d task examples (x%d) and %d corpus examples", len(tasks), args.task_weight, len(from_corpus))
     tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=args.sft_batch,
                    peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=_device(args), compile=not args.cpu,
-                   row_tokens=MAX_PROMPT + MAX_NEW, max_completion_tokens=MAX_NEW)
+                   row_tokens=PROMPT.row_tokens, max_completion_tokens=MAX_NEW)
     spelt = fixes.paths_spelt_alike(models / "sft", args.data / "tasks")
     log.info("the SFT model's tokenizer spells %d of %d gold-patch paths alike in the code header and the diff",
              spelt["alike"], spelt["paths"])
@@ -279,7 +282,7 @@ def train_split(tasks: Path, kinds: frozenset[str] | None, frames: bool, name: s
               if (kinds is None or t.metadata.get("bug_kind") in kinds)
               and (not frames or library_frames(t.problem_statement, list(t.metadata.get("test_files") or [])))]
     if shown is not None and chosen:
-        visible = fixes.fixes_shown(tasks, shown, chosen, max_prompt_length=MAX_PROMPT, context=CONTEXT)
+        visible = fixes.fixes_shown(tasks, shown, chosen, prompting=PROMPT)
         chosen = [t for t, v in zip(chosen, visible, strict=True) if v]
     if not chosen:
         raise SystemExit(f"--train-kinds/--train-frames/--train-shown: no training task of {tasks} has a kind in "
@@ -296,6 +299,9 @@ def grpo(args: argparse.Namespace) -> None:
     one device call instead of two, and the two modes share the same machine at the same time (the model is small;
     the sandbox, not the GPU, bounds the step)."""
     modes = ["sync", "async"] if args.mode == "both" else [args.mode]
+    if args.model is None:
+        raise SystemExit("grpo: --model (the SFT model's folder) is required")
+    PROMPT.check_model(args.model)
     if args.train_kinds or args.train_frames or args.train_shown:
         kinds = parse_kinds(args.train_kinds) if args.train_kinds else None
         split, n = train_split(args.data / "tasks", kinds, args.train_frames,
@@ -319,7 +325,7 @@ def grpo(args: argparse.Namespace) -> None:
         rc = proc.wait()
         path = args.out / f"grpo_{mode}.json"
         if path.is_file():  # a fleet that ran out of time still reports the rounds it finished
-            finish_report(path, args.data, MAX_PROMPT, CONTEXT, diagnosis=args.diagnose)
+            finish_report(path, args.data, PROMPT, diagnosis=args.diagnose)
         if rc:
             failed.append(f"{mode} exited {rc}")
     if failed:
@@ -337,8 +343,7 @@ def fleet_command(args: argparse.Namespace, mode: str, pool: int) -> list[str]:
         cmd.append("--resume")
     if args.cpu:
         cmd.append("--cpu")
-    return [*cmd, f"data.train.context={CONTEXT}", f"data.train.max_prompt_length={MAX_PROMPT}",
-            f"policy.max_total_sequence_length={MAX_PROMPT + MAX_NEW}", "grpo.val_at_start=true",
+    return [*cmd, *PROMPT.overrides(), "grpo.val_at_start=true",
             f"grpo.val_period={args.val_period}", f"grpo.max_val_samples={args.val_tasks}",
             f"policy.optimizer.lr={args.lr}", f"env.code.reward_mode={args.reward_mode}",
             f"env.code.format_error_reward={args.format_error_reward}",
@@ -355,12 +360,12 @@ def fleet_command(args: argparse.Namespace, mode: str, pool: int) -> list[str]:
 def diagnose_stage(args: argparse.Namespace) -> None:
     """Diagnose the logged held-out answers of a GRPO report (`--report`), here or where it ran."""
     if args.finish:
-        finish_report(args.report, args.data, MAX_PROMPT, CONTEXT)
+        finish_report(args.report, args.data, PROMPT)
         return
     report = load_report(args.report)
     write(args.out, args.report.name.replace("grpo_", "diagnosis_"),
-          {"report": str(args.report), "diagnosis": diagnose_rounds(report["validation_tasks"], args.data, MAX_PROMPT,
-                                                                    CONTEXT, report.get("tokenizer_sha256"))})
+          {"report": str(args.report), "diagnosis": diagnose_rounds(report["validation_tasks"], args.data, PROMPT,
+                                                                    report.get("tokenizer_sha256"))})
 
 
 def regrade_stage(args: argparse.Namespace) -> None:
@@ -394,9 +399,9 @@ def smoke(args: argparse.Namespace) -> None:
         shutil.copytree(tasks, data / "tasks")
         _ensure_validation(data / "tasks", args.val_tasks)
     counts = fixes.build(data / "tasks", data / "corpus" / "tokenizer", data / "sft.jsonl.xz",
-                         max_prompt_length=MAX_PROMPT, context=CONTEXT)
+                         prompting=PROMPT)
     from_corpus = fixes.corpus_examples(data / "corpus" / "train.jsonl.xz", data / "corpus" / "tokenizer",
-                                        data / "fixes" / "corpus.jsonl.xz", n=4, max_prompt_length=MAX_PROMPT,
+                                        data / "fixes" / "corpus.jsonl.xz", n=4, prompting=PROMPT,
                                         workers=1, rename_share=0.5)
     write(args.out, "prepare.json", {"sft_examples": counts, "corpus_examples": from_corpus})
     args.data = data

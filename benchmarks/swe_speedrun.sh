@@ -21,6 +21,9 @@
 # processes). `sft`: SFT examples cut from half of the task set's training functions, with the corpus's fixes and
 # any carried ones, and the base fine-tuned on them. Each call copies its figures (JSON) to $OUT; models stay in
 # /tmp/speedrun (too large to send back). Every call stays under the 600 s a call may run.
+# The prompt (SPEEDRUN_MAX_PROMPT tokens, default 1792; SPEEDRUN_CONTEXT_FUNCTIONS, default 12) is one setting for
+# the whole pipeline, from the base's row length to GRPO (speedrun/prompting.py): set it in every call, and make the
+# SFT pairs made here with it (`fixes --sft-tasks`); a base made for a smaller budget is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/speedrun-out}

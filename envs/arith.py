@@ -85,7 +85,8 @@ class ArithEnvironment:
     def task_to_payload(self, task: Task) -> dict[str, Any]:
         return {"instance_id": task.instance_id, "answer": int(task.metadata["answer"])}
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none",
+                     context_functions: int = 0) -> PromptResult:
         messages = [{"role": "user", "content": task.problem_statement}]
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -138,7 +138,8 @@ class DigitsEnvironment:
     def task_to_payload(self, task: Task) -> dict[str, Any]:
         return {"instance_id": task.instance_id, "answer": int(task.metadata["answer"])}
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none",
+                     context_functions: int = 0) -> PromptResult:
         text = tokenizer.apply_chat_template([{"role": "user", "content": task.problem_statement}], tokenize=False,
                                              add_generation_prompt=True)
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])

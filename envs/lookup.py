@@ -138,7 +138,8 @@ class LookupEnvironment:
         return {"instance_id": task.instance_id, "table": dict(task.metadata["table"]), "key": task.metadata["key"],
                 "answer": int(task.metadata["answer"])}
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none",
+                     context_functions: int = 0) -> PromptResult:
         from envs.agent.chat import tool_prompt
 
         return PromptResult(*tool_prompt(tokenizer, "lookup", SYSTEM_PROMPT, task.problem_statement, LOOKUP_TOOL_SPECS,

@@ -161,7 +161,8 @@ class PeekEnvironment:
     def task_to_payload(self, task: Task) -> dict[str, Any]:
         return {"instance_id": task.instance_id, "answer": int(task.metadata["answer"])}
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none",
+                     context_functions: int = 0) -> PromptResult:
         from envs.agent.chat import tool_prompt
 
         return PromptResult(*tool_prompt(tokenizer, "peek", SYSTEM_PROMPT, task.problem_statement, TOOL_SPECS,

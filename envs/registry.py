@@ -87,7 +87,10 @@ class Environment(Protocol):
         """The JSON-able payload the rollout worker needs to score answers to `task`."""
         ...
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "bm25") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "bm25",
+                     context_functions: int = ...) -> PromptResult:
+        """`context` and `context_functions`: `data.*.context`, `data.*.context_functions` (environments without
+        retrieved code context ignore them)."""
         ...
 
     async def score(self, payload: dict[str, Any], completion_text: str, **context: Any) -> ScoreResult:

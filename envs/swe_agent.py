@@ -29,7 +29,8 @@ class SweAgentEnvironment(SweEnvironment):
         super().__init__(**kw)
         self.system_prompt = system_prompt
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none",
+                     context_functions: int = 0) -> PromptResult:
         """Code context is never inlined: the agent reads the files it wants. A statement too long for
         `max_prompt_length` is cut (with a marker)."""
         from envs.agent.chat import ChatFormat

@@ -54,7 +54,8 @@ class EnvTaskSource:
 
     def _build(self, index: int) -> Task:
         t = self.dataset[index]
-        prompt = self.env.build_prompt(t, self.tokenizer, self.data_cfg.max_prompt_length, self.data_cfg.context)
+        cfg = self.data_cfg
+        prompt = self.env.build_prompt(t, self.tokenizer, cfg.max_prompt_length, cfg.context, cfg.context_functions)
         if getattr(prompt, "dropped_files", None):
             log.debug("task %s: context files dropped to fit the prompt: %s", t.instance_id, prompt.dropped_files)
         payload = json.dumps(self.env.task_to_payload(t), sort_keys=True).encode()

@@ -37,6 +37,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
+from prompting import Prompting
+
 from envs.swe.patch import HUNK_HEADER
 from envs.swe.retrieval import function_spans, is_test_path
 
@@ -96,10 +98,10 @@ def fix_visible(prompt_text: str, patch: str) -> bool:
     return bool(lines) and all(line in prompt_text for line in lines)
 
 
-def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: int, context: str,
+def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, prompting: Prompting,
           splits: tuple[str, ...] = ("train", "validation"), context_lines: int = 3) -> dict[str, Any]:
-    """Write `out` (JSONL, xz) of {"instance_id", "repo", "bug_kind", "prompt", "completion"}; return the counts."""
-    from envs.swe.prompt import build_prompt
+    """Write `out` (JSONL, xz) of {"instance_id", "repo", "bug_kind", "prompt", "completion"} and the prompting
+    they were made for; return the counts."""
     from envs.swe.taskset import read_split
     from fleet.tokenizer import load_tokenizer
 
@@ -110,7 +112,7 @@ def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: 
     with lzma.open(out, "wt") as f:
         for split in splits:
             for task in read_split(task_dir, split):
-                r = build_prompt(task, tok, max_prompt_length, context, repos_root=task_dir / "repos")
+                r = prompting.build(task, tok, task_dir / "repos")
                 counts["tasks"] += 1
                 if not fix_visible(r.text, task.patch):
                     counts["fix_not_in_prompt"] += 1
@@ -119,18 +121,17 @@ def build(task_dir: Path, tokenizer_dir: Path, out: Path, *, max_prompt_length: 
                 kind = str(task.metadata.get("bug_kind", ""))
                 kinds[kind] += 1
                 f.write(json.dumps({"instance_id": task.instance_id, "repo": task.repo, "bug_kind": kind,
-                                    "prompt": r.text, "completion": completion(task.patch, context_lines)}) + "\n")
-    return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": context,
-            "context_lines": context_lines}
+                                    "prompt": r.text, "completion": completion(task.patch, context_lines),
+                                    **prompting.figures()}) + "\n")
+    return {**counts, "bug_kinds": dict(kinds), **prompting.figures(), "context_lines": context_lines}
 
 
-def localisation(task_dir: Path, tokenizer_dir: Path, *, max_prompt_length: int, context: str,
+def localisation(task_dir: Path, tokenizer_dir: Path, *, prompting: Prompting,
                  split: str = "validation") -> dict[str, Any]:
     """How well a split's prompts localise the bug, read against the gold patch (never shown to the model): the
     buggy function in the code context at all, first in it, every line the fix changes in the context (the
     statement aside), and in the statement itself; the buggy function named by one of the statement's traceback
     frames. The ceiling a model answering from its prompt has, before any training."""
-    from envs.swe.prompt import build_prompt
     from envs.swe.taskset import read_split
     from fleet.tokenizer import load_tokenizer
 
@@ -138,7 +139,7 @@ def localisation(task_dir: Path, tokenizer_dir: Path, *, max_prompt_length: int,
     counts: Counter[str] = Counter()
     statement_tokens = 0
     for task in read_split(task_dir, split):
-        r = build_prompt(task, tok, max_prompt_length, context, repos_root=task_dir / "repos")
+        r = prompting.build(task, tok, task_dir / "repos")
         where, qualname = str(task.metadata["file"]), str(task.metadata["function"])
         hits = [i for i, label in enumerate(r.context_files) if label.startswith(where + ":")
                 and label.endswith(" " + qualname)]
@@ -152,25 +153,22 @@ def localisation(task_dir: Path, tokenizer_dir: Path, *, max_prompt_length: int,
         counts["function_in_a_frame"] += f"in {qualname.rsplit('.', 1)[-1]}\n" in statement
         statement_tokens += len(tok(statement)["input_ids"])
     return {**counts, "statement_tokens_mean": statement_tokens / max(1, counts["tasks"]), "split": split,
-            "max_prompt_length": max_prompt_length, "context": context}
+            **prompting.figures()}
 
 
-def _fix_shown(job: tuple[Any, str, int, str]) -> bool:
-    from envs.swe.prompt import build_prompt
-
-    task, repos_root, max_prompt_length, context = job
-    prompt = build_prompt(task, _worker_tok, max_prompt_length, context, repos_root=Path(repos_root))
-    return fix_visible(prompt.text, task.patch)
+def _fix_shown(job: tuple[Any, str, Prompting]) -> bool:
+    task, repos_root, prompting = job
+    return fix_visible(prompting.build(task, _worker_tok, Path(repos_root)).text, task.patch)
 
 
-def fixes_shown(task_dir: Path, tokenizer_dir: Path, tasks: Sequence[Any], *, max_prompt_length: int,
-                context: str, workers: int | None = None) -> list[bool]:
+def fixes_shown(task_dir: Path, tokenizer_dir: Path, tasks: Sequence[Any], *, prompting: Prompting,
+                workers: int | None = None) -> list[bool]:
     """For each task, whether its prompt shows every line its fix changes: `build`'s criterion for an SFT pair,
     read here to choose GRPO's training tasks. A task failing it yields a group with no resolve and so no gradient
     (in the tenth run's in-place training tasks, 104 of 313). Reads the gold patch of training tasks only; the
     prompts are built on `workers` processes (~0.1 s each)."""
     workers = max(1, min(workers or os.cpu_count() or 1, len(tasks) or 1))
-    jobs = [(t, str(task_dir / "repos"), max_prompt_length, context) for t in tasks]
+    jobs = [(t, str(task_dir / "repos"), prompting) for t in tasks]
     with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
         return list(pool.map(_fix_shown, jobs, chunksize=8))
 
@@ -324,7 +322,7 @@ def _mutate_function(text: str, path: str, start: int, end: int, rng: random.Ran
     return buggy, kind
 
 
-def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int, float]
+def _one_file(job: tuple[str, str, str, list[tuple[str, str]], Prompting, str, int, float]
               ) -> tuple[dict[str, str] | None, str]:
     """One example from one corpus file, or None and why: a random function, kind and site, mutated; the fix is the
     mutation undone. With probability `rename_share` (the job's last item) the project gets an unseen name first
@@ -332,7 +330,7 @@ def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int, fl
     from envs.swe.prompt import render_prompt
     from envs.swe.retrieval import function_docs, rank
 
-    package, path, text, neighbours, max_prompt_length, seed, context_lines, rename_share = job
+    package, path, text, neighbours, prompting, seed, context_lines, rename_share = job
     renamed = None
     if rename_share > 0:  # its own generator: the same file draws the same function and site either way
         rename_rng = random.Random(f"{seed}-rename")
@@ -354,17 +352,17 @@ def _one_file(job: tuple[str, str, str, list[tuple[str, str]], int, str, int, fl
     qualname, buggy, kind = picked
     statement = _statement(seed, package, qualname)
     docs = function_docs([(path, buggy), *neighbours])
-    ranked = [(d.path, d.text) for d in rank(docs, statement, 12)]
-    prompt = render_prompt(statement, ranked, _worker_tok, max_prompt_length, name_omitted=False)
+    ranked = [(d.path, d.text) for d in rank(docs, statement, prompting.functions)]
+    prompt = render_prompt(statement, ranked, _worker_tok, prompting.max_prompt_length, name_omitted=False)
     patch = git_diff(path, buggy, text, context_lines)
     if not fix_visible(prompt.text, patch):
         return None, "fix_not_in_prompt"
     example = {"instance_id": f"corpus__{package}__{seed}", "repo": package, "bug_kind": kind, "prompt": prompt.text,
-               "completion": completion(patch, context_lines)}
+               "completion": completion(patch, context_lines), **prompting.figures()}
     return ({**example, "renamed": renamed[-1]} if renamed else example), "examples"
 
 
-def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int,
+def _jobs(records: list[dict[str, str]], prompting: Prompting, seed: int,
           context_lines: int = 3, per_file: int = 1, rename_share: float = 0.0) -> Iterator[tuple[Any, ...]]:
     """One job per library file in a seeded order; `per_file` passes over them, each pass drawing other functions
     (the seed differs), so that a corpus smaller than `n` files still gives `n` examples."""
@@ -384,7 +382,7 @@ def _jobs(records: list[dict[str, str]], max_prompt_length: int, seed: int,
             rng.shuffle(others)
             neighbours = [(o["path"], o["text"]) for o in others[:_NEIGHBOURS]]
             job_seed = f"{seed}-{i}" if k == 0 else f"{seed}-{i}-{k}"
-            yield (r["package"], r["path"], r["text"], neighbours, max_prompt_length, job_seed, context_lines,
+            yield (r["package"], r["path"], r["text"], neighbours, prompting, job_seed, context_lines,
                    rename_share)
 
 
@@ -426,7 +424,7 @@ def rename_project(path: str, text: str, neighbours: list[tuple[str, str]], pack
             mention.sub(new, package), f"{old}->{new}")
 
 
-def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int, max_prompt_length: int,
+def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int, prompting: Prompting,
                     seed: int = 0, workers: int | None = None, context_lines: int = 3,
                     per_file: int = 1, rename_share: float = 0.0) -> dict[str, Any]:
     """Write up to `n` examples from the corpus's files (up to `per_file` per file, in a seeded order) to `out`
@@ -440,7 +438,7 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     with lzma.open(out, "wt") as f, ProcessPoolExecutor(workers, initializer=_init_worker,
                                                         initargs=(str(tokenizer_dir),)) as pool:
-        jobs = _jobs(records, max_prompt_length, seed, context_lines, per_file, rename_share)
+        jobs = _jobs(records, prompting, seed, context_lines, per_file, rename_share)
         while counts["examples"] < n:
             batch = [j for _, j in zip(range(4 * workers), jobs, strict=False)]
             if not batch:
@@ -454,5 +452,5 @@ def corpus_examples(corpus_file: Path, tokenizer_dir: Path, out: Path, *, n: int
                     kinds[example["bug_kind"]] += 1
                     counts["renamed"] += "renamed" in example
                     f.write(json.dumps(example) + "\n")
-    return {**counts, "bug_kinds": dict(kinds), "max_prompt_length": max_prompt_length, "context": "bm25_functions",
-            "context_lines": context_lines, "per_file": per_file, "rename_share": rename_share}
+    return {**counts, "bug_kinds": dict(kinds), **prompting.figures(), "context_lines": context_lines,
+            "per_file": per_file, "rename_share": rename_share}

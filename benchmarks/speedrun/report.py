@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import diagnose
+from prompting import Prompting
 
 from workshop.tinymodel import tokenizer_fingerprint
 
@@ -34,17 +35,20 @@ def load_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def finish_report(path: Path, data: Path, max_prompt: int, context: str, diagnosis: bool = True) -> None:
+def finish_report(path: Path, data: Path, prompting: Prompting, diagnosis: bool = True) -> None:
     """Add to a fleet's report the held-out changes with their intervals, why patches did not apply, and the
     diagnosis of every logged answer (`grpo` does it where it ran; `diagnose --finish` anywhere, for a report whose
-    device call ran out before this step or left the diagnosis out: it rebuilds every prompt, ~40 s a report)."""
+    device call ran out before this step or left the diagnosis out: it rebuilds every prompt, ~40 s a report).
+    The prompts are rebuilt with the prompting the report records (`prompting`, written here the first time)."""
     report = load_report(path)
+    recorded = report.setdefault("prompting", prompting.figures())
+    prompting = Prompting(recorded["max_prompt_length"], recorded["context"], recorded["context_functions"])
     report["heldout"] = heldout_changes(report["validation_tasks"])
     report["heldout_by_family"] = by_family(report["validation_tasks"], data)
     report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}
                                 for r in report["validation_tasks"]]
     if diagnosis:
-        report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, max_prompt, context,
+        report["diagnosis"] = diagnose_rounds(report["validation_tasks"], data, prompting,
                                               tokenizer_sha256=report.get("tokenizer_sha256"))
     if answers_path(path).is_file():  # the answers stay where they were moved
         report.pop("validation_tasks")
@@ -71,11 +75,10 @@ def check_tokenizer(data: Path, tokenizer_sha256: str | None) -> None:
                          f"{data}/corpus/tokenizer is {have[:12]}: diagnose them with the tokenizer that wrote them")
 
 
-def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, context: str,
+def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, prompting: Prompting,
                     tokenizer_sha256: str | None = None) -> list[dict[str, Any]]:
     """`speedrun/diagnose.py` over the rounds' logged answers, with the prompts they answered (rebuilt as GRPO
     builds them) to tell a line copied from elsewhere in the prompt from one made up."""
-    from envs.swe.prompt import build_prompt
     from envs.swe.taskset import read_split
     from fleet.tokenizer import load_tokenizer
 
@@ -86,8 +89,7 @@ def diagnose_rounds(rounds: list[dict[str, Any]], data: Path, max_prompt: int, c
     tasks = {t.instance_id: t for split in ("train", "validation") for t in read_split(data / "tasks", split)
              if t.instance_id in ids}
     tok = load_tokenizer(data / "corpus" / "tokenizer")
-    prompts = {i: build_prompt(t, tok, max_prompt, context, repos_root=data / "tasks" / "repos").text
-               for i, t in tasks.items()}
+    prompts = {i: prompting.build(t, tok, data / "tasks" / "repos").text for i, t in tasks.items()}
     return diagnose.round_table(rounds, tasks, tok, data / "tasks" / "repos", prompts)
 
 

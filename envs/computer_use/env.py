@@ -77,7 +77,8 @@ class ComputerUseEnvironment:
                 "html": meta["html"], "viewport": list(meta["viewport"]), "check": meta["check"],
                 "action_timeout_s": self.cfg.action_timeout_s, "max_actions": self.cfg.max_actions}
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none") -> PromptResult:
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "none",
+                     context_functions: int = 0) -> PromptResult:
         """Text only: the system prompt, the tools (through the chat template) and the instruction; the runner
         appends the first screenshot as the first observation. `tokenizer` may be a processor (its tokenizer is
         used)."""

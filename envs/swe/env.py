@@ -10,6 +10,7 @@ from envs.swe.patch import extract_patch
 from envs.swe.paths import default_task_dir, repos_dir
 from envs.swe.payload import payload_to_spec, task_to_payload
 from envs.swe.prompt import build_prompt
+from envs.swe.retrieval import TOP_K_FUNCTIONS
 from fleet.contracts.sandbox import DEFAULT_TASK_TIMEOUT_S, Verdict
 
 if TYPE_CHECKING:
@@ -33,8 +34,10 @@ class SweEnvironment:
     def task_to_payload(self, task: Task) -> dict[str, Any]:
         return task_to_payload(task)
 
-    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "bm25") -> PromptResult:
-        return build_prompt(task, tokenizer, max_prompt_length, context, repos_root=self.repos_root)
+    def build_prompt(self, task: Task, tokenizer: Any, max_prompt_length: int, context: str = "bm25",
+                     context_functions: int = TOP_K_FUNCTIONS) -> PromptResult:
+        return build_prompt(task, tokenizer, max_prompt_length, context, repos_root=self.repos_root,
+                            functions=context_functions)
 
     async def score(
         self, payload: dict[str, Any], completion_text: str, *, scorer: Scorer | None = None, sandbox: Any = None,

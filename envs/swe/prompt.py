@@ -18,7 +18,7 @@ from typing import Any
 from envs.registry import PromptResult, Task
 from envs.swe.assets import statement_with_image_notes
 from envs.swe.gitrepo import BareRepo, GitError
-from envs.swe.retrieval import retrieve, retrieve_functions
+from envs.swe.retrieval import TOP_K_FUNCTIONS, retrieve, retrieve_functions
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +62,16 @@ def _user_message(statement: str, files: list[tuple[str, str]], omitted: list[st
     return "\n\n".join(parts)
 
 
-def context_files(task: Task, repos_root: str | Path | None, context: str = "bm25") -> list[tuple[str, str]]:
+def context_files(task: Task, repos_root: str | Path | None, context: str = "bm25",
+                  functions: int = TOP_K_FUNCTIONS) -> list[tuple[str, str]]:
     """(path, text) of the source files retrieved for the task's statement (`bm25`), or (`path:line qualname`,
-    source) of its functions (`bm25_functions`); none without a local checkout."""
+    source) of its best `functions` functions (`bm25_functions`); none without a local checkout."""
     repo = resolve_repo(task.repo_url, repos_root)
     if repo is None:
         return []
     try:
         if context == "bm25_functions":
-            return retrieve_functions(repo, task.base_commit, task.problem_statement)
+            return retrieve_functions(repo, task.base_commit, task.problem_statement, k=functions)
         return retrieve(repo, task.base_commit, task.problem_statement)
     except GitError as exc:  # a checkout without this base_commit: the statement alone, said once per task
         log.warning("task %s: no code context (%s)", task.instance_id, exc)
@@ -85,10 +86,11 @@ def build_prompt(
     *,
     repos_root: str | Path | None = None,
     system_prompt: str = SYSTEM_PROMPT,
+    functions: int = TOP_K_FUNCTIONS,
 ) -> PromptResult:
     if context not in ("bm25", "bm25_functions", "none"):
         raise ValueError(f"context must be 'bm25', 'bm25_functions' or 'none', got {context!r}")
-    files = context_files(task, repos_root, context) if context != "none" else []
+    files = context_files(task, repos_root, context, functions) if context != "none" else []
     # Files left out are named (a reader knows what exists); functions left out are not: a ranked selection of a
     # repository's functions is partial by nature, and a dozen names would take the budget of a function.
     return render_prompt(statement_with_image_notes(task), files, tokenizer, max_prompt_length,

@@ -5,7 +5,9 @@ whole fleet (Redis, buffer, sandbox, rollout worker, torchrun trainer) with gree
 from __future__ import annotations
 
 import json
+import lzma
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +18,22 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
+def fixes_rows(path: Path) -> list[dict]:
+    with lzma.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
 def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Path) -> None:
     out = tmp_path / "speedrun"
+    # A prompt setting other than the defaults, as a run chooses it: every stage must build the same prompt.
+    env = {**os.environ, "SPEEDRUN_MAX_PROMPT": "1536", "SPEEDRUN_CONTEXT_FUNCTIONS": "8"}
+    prompting = {"max_prompt_length": 1536, "context": "bm25_functions", "context_functions": 8}
     proc = subprocess.run([sys.executable, "benchmarks/swe_speedrun.py", "smoke", "--out", str(out), "--tasks",
-                           str(task_slice)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           str(task_slice)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((out / "pretrain.json").read_text())["prompting"] == prompting
+    assert json.loads((out / "models" / "sft" / "config.json").read_text())["max_position_embeddings"] == 1536 + 256
+    assert all({k: row[k] for k in prompting} == prompting for row in fixes_rows(out / "data" / "sft.jsonl.xz"))
     prepared = json.loads((out / "prepare.json").read_text())["sft_examples"]
     assert prepared["examples"] >= 1 and prepared["examples"] + prepared.get("fix_not_in_prompt", 0) == \
         prepared["tasks"]
@@ -41,7 +54,9 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
     for mode in ("sync", "async"):
         assert (out / f"grpo_{mode}.log").stat().st_size > 0
         grpo = json.loads((out / f"grpo_{mode}.json").read_text())
-        assert grpo["mode"] == mode
+        assert grpo["mode"] == mode and grpo["prompting"] == prompting
+        fleet_cfg = (out / "runs" / mode / "config.yaml").read_text()
+        assert "context_functions: 8" in fleet_cfg and "max_prompt_length: 1536" in fleet_cfg
         assert grpo["fleet"]["rc"] == 0 and not grpo["accounting"]["violations"]
         rounds = grpo["validation"]
         assert len(rounds) == 2 and all(r["val/tasks"] == 2 for r in rounds)
@@ -65,11 +80,14 @@ def test_every_stage_runs_and_reports_its_figures(task_slice: Path, tmp_path: Pa
         assert all(sum(d["kinds"].values()) == d["answers"] == 2 for d in grpo["diagnosis"])
     # A later device call continues both runs from the checkpoints the first wrote (`grpo --resume`): the trainer
     # resumes at step 1 without validating the same weights again, and the report then holds both calls' rounds.
-    proc = subprocess.run([sys.executable, "benchmarks/swe_speedrun.py", "grpo", "--cpu", "--resume", "--out",
-                           str(out), "--data", str(out / "data"), "--model", str(out / "models" / "sft"),
-                           "--steps", "2", "--prompts", "2", "--generations", "2", "--val-period", "1",
-                           "--val-tasks", "2", "--timeout", "240"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    resume = [sys.executable, "benchmarks/swe_speedrun.py", "grpo", "--cpu", "--resume", "--out", str(out), "--data",
+              str(out / "data"), "--model", str(out / "models" / "sft"), "--steps", "2", "--prompts", "2",
+              "--generations", "2", "--val-period", "1", "--val-tasks", "2", "--timeout", "240"]
+    # Without the setting, the default prompt (1792 + 256 tokens) would not fit the model's 1792 positions.
+    proc = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in env.items() if not k.startswith("SPEEDRUN_")})
+    assert proc.returncode != 0 and "1792 positions, fewer than this run's prompts" in proc.stderr, proc.stderr
+    proc = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for mode in ("sync", "async"):
         trainer_log = (out / "runs" / mode / "logs" / "processes" / "trainer.log").read_text()
@@ -120,8 +138,8 @@ def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_
     shutil.copytree(task_slice, tasks)
     validation = (tasks / "validation.jsonl").read_text()
 
-    counts = fixes.build(tasks, tokenizer, tmp_path / "sft.jsonl.xz", max_prompt_length=swe_speedrun.MAX_PROMPT,
-                         context=swe_speedrun.CONTEXT, splits=("train",))
+    counts = fixes.build(tasks, tokenizer, tmp_path / "sft.jsonl.xz", prompting=swe_speedrun.PROMPT,
+                         splits=("train",))
     paired = [r["instance_id"] for r in fixes.read(tmp_path / "sft.jsonl.xz")]
     assert counts["tasks"] == len((tasks / "train.jsonl").read_text().splitlines())
     name, n = swe_speedrun.train_split(tasks, None, frames=False, shown=tokenizer)

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
 import fixes  # noqa: E402
+from prompting import Prompting  # noqa: E402
 
 from envs.swe.patch import extract_patch  # noqa: E402
 from envs.swe.retrieval import function_spans  # noqa: E402
@@ -139,7 +140,8 @@ def test_a_corpus_fix_names_the_function_but_leaves_the_path_to_the_code_context
     made = 0
     for i, name in enumerate(MODULES[:3]):
         path = f"lib/{name}"
-        example, outcome = fixes._one_file(("stdlib", path, (STDLIB / name).read_text(), [], 1792, f"t-{i}", 1, 0.0))
+        text = (STDLIB / name).read_text()
+        example, outcome = fixes._one_file(("stdlib", path, text, [], Prompting(), f"t-{i}", 1, 0.0))
         if example is None:
             continue
         made += 1
@@ -177,7 +179,7 @@ def test_a_renamed_package_is_renamed_everywhere_and_its_fix_still_applies(tmp_p
     old = fixes.import_root(path)
     renamed = []
     for i in range(12):
-        example, _ = fixes._one_file(("stdlib", path, original, [], 1792, f"r-{i}", 1, 1.0))
+        example, _ = fixes._one_file(("stdlib", path, original, [], Prompting(), f"r-{i}", 1, 1.0))
         if example is not None:
             renamed.append(example)
             # Renamed before the prompt is rendered: within the same token budget as every other prompt.

@@ -85,3 +85,17 @@ def test_over_long_statement_is_shortened_visibly(tmp_path, chat_tokenizer):
     assert "the rest of the issue was cut" in r.text
     with pytest.raises(ValueError, match="max_prompt_length=5"):
         build_prompt(long, chat_tokenizer, 5, "none")
+
+
+def test_a_functions_prompt_shows_at_most_context_functions_of_them_whatever_the_budget(tmp_path, chat_tokenizer):
+    import dataclasses
+
+    from envs.swe.env import SweEnvironment
+
+    task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
+    task = dataclasses.replace(task, problem_statement="Each function of x returns the wrong x.")
+    env = SweEnvironment(repos_root=repos)
+    shown = {k: env.build_prompt(task, chat_tokenizer, 100_000, "bm25_functions", context_functions=k).context_files
+             for k in (1, 3, 12, 40)}
+    assert {k: len(v) for k, v in shown.items()} == {1: 1, 3: 3, 12: 12, 40: 40}
+    assert shown[1] == shown[3][:1] and shown[3] == shown[12][:3] == shown[40][:3]  # one ranking, cut further on
