@@ -181,19 +181,27 @@ def _device(args: argparse.Namespace) -> str:
     return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
 
 
+def per_step(row_tokens: int, rows_at_2048: int) -> int:
+    """Rows a step for a prompt setting: as many tokens a step as the runs at 2,048-token rows took (`rows_at_2048`
+    rows), so that a longer prompt neither changes the batch's tokens nor runs out of the GPU's memory."""
+    return max(1, rows_at_2048 * 2048 // row_tokens)
+
+
 def pretrain(args: argparse.Namespace) -> None:
     import torch
 
     device = _device(args)
     shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
     models = args.out / "models"
+    rows = args.rows_per_step or per_step(PROMPT.row_tokens, 64)
     init = lm.make_model(args.data / "corpus" / "tokenizer", models / "init", shape,
                          max_positions=PROMPT.row_tokens)
     pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=PROMPT.row_tokens,
-                      rows_per_step=args.rows_per_step, steps=args.pretrain_steps, peak_lr=args.pretrain_lr,
+                      rows_per_step=rows, steps=args.pretrain_steps, peak_lr=args.pretrain_lr,
                       max_seconds=args.pretrain_seconds, device=device, compile=not args.cpu,
                       max_eval_rows=args.eval_rows)
     write(args.out, "pretrain.json", {**pre, "shape": shape, "device": device, "prompting": PROMPT.figures(),
+                                      "rows_per_step": rows,
                                       "gpu": torch.cuda.get_device_name() if device == "cuda" else None})
 
 
@@ -230,14 +238,16 @@ def sft(args: argparse.Namespace) -> None:
     random.Random(0).shuffle(examples)
     examples = examples[: args.sft_examples]
     log.info("SFT on %d task examples (x%d) and %d corpus examples", len(tasks), args.task_weight, len(from_corpus))
-    tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=args.sft_batch,
+    batch = args.sft_batch or per_step(PROMPT.row_tokens, 32)
+    tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=batch,
                    peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=_device(args), compile=not args.cpu,
                    row_tokens=PROMPT.row_tokens, max_completion_tokens=MAX_NEW)
     spelt = fixes.paths_spelt_alike(models / "sft", args.data / "tasks")
     log.info("the SFT model's tokenizer spells %d of %d gold-patch paths alike in the code header and the diff",
              spelt["alike"], spelt["paths"])
     write(args.out, "sft.json", {**tuned, "task_examples": len(tasks), "task_weight": args.task_weight,
-                                 "corpus_examples": len(from_corpus), "paths_spelt_alike": spelt})
+                                 "corpus_examples": len(from_corpus), "paths_spelt_alike": spelt, "batch": batch,
+                                 "prompting": PROMPT.figures()})
 
 
 def parse_kinds(spec: str) -> frozenset[str]:
@@ -471,7 +481,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--out", type=Path, required=True)
         s.add_argument("--data", type=Path, default=DATA)
         s.add_argument("--cpu", action="store_true", default=name == "smoke")
-        s.add_argument("--rows-per-step", type=int, default=2 if name == "smoke" else 64)
+        s.add_argument("--rows-per-step", type=int, default=2 if name == "smoke" else None,
+                       help="pre-training rows a step (default: 64 rows of 2,048 tokens' worth, whatever the prompt)")
         s.add_argument("--pretrain-steps", type=int, default=3 if name == "smoke" else 4000)
         s.add_argument("--pretrain-seconds", type=float, default=360.0)
         s.add_argument("--pretrain-lr", type=float, default=1.5e-3)
@@ -480,7 +491,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--sft-epochs", type=float, default=1.0 if name == "smoke" else 3.0)
         s.add_argument("--task-weight", type=int, default=2)
         s.add_argument("--diff-context", type=int, default=3, help="sft-examples: context lines of an SFT diff")
-        s.add_argument("--sft-batch", type=int, default=2 if name == "smoke" else 32)
+        s.add_argument("--sft-batch", type=int, default=2 if name == "smoke" else None,
+                       help="SFT examples a step (default: 32 at 1,792-token prompts, fewer in proportion to longer)")
         s.add_argument("--sft-lr", type=float, default=5e-4)
         s.add_argument("--sft-seconds", type=float, default=180.0)
         s.add_argument("--model", type=Path, default=None)

@@ -48,3 +48,13 @@ def test_sft_pairs_made_for_another_prompt_are_refused_and_old_pairs_count_as_th
         Prompting(max_prompt_length=4096, functions=32).check_pairs(old, tmp_path / "sft_tasks.jsonl.xz")
     new = [{**old[0], **Prompting(4096, functions=32).figures()}]
     Prompting(4096, functions=32).check_pairs(new, tmp_path / "x")
+
+
+def test_a_longer_prompt_keeps_the_tokens_a_pretraining_and_an_sft_step_take() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import swe_speedrun
+
+    assert swe_speedrun.per_step(2048, 64) == 64 and swe_speedrun.per_step(2048, 32) == 32  # the runs so far
+    long = Prompting(max_prompt_length=4096).row_tokens
+    assert (swe_speedrun.per_step(long, 64), swe_speedrun.per_step(long, 32)) == (30, 15)
+    assert 30 * long <= 64 * 2048 < 31 * long
