@@ -86,7 +86,8 @@ class Prompting:
 
     def check_model(self, model_dir: Path) -> None:
         """Refuse a model with fewer positions than a prompt and its answer (it was pre-trained for a smaller
-        budget, and positions it never saw are noise to it)."""
+        budget, and positions it never saw are noise to it), and a speedrun's own model (`SPEEDRUN.txt`: its
+        positions are its rows) made for another budget: SFT taught it prompts of that length."""
         import json
 
         config = json.loads((model_dir / "config.json").read_text())
@@ -95,3 +96,7 @@ class Prompting:
             raise SystemExit(f"{model_dir}: {positions} positions, fewer than this run's prompts and answers "
                              f"({self.max_prompt_length} + {MAX_NEW}; SPEEDRUN_MAX_PROMPT): pre-train a base with "
                              f"this budget, or run with the one it was made for ({positions - MAX_NEW})")
+        if (model_dir / "SPEEDRUN.txt").is_file() and positions != self.row_tokens:
+            raise SystemExit(f"{model_dir}: a speedrun model made for prompts of {positions - MAX_NEW} tokens, this "
+                             f"run builds {self.max_prompt_length} (SPEEDRUN_MAX_PROMPT): set it to "
+                             f"{positions - MAX_NEW}")

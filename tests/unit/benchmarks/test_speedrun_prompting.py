@@ -34,11 +34,15 @@ def test_a_bad_setting_is_refused_naming_the_variable(name: str, raw: str, says:
         Prompting.from_env({name: raw})
 
 
-def test_a_model_with_fewer_positions_than_a_prompt_and_its_answer_is_refused(tmp_path: Path) -> None:
+def test_a_model_too_short_for_the_prompt_or_a_speedrun_model_made_for_another_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
     Prompting().check_model(tmp_path)  # 1792 + 256: the seventeenth run's base
     with pytest.raises(SystemExit, match=r"2048 positions.*\(1792\)"):
         Prompting(max_prompt_length=4096).check_model(tmp_path)
+    Prompting(max_prompt_length=1024).check_model(tmp_path)  # a model from elsewhere: any budget it holds
+    (tmp_path / "SPEEDRUN.txt").write_text("sft\n")  # the speedrun's own: SFT taught it one prompt length
+    with pytest.raises(SystemExit, match="made for prompts of 1792 tokens, this run builds 1024"):
+        Prompting(max_prompt_length=1024).check_model(tmp_path)
 
 
 def test_sft_pairs_made_for_another_prompt_are_refused_and_old_pairs_count_as_the_defaults(tmp_path: Path) -> None:
