@@ -107,9 +107,18 @@ def retrieve(repo: BareRepo, commit: str, statement: str, k: int = TOP_K) -> lis
     return [(d.path, d.text) for d in rank(_index(str(Path(repo.path).resolve()), commit), statement, k)]
 
 
+# Statements whose bodies may define functions of the module or class they are in: `try: import json ... else:
+# def to_json(...)`, `if sys.version_info >= ...:`, `with warnings.catch_warnings():`.
+_BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.ExceptHandler, ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While,
+           ast.Match, ast.match_case)
+
+
 def function_spans(text: str) -> list[tuple[str, int, int]]:
-    """(qualified name, first line with decorators, last line) of every function and method of a module; a nested
-    function stays inside its parent. A module that does not parse (Python 2 leftovers) has none."""
+    """(qualified name, first line with decorators, last line) of every function and method of a module, those
+    defined under an `if`, `try` or `with` included (named as if they were not); a nested function stays inside its
+    parent, unless the parent is too long to be shown (`_MAX_FUNCTION_LINES`): then it is listed too, under the
+    parent's name (`Schema.json_schema._to_type`), as the task builder names the functions it mutates. A module
+    that does not parse (Python 2 leftovers) has none."""
     return list(_module_spans(text))
 
 
@@ -127,7 +136,12 @@ def _module_spans(text: str) -> tuple[tuple[str, int, int], ...]:
                 visit(child, f"{prefix}{child.name}.")
             elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                out.append((f"{prefix}{child.name}", start, child.end_lineno or child.lineno))
+                end = child.end_lineno or child.lineno
+                out.append((f"{prefix}{child.name}", start, end))
+                if end - start >= _MAX_FUNCTION_LINES:
+                    visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, _BLOCKS):
+                visit(child, prefix)
 
     visit(tree, "")
     return tuple(out)

@@ -152,3 +152,57 @@ def test_a_called_name_many_functions_share_points_at_none_of_them(tmp_path: Pat
     # Four `get` methods: the call is no pointer, and the words rank the duration parser first.
     assert ranked[0] == "pkg/core.py:6 parse_duration"
     assert called_names(statement) == {"get"}
+
+
+GUARDED = '''import json
+import sys
+
+try:
+    import yaml
+except ImportError:
+    def to_yaml(obj):
+        raise RuntimeError("no yaml")
+else:
+    def to_yaml(obj):
+        return yaml.safe_dump(obj)
+
+if sys.version_info >= (3, 8):
+    class Box:
+        with open(__file__):
+            def unbox(self):
+                return self.value
+
+
+def render(obj):
+''' + "".join(f"    part{i} = obj.get({i})\n" for i in range(160)) + '''    def escape(text):
+        return text.replace("<", "&lt;")
+    return escape(json.dumps(obj))
+
+
+def short(obj):
+    def inner():
+        return obj
+    return inner
+'''
+
+
+def test_functions_under_a_statement_or_in_a_function_too_long_to_show_are_listed_as_the_builder_names_them() -> None:
+    from envs.swe.retrieval import function_spans
+    from launch.data.mutations import ModuleSites
+
+    names = [name for name, _, _ in function_spans(GUARDED)]
+    assert names == ["to_yaml", "to_yaml", "Box.unbox", "render", "render.escape", "short"]
+    builder = {f.qualname.split("#")[0] for f in ModuleSites(GUARDED, "pkg/fmt.py").functions}
+    assert builder - set(names) == {"short.inner"}  # shown inside `short`, which is shown whole
+
+
+def test_a_traceback_frame_in_a_function_defined_under_try_else_ranks_it_first(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "fmt.py").write_text(GUARDED)
+    bare = BareRepo.create(tmp_path / "pkg.git")
+    commit = bare.commit_directory(src, "pkg 1.0")
+    statement = ("Dumping fails.\n\n```\ntests/test_fmt.py:3: in test_dump\n    to_yaml({})\n"
+                 "pkg/fmt.py:11: in to_yaml\n    return yaml.safe_dump(obj)\nE   TypeError: boom\n```\n")
+    ranked = [label for label, _ in retrieve_functions(bare, commit, statement)]
+    assert ranked[0] == "pkg/fmt.py:10 to_yaml"
