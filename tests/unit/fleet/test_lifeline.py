@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from procs import alive
+
 ROOT = Path(__file__).resolve().parents[3]
 
 SERVICE = """
@@ -31,14 +33,6 @@ if __name__ == "__main__":
     print("PIDS", core.pid, setsid.pid, shell.pid, late.pid, flush=True)
     time.sleep(600)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _children(pid: int) -> set[int]:
@@ -74,7 +68,7 @@ def _run_service(tmp_path: Path, *, own_group: bool, settle_s: float) -> tuple[s
 
 def _wait_gone(pids: set[int], timeout_s: float = 5.0) -> set[int]:
     deadline = time.monotonic() + timeout_s
-    while (left := {p for p in pids if _alive(p)}) and time.monotonic() < deadline:
+    while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from procs import alive
 
 from fleet.spawn import guarded
 from launch.supervisor import Supervisor
@@ -70,11 +71,11 @@ def test_a_guarded_child_gets_sigterm_when_its_parent_is_sigkilled(tmp_path: Pat
             assert time.monotonic() < deadline and proc.poll() is None, "the parent never started its child"
             time.sleep(0.05)
         child = int(pid_file.read_text())
-        assert _alive(child)
+        assert alive(child)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 10
-        while _alive(child):
+        while alive(child):
             assert time.monotonic() < deadline, f"child {child} outlived its SIGKILLed parent"
             time.sleep(0.05)
     finally:
@@ -95,10 +96,3 @@ def test_without_util_linux_the_settings_fall_back_to_a_hook_only_while_grpc_is_
     argv, hook = guarded(["true"], cpus=[0])
     assert hook is None and argv[-1] == "true"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 from launch.supervisor import Supervisor
 from launch.topology import ProcessSpec
@@ -22,14 +23,6 @@ SERVICE = ("import subprocess, sys, time\n"
            "print('HELPER', helper.pid, flush=True)\n"
            "time.sleep(600)\n")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _helper_pids(log: Path) -> list[int]:
@@ -60,12 +53,12 @@ async def test_a_killed_service_is_restarted_within_seconds_and_its_orphans_are_
         await _helper_pid(sup.log_path("worker"), 2)
         assert loop.time() - t0 < 5.0, "the restart waited for the pipe, not the process"
         assert sup.procs["worker"].pid != first_pid and sup.restarts["worker"] == 1
-        assert not _alive(helper), "the killed service's helper outlived it"
+        assert not alive(helper), "the killed service's helper outlived it"
     finally:
         stop.set()
         await watch
         await sup.stop_all(grace_s=5)
-    assert all(not _alive(p.pid) for p in sup.procs.values())
+    assert all(not alive(p.pid) for p in sup.procs.values())
 
 
 async def test_a_failed_trainer_is_reported_with_what_the_launcher_saw_of_the_others(

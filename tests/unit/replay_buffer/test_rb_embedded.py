@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from procs import alive
 
 from services.replay_buffer import embedded
 from services.replay_buffer.embedded import start_embedded_redis
@@ -61,18 +61,10 @@ def test_a_server_left_running_by_a_dead_owner_is_shut_down_first(tmp_path: Path
     finally:
         server.stop()
     deadline = time.monotonic() + 10
-    while _alive(redis_pid) and time.monotonic() < deadline:
+    while alive(redis_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(redis_pid)
+    assert not alive(redis_pid)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[1].split()[0] == "Z")
 
 
 def test_long_directories_get_a_socket_in_the_temp_dir(tmp_path: Path) -> None:

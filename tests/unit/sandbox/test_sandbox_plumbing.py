@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 from fleet.config.infra import SandboxConfig
 from services.sandbox.bwrap import Interpreter, SandboxPolicy, UidRange
@@ -105,13 +106,6 @@ def test_without_bwrap_only_limits_apply(tmp_path: Path) -> None:
     assert argv[0] == "prlimit" and "bwrap" not in argv and argv[-1] == "true"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
 
 async def test_run_limited_caps_output_and_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
     script = "head -c 3000000 /dev/zero; sleep 30 & echo BG $! >&2; wait; echo never"
@@ -121,7 +115,7 @@ async def test_run_limited_caps_output_and_kills_the_whole_group_on_timeout(tmp_
     assert result.stdout.total == 3_000_000 and len(result.stdout.text()) == 1000
     # The background sleep was in the command's process group: it died with it.
     background = int(result.stderr.text().split("BG ")[1].split()[0])
-    assert not _alive(background)
+    assert not alive(background)
 
 
 async def test_run_limited_reads_every_byte_of_many_small_writes_and_of_what_an_exited_writer_left(
