@@ -47,11 +47,11 @@ Durations print fine and parse fine, a duration label too.
 """
 
 
-def repo(tmp_path: Path) -> tuple[BareRepo, str]:
+def repo(tmp_path: Path, lib: str = LIB) -> tuple[BareRepo, str]:
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "tests").mkdir()
-    (src / "pkg" / "core.py").write_text(LIB)
+    (src / "pkg" / "core.py").write_text(lib)
     (src / "tests" / "test_core.py").write_text(TESTS)
     bare = BareRepo.create(tmp_path / "pkg.git")
     return bare, bare.commit_directory(src, "pkg 1.0")
@@ -197,12 +197,8 @@ def test_functions_under_a_statement_or_in_a_function_too_long_to_show_are_liste
 
 
 def test_a_traceback_frame_in_a_function_defined_under_try_else_ranks_it_first(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    (src / "pkg").mkdir(parents=True)
-    (src / "pkg" / "fmt.py").write_text(GUARDED)
-    bare = BareRepo.create(tmp_path / "pkg.git")
-    commit = bare.commit_directory(src, "pkg 1.0")
+    bare, commit = repo(tmp_path, GUARDED)
     statement = ("Dumping fails.\n\n```\ntests/test_fmt.py:3: in test_dump\n    to_yaml({})\n"
-                 "pkg/fmt.py:11: in to_yaml\n    return yaml.safe_dump(obj)\nE   TypeError: boom\n```\n")
+                 "pkg/core.py:11: in to_yaml\n    return yaml.safe_dump(obj)\nE   TypeError: boom\n```\n")
     ranked = [label for label, _ in retrieve_functions(bare, commit, statement)]
-    assert ranked[0] == "pkg/fmt.py:10 to_yaml"
+    assert ranked[0] == "pkg/core.py:10 to_yaml"
