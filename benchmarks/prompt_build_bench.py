@@ -6,6 +6,12 @@ The two settings alternate over three rounds in one sitting; every prompt must c
     .venv/bin/python benchmarks/prompt_build_bench.py --data .speedrun
 
 Writes `benchmarks/results/prompt_build.json`: seconds per setting and round, and the medians' ratio.
+
+    .venv/bin/python benchmarks/prompt_build_bench.py --data .speedrun --fit 1792:12,4096:32
+
+instead times the fit of the ranked functions to the budget (`envs.swe.prompt._fit`, bounds moved by each
+function's own token count) against rendering the whole prompt for every candidate, with the retrieval's caches
+warm, at each BUDGET:FUNCTIONS; the prompts must come out the same. Writes `benchmarks/results/prompt_fit.json`.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.swe import retrieval  # noqa: E402
+from envs.swe import prompt, retrieval  # noqa: E402
 from envs.swe.prompt import build_prompt  # noqa: E402
 from envs.swe.taskset import read_split  # noqa: E402
 from fleet.tokenizer import load_tokenizer  # noqa: E402
@@ -47,16 +53,68 @@ def build_all(tasks: list[Any], tokenizer: Any, repos: Path, cached: bool) -> tu
     return time.perf_counter() - t0, digest.hexdigest()
 
 
+def exhaustive_fit(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
+                   bare: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """The fit as it was: the whole prompt rendered for every candidate."""
+    kept: list[tuple[str, str]] = []
+    dropped: list[str] = []
+    for path, body in files:
+        _, ids = prompt._render(tokenizer, system_prompt, prompt._user_message(statement, [*kept, (path, body)], []))
+        (kept.append((path, body)) if len(ids) <= budget else dropped.append(path))
+    return kept, dropped
+
+
+def fit_bench(tasks: list[Any], tokenizer: Any, repos: Path, settings: str, rounds: int) -> dict[str, Any]:
+    bounded = prompt._fit
+    out: dict[str, Any] = {"tasks": len(tasks), "settings": []}
+    for item in settings.split(","):
+        budget, _, functions = item.partition(":")
+        k = int(functions or 12)
+        for task in tasks:  # the retrieval's caches warm: only the fit is timed
+            build_prompt(task, tokenizer, int(budget), CONTEXT, repos_root=repos, functions=k)
+        seconds: dict[str, list[float]] = {"bounded": [], "exhaustive": []}
+        digests = set()
+        for r in range(rounds):
+            for name in (("bounded", "exhaustive") if r % 2 == 0 else ("exhaustive", "bounded")):
+                prompt._fit = bounded if name == "bounded" else exhaustive_fit
+                digest = hashlib.sha256()
+                t0 = time.perf_counter()
+                for task in tasks:
+                    built = build_prompt(task, tokenizer, int(budget), CONTEXT, repos_root=repos, functions=k)
+                    digest.update(json.dumps([built.token_ids, built.context_files]).encode())
+                seconds[name].append(round(time.perf_counter() - t0, 2))
+                digests.add(digest.hexdigest())
+        prompt._fit = bounded
+        if len(digests) != 1:
+            raise SystemExit(f"{item}: the bounded fit chose other functions than the exhaustive one")
+        med = {k: statistics.median(v) for k, v in seconds.items()}
+        out["settings"].append({"max_prompt_length": int(budget), "context_functions": k, "seconds": seconds,
+                                "median_s": med, "speedup": round(med["exhaustive"] / med["bounded"], 2),
+                                "prompts_identical": True})
+        print(json.dumps(out["settings"][-1]), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=ROOT / ".speedrun", help="holds tasks/ and corpus/tokenizer")
     ap.add_argument("--split", default="validation")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prompt_build.json")
+    ap.add_argument("--fit", default=None, help="BUDGET:FUNCTIONS,...: time the budget fit instead (see above)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default benchmarks/results/prompt_build.json (prompt_fit.json with --fit)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", category=SyntaxWarning)  # the repositories' own sources, parsed
     tasks = read_split(args.data / "tasks", args.split)
     tokenizer = load_tokenizer(args.data / "corpus" / "tokenizer")
+    results = ROOT / "benchmarks" / "results"
+    if args.fit:
+        fits = fit_bench(tasks, tokenizer, args.data / "tasks" / "repos", args.fit, args.rounds)
+        fits["host"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+        out = args.out or results / "prompt_fit.json"
+        out.write_text(json.dumps(fits, indent=1) + "\n")
+        return
+    args.out = args.out or results / "prompt_build.json"
     seconds: dict[str, list[float]] = {"without_caches": [], "with_caches": []}
     digests = set()
     for r in range(args.rounds):

@@ -99,3 +99,29 @@ def test_a_functions_prompt_shows_at_most_context_functions_of_them_whatever_the
              for k in (1, 3, 12, 40)}
     assert {k: len(v) for k, v in shown.items()} == {1: 1, 3: 3, 12: 12, 40: 40}
     assert shown[1] == shown[3][:1] and shown[3] == shown[12][:3] == shown[40][:3]  # one ranking, cut further on
+
+
+def test_the_functions_fit_chooses_what_rendering_every_candidate_would(tmp_path, chat_tokenizer):
+    import dataclasses
+
+    from envs.swe.prompt import SYSTEM_PROMPT, _render, _user_message
+    from envs.swe.retrieval import retrieve_functions
+
+    task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
+    task = dataclasses.replace(task, problem_statement="Each function of x returns the wrong x.")
+    ranked = retrieve_functions(BareRepo(repos / "demo.git"), task.base_commit, task.problem_statement, k=40)
+
+    def exhaustive(budget: int) -> list[str]:  # the whole prompt rendered for every candidate, as files are
+        kept: list[tuple[str, str]] = []
+        for entry in ranked:
+            if len(_render(chat_tokenizer, SYSTEM_PROMPT, _user_message(task.problem_statement, [*kept, entry], []))[1]
+                   ) <= budget:
+                kept.append(entry)
+        return [label for label, _ in kept]
+
+    full = len(build_prompt(task, chat_tokenizer, 100_000, "bm25_functions", repos_root=repos, functions=40).token_ids)
+    bare = len(build_prompt(task, chat_tokenizer, 100_000, "none").token_ids)
+    for budget in range(bare, full + 2, max(1, (full - bare) // 97)):
+        r = build_prompt(task, chat_tokenizer, budget, "bm25_functions", repos_root=repos, functions=40)
+        assert r.context_files == exhaustive(budget), budget
+        assert len(r.token_ids) <= budget
