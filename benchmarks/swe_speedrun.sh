@@ -205,7 +205,7 @@ case "$stage" in
   sft) sft "$@" ;;
   # One call of ~8 min: pre-training and SFT sized to fit it (the fourth run's figures: 240 s, then 2 epochs).
   model) base --pretrain-seconds "${PRETRAIN_SECONDS:-240}" "$@" \
-           && sft --sft-epochs "${SFT_EPOCHS:-2}" --task-weight "${TASK_WEIGHT:-3}" ;;
+           && sft --sft-epochs "${SFT_EPOCHS:-2}" --task-weight "${TASK_WEIGHT:-3}" --sft-seconds "${SFT_SECONDS:-180}" ;;
   # How many runners the GPU host's cores carry (the fleets' `--pool`): the same PROBE_ROWS tasks at each count
   # (default 8 12 14 16), after `stash` (the task set) on the same warm machine; carry [".whl", ".gpu/deb"].
   probe)
