@@ -55,13 +55,8 @@ def build_all(tasks: list[Any], tokenizer: Any, repos: Path, cached: bool) -> tu
 
 def exhaustive_fit(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
                    bare: int) -> tuple[list[tuple[str, str]], list[str]]:
-    """The fit as it was: the whole prompt rendered for every candidate."""
-    kept: list[tuple[str, str]] = []
-    dropped: list[str] = []
-    for path, body in files:
-        _, ids = prompt._render(tokenizer, system_prompt, prompt._user_message(statement, [*kept, (path, body)], []))
-        (kept.append((path, body)) if len(ids) <= budget else dropped.append(path))
-    return kept, dropped
+    """The fit as it was (`_fit`'s signature): the whole prompt rendered for every candidate."""
+    return prompt._fit_exhaustive(statement, files, tokenizer, budget, system_prompt)
 
 
 def fit_bench(tasks: list[Any], tokenizer: Any, repos: Path, settings: str, rounds: int) -> dict[str, Any]:

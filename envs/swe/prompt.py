@@ -131,6 +131,9 @@ def render_prompt(
     else:
         kept, dropped = _fit(statement, files, tokenizer, max_prompt_length, system_prompt, len(ids))
     text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped if name_omitted else []))
+    if not name_omitted and len(ids) > max_prompt_length:  # a joint moved a count past `_JOINT_SLACK`: fit exactly
+        kept, dropped = _fit_exhaustive(statement, files, tokenizer, max_prompt_length, system_prompt)
+        text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, []))
     return PromptResult(ids, text, [p for p, _ in kept], dropped)
 
 
@@ -164,6 +167,18 @@ def _fit(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: i
             lo = hi = len(trial)
         else:
             dropped.append(path)
+    return kept, dropped
+
+
+def _fit_exhaustive(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str
+                    ) -> tuple[list[tuple[str, str]], list[str]]:
+    """`_fit`'s choice made by rendering the whole prompt for every candidate: where its bounds failed, and the
+    reference it is checked and timed against (tests/unit/envs/test_prompt.py, benchmarks/prompt_build_bench.py)."""
+    kept: list[tuple[str, str]] = []
+    dropped: list[str] = []
+    for path, body in files:
+        _, trial = _render(tokenizer, system_prompt, _user_message(statement, [*kept, (path, body)], []))
+        (kept.append((path, body)) if len(trial) <= budget else dropped.append(path))
     return kept, dropped
 
 

@@ -104,19 +104,15 @@ def test_a_functions_prompt_shows_at_most_context_functions_of_them_whatever_the
 def test_the_functions_fit_chooses_what_rendering_every_candidate_would(tmp_path, chat_tokenizer):
     import dataclasses
 
-    from envs.swe.prompt import SYSTEM_PROMPT, _render, _user_message
+    from envs.swe.prompt import SYSTEM_PROMPT, _fit_exhaustive
     from envs.swe.retrieval import retrieve_functions
 
     task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
     task = dataclasses.replace(task, problem_statement="Each function of x returns the wrong x.")
     ranked = retrieve_functions(BareRepo(repos / "demo.git"), task.base_commit, task.problem_statement, k=40)
 
-    def exhaustive(budget: int) -> list[str]:  # the whole prompt rendered for every candidate, as files are
-        kept: list[tuple[str, str]] = []
-        for entry in ranked:
-            if len(_render(chat_tokenizer, SYSTEM_PROMPT, _user_message(task.problem_statement, [*kept, entry], []))[1]
-                   ) <= budget:
-                kept.append(entry)
+    def exhaustive(budget: int) -> list[str]:  # the whole prompt rendered for every candidate
+        kept, _ = _fit_exhaustive(task.problem_statement, ranked, chat_tokenizer, budget, SYSTEM_PROMPT)
         return [label for label, _ in kept]
 
     full = len(build_prompt(task, chat_tokenizer, 100_000, "bm25_functions", repos_root=repos, functions=40).token_ids)
@@ -125,3 +121,35 @@ def test_the_functions_fit_chooses_what_rendering_every_candidate_would(tmp_path
         r = build_prompt(task, chat_tokenizer, budget, "bm25_functions", repos_root=repos, functions=40)
         assert r.context_files == exhaustive(budget), budget
         assert len(r.token_ids) <= budget
+
+
+def test_where_the_bounds_fail_the_exact_fit_decides_and_the_budget_holds(tmp_path, chat_tokenizer):
+    import dataclasses
+
+    from envs.swe.prompt import SYSTEM_PROMPT, _fit_exhaustive
+    from envs.swe.retrieval import retrieve_functions
+
+    class Understating:
+        """The chat tokenizer, but a function's block counted alone at a third of its tokens: bounds that do not
+        hold, as a tokenizer merging across the joints far more than `_JOINT_SLACK` allows would give."""
+
+        chat_template = chat_tokenizer.chat_template
+
+        def apply_chat_template(self, *args, **kwargs):
+            return chat_tokenizer.apply_chat_template(*args, **kwargs)
+
+        def __call__(self, text, **kwargs):
+            out = chat_tokenizer(text, **kwargs)
+            return {"input_ids": out["input_ids"][: len(out["input_ids"]) // 3]} if text.startswith("\n[start") else out
+
+    task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
+    task = dataclasses.replace(task, problem_statement="Each function of x returns the wrong x.")
+    ranked = retrieve_functions(BareRepo(repos / "demo.git"), task.base_commit, task.problem_statement, k=40)
+    bare = len(build_prompt(task, chat_tokenizer, 100_000, "none").token_ids)
+    shown = 0
+    for budget in range(bare + 20, bare + 2000, 97):
+        r = build_prompt(task, Understating(), budget, "bm25_functions", repos_root=repos, functions=40)
+        kept, _ = _fit_exhaustive(task.problem_statement, ranked, chat_tokenizer, budget, SYSTEM_PROMPT)
+        assert len(r.token_ids) <= budget and r.context_files == [label for label, _ in kept], budget
+        shown += bool(kept)
+    assert shown >= 10  # the budgets that hold functions at all
