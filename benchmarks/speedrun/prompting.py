@@ -50,6 +50,15 @@ class Prompting:
         return cls(max_prompt_length=values.get("SPEEDRUN_MAX_PROMPT", DEFAULT_MAX_PROMPT),
                    functions=values.get("SPEEDRUN_CONTEXT_FUNCTIONS", TOP_K_FUNCTIONS))
 
+    @classmethod
+    def from_figures(cls, figures: Mapping[str, Any]) -> Prompting:
+        """The setting a results file or an SFT pair records (`figures`); one made before it was recorded carries
+        none of it and was made with the defaults."""
+        default = cls()
+        return cls(int(figures.get("max_prompt_length", default.max_prompt_length)),
+                   str(figures.get("context", default.context)),
+                   int(figures.get("context_functions", default.functions)))
+
     @property
     def row_tokens(self) -> int:
         """A pre-training row, an SFT pair, a GRPO sequence: the prompt and its answer."""
@@ -74,15 +83,13 @@ class Prompting:
                 "context_functions": self.functions}
 
     def check_pairs(self, rows: list[dict[str, Any]], source: Path) -> None:
-        """Refuse SFT pairs made for another prompt: their prompts would not be the ones GRPO builds. Rows made
-        before the setting existed carry none: they were made with the defaults."""
-        want = self.figures()
+        """Refuse SFT pairs made for another prompt: their prompts would not be the ones GRPO builds."""
         for row in rows:
-            made = {k: row.get(k, v) for k, v in Prompting().figures().items()}
-            if made != want:
-                raise SystemExit(f"{source}: its SFT pairs were made for prompts {made}, this run builds {want} "
-                                 "(SPEEDRUN_MAX_PROMPT, SPEEDRUN_CONTEXT_FUNCTIONS): make them again with this "
-                                 "setting (`swe_speedrun.py fixes`)")
+            made = Prompting.from_figures(row)
+            if made != self:
+                raise SystemExit(f"{source}: its SFT pairs were made for prompts {made.figures()}, this run builds "
+                                 f"{self.figures()} (SPEEDRUN_MAX_PROMPT, SPEEDRUN_CONTEXT_FUNCTIONS): make them "
+                                 "again with this setting (`swe_speedrun.py fixes`)")
 
     def check_model(self, model_dir: Path) -> None:
         """Refuse a model with fewer positions than a prompt and its answer (it was pre-trained for a smaller

@@ -41,8 +41,7 @@ def finish_report(path: Path, data: Path, prompting: Prompting, diagnosis: bool 
     device call ran out before this step or left the diagnosis out: it rebuilds every prompt, ~40 s a report).
     The prompts are rebuilt with the prompting the report records (`prompting`, written here the first time)."""
     report = load_report(path)
-    recorded = report.setdefault("prompting", prompting.figures())
-    prompting = Prompting(recorded["max_prompt_length"], recorded["context"], recorded["context_functions"])
+    prompting = Prompting.from_figures(report.setdefault("prompting", prompting.figures()))
     report["heldout"] = heldout_changes(report["validation_tasks"])
     report["heldout_by_family"] = by_family(report["validation_tasks"], data)
     report["heldout_errors"] = [{"step": r["step"], "errors": error_kinds(r.get("errors", {}))}

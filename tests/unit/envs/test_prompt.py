@@ -153,3 +153,11 @@ def test_where_the_bounds_fail_the_exact_fit_decides_and_the_budget_holds(tmp_pa
         assert len(r.token_ids) <= budget and r.context_files == [label for label, _ in kept], budget
         shown += bool(kept)
     assert shown >= 10  # the budgets that hold functions at all
+
+
+def test_the_configs_default_function_count_is_the_retrievals() -> None:
+    from envs.swe.retrieval import TOP_K_FUNCTIONS
+    from fleet.config.env import DatasetConfig
+
+    # Two floors hold the default (fleet.config cannot import envs): a prompt built outside the trainer must match.
+    assert DatasetConfig().context_functions == TOP_K_FUNCTIONS
