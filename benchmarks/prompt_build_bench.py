@@ -30,14 +30,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks" / "speedrun"))
+
+from prompting import Prompting  # noqa: E402
 
 from envs.swe import prompt, retrieval  # noqa: E402
-from envs.swe.prompt import build_prompt  # noqa: E402
 from envs.swe.taskset import read_split  # noqa: E402
 from fleet.tokenizer import load_tokenizer  # noqa: E402
-
-# The speedrun's default prompt (benchmarks/speedrun/prompting.py).
-MAX_PROMPT, CONTEXT = 1792, "bm25_functions"
 
 
 def build_all(tasks: list[Any], tokenizer: Any, repos: Path, cached: bool) -> tuple[float, str]:
@@ -48,8 +47,8 @@ def build_all(tasks: list[Any], tokenizer: Any, repos: Path, cached: bool) -> tu
     for task in tasks:
         if not cached:
             retrieval.clear_caches(by_commit=False)
-        prompt = build_prompt(task, tokenizer, MAX_PROMPT, CONTEXT, repos_root=repos)
-        digest.update(json.dumps(prompt.token_ids).encode())
+        built = Prompting().build(task, tokenizer, repos)  # the speedrun's default prompt
+        digest.update(json.dumps(built.token_ids).encode())
     return time.perf_counter() - t0, digest.hexdigest()
 
 
@@ -62,11 +61,9 @@ def exhaustive_fit(statement: str, files: list[tuple[str, str]], tokenizer: Any,
 def fit_bench(tasks: list[Any], tokenizer: Any, repos: Path, settings: str, rounds: int) -> dict[str, Any]:
     bounded = prompt._fit
     out: dict[str, Any] = {"tasks": len(tasks), "settings": []}
-    for item in settings.split(","):
-        budget, _, functions = item.partition(":")
-        k = int(functions or 12)
+    for setting in Prompting.settings(settings):
         for task in tasks:  # the retrieval's caches warm: only the fit is timed
-            build_prompt(task, tokenizer, int(budget), CONTEXT, repos_root=repos, functions=k)
+            setting.build(task, tokenizer, repos)
         seconds: dict[str, list[float]] = {"bounded": [], "exhaustive": []}
         digests = set()
         for r in range(rounds):
@@ -75,17 +72,16 @@ def fit_bench(tasks: list[Any], tokenizer: Any, repos: Path, settings: str, roun
                 digest = hashlib.sha256()
                 t0 = time.perf_counter()
                 for task in tasks:
-                    built = build_prompt(task, tokenizer, int(budget), CONTEXT, repos_root=repos, functions=k)
+                    built = setting.build(task, tokenizer, repos)
                     digest.update(json.dumps([built.token_ids, built.context_files]).encode())
                 seconds[name].append(round(time.perf_counter() - t0, 2))
                 digests.add(digest.hexdigest())
         prompt._fit = bounded
         if len(digests) != 1:
-            raise SystemExit(f"{item}: the bounded fit chose other functions than the exhaustive one")
+            raise SystemExit(f"{setting.figures()}: the bounded fit chose other functions than the exhaustive one")
         med = {k: statistics.median(v) for k, v in seconds.items()}
-        out["settings"].append({"max_prompt_length": int(budget), "context_functions": k, "seconds": seconds,
-                                "median_s": med, "speedup": round(med["exhaustive"] / med["bounded"], 2),
-                                "prompts_identical": True})
+        out["settings"].append({**setting.figures(), "seconds": seconds, "median_s": med,
+                                "speedup": round(med["exhaustive"] / med["bounded"], 2), "prompts_identical": True})
         print(json.dumps(out["settings"][-1]), flush=True)
     return out
 

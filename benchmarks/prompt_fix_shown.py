@@ -38,7 +38,6 @@ from prompting import Prompting  # noqa: E402
 from report import REMOVAL_KINDS  # noqa: E402
 
 RANKED = 64
-CAUSES = ("not_ranked", "ranked_beyond", "cut_by_budget", "lines_elsewhere")
 
 
 def _one(job: tuple[Any, str, Prompting, bool]) -> dict[str, Any]:
@@ -130,12 +129,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "prompt_fix_shown.json")
     args = p.parse_args()
-    settings = []
-    for item in args.settings.split(","):
-        budget, _, functions = item.partition(":")
-        settings.append(Prompting.from_env({"SPEEDRUN_MAX_PROMPT": budget,
-                                            "SPEEDRUN_CONTEXT_FUNCTIONS": functions or "12"}))
-    results = measure(args.data, args.split, settings, args.workers)
+    results = measure(args.data, args.split, Prompting.settings(args.settings), args.workers)
     results["host"] = {"machine": platform.machine(), "cpus": os.cpu_count()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

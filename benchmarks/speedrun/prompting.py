@@ -51,6 +51,16 @@ class Prompting:
                    functions=values.get("SPEEDRUN_CONTEXT_FUNCTIONS", TOP_K_FUNCTIONS))
 
     @classmethod
+    def settings(cls, spec: str) -> list[Prompting]:
+        """`BUDGET:FUNCTIONS,...` (a benchmark's list of settings; FUNCTIONS defaults to 12), checked as the
+        environment's variables are."""
+        out = []
+        for item in spec.split(","):
+            budget, _, functions = item.partition(":")
+            out.append(cls.from_env({"SPEEDRUN_MAX_PROMPT": budget, "SPEEDRUN_CONTEXT_FUNCTIONS": functions}))
+        return out
+
+    @classmethod
     def from_figures(cls, figures: Mapping[str, Any]) -> Prompting:
         """The setting a results file or an SFT pair records (`figures`); one made before it was recorded carries
         none of it and was made with the defaults."""

@@ -62,3 +62,10 @@ def test_a_longer_prompt_keeps_the_tokens_a_pretraining_and_an_sft_step_take() -
     long = Prompting(max_prompt_length=4096).row_tokens
     assert (swe_speedrun.per_step(long, 64), swe_speedrun.per_step(long, 32)) == (30, 15)
     assert 30 * long <= 64 * 2048 < 31 * long
+
+
+def test_a_benchmarks_list_of_settings_reads_as_the_environment_does() -> None:
+    assert Prompting.settings("1792:12,4096:32,3072") == [Prompting(1792), Prompting(4096, functions=32),
+                                                           Prompting(3072)]
+    with pytest.raises(SystemExit, match="SPEEDRUN_CONTEXT_FUNCTIONS=0"):
+        Prompting.settings("1792:0")
