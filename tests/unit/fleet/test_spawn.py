@@ -71,7 +71,11 @@ def test_a_guarded_child_gets_sigterm_when_its_parent_is_sigkilled(tmp_path: Pat
             assert time.monotonic() < deadline and proc.poll() is None, "the parent never started its child"
             time.sleep(0.05)
         child = int(pid_file.read_text())
-        assert alive(child)
+        # Popen returns once `setpriv` runs; it sets the death signal only then, and a parent killed before that
+        # leaves an orphan (setpriv does not check getppid() after its prctl). The guard holds from `sleep` on.
+        while _command(child) != "sleep":
+            assert time.monotonic() < deadline and alive(child), f"child {child} never reached its command"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 10
@@ -80,6 +84,13 @@ def test_a_guarded_child_gets_sigterm_when_its_parent_is_sigkilled(tmp_path: Pat
             time.sleep(0.05)
     finally:
         proc.kill()
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 @pytest.mark.parametrize("tool", ["setpriv", "taskset"])
