@@ -181,19 +181,13 @@ def _device(args: argparse.Namespace) -> str:
     return "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
 
 
-def per_step(row_tokens: int, rows_at_2048: int) -> int:
-    """Rows a step for a prompt setting: as many tokens a step as the runs at 2,048-token rows took (`rows_at_2048`
-    rows), so that a longer prompt neither changes the batch's tokens nor runs out of the GPU's memory."""
-    return max(1, rows_at_2048 * 2048 // row_tokens)
-
-
 def pretrain(args: argparse.Namespace) -> None:
     import torch
 
     device = _device(args)
     shape = lm.SMOKE_SHAPE if args.cpu else lm.SHAPE
     models = args.out / "models"
-    rows = args.rows_per_step or per_step(PROMPT.row_tokens, 64)
+    rows = args.rows_per_step or lm.rows_per_step(PROMPT.row_tokens, 64)
     init = lm.make_model(args.data / "corpus" / "tokenizer", models / "init", shape,
                          max_positions=PROMPT.row_tokens)
     pre = lm.pretrain(init, args.data / "corpus", out=models / "base", seq_len=PROMPT.row_tokens,
@@ -238,7 +232,7 @@ def sft(args: argparse.Namespace) -> None:
     random.Random(0).shuffle(examples)
     examples = examples[: args.sft_examples]
     log.info("SFT on %d task examples (x%d) and %d corpus examples", len(tasks), args.task_weight, len(from_corpus))
-    batch = args.sft_batch or per_step(PROMPT.row_tokens, 32)
+    batch = args.sft_batch or lm.rows_per_step(PROMPT.row_tokens, 32)
     tuned = lm.sft(models / "base", examples, out=models / "sft", epochs=args.sft_epochs, batch=batch,
                    peak_lr=args.sft_lr, max_seconds=args.sft_seconds, device=_device(args), compile=not args.cpu,
                    row_tokens=PROMPT.row_tokens, max_completion_tokens=MAX_NEW)

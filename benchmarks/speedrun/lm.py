@@ -49,6 +49,12 @@ def make_model(tokenizer_dir: Path, out: Path, shape: dict[str, int], *, max_pos
     return out
 
 
+def rows_per_step(row_tokens: int, rows_at_2048: int) -> int:
+    """Rows a step for a prompt setting: as many tokens a step as the runs at 2,048-token rows took (`rows_at_2048`
+    rows), so that a longer prompt neither changes the batch's tokens nor runs out of the GPU's memory."""
+    return max(1, rows_at_2048 * 2048 // row_tokens)
+
+
 def tokenize_corpus(tokenizer_dir: Path, texts: Iterator[str], *, batch: int = 2048) -> tuple[torch.Tensor, int]:
     """All texts as one int32 stream, each followed by `<|endoftext|>`; and their UTF-8 byte count."""
     from fleet.tokenizer import load_tokenizer
