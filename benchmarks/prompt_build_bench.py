@@ -1,5 +1,5 @@
 """What the first validation round of a fleet waits for: building the prompts of the held-out tasks (retrieval over
-each task's commit, then the greedy fit to the budget), as the trainer builds them, with the retrieval's content
+each task's commit, then the functions packed into the budget), as the trainer builds them, with the retrieval's content
 caches and without them (emptied before each task, as each commit's index was built from nothing before them).
 The two settings alternate over three rounds in one sitting; every prompt must come out the same in both.
 
@@ -7,11 +7,12 @@ The two settings alternate over three rounds in one sitting; every prompt must c
 
 Writes `benchmarks/results/prompt_build.json`: seconds per setting and round, and the medians' ratio.
 
-    .venv/bin/python benchmarks/prompt_build_bench.py --data .speedrun --fit 1792:12,4096:32
+    .venv/bin/python benchmarks/prompt_build_bench.py --data .speedrun --pack 1792:12,3072:24,4096:32
 
-instead times the fit of the ranked functions to the budget (`envs.swe.prompt._fit`, bounds moved by each
-function's own token count) against rendering the whole prompt for every candidate, with the retrieval's caches
-warm, at each BUDGET:FUNCTIONS; the prompts must come out the same. Writes `benchmarks/results/prompt_fit.json`.
+instead times the choice of the ranked functions that fill the budget, with the retrieval's caches warm, at each
+BUDGET:FUNCTIONS: the packing (`envs.swe.prompt._pack`: the set of most worth that fits) against the greedy fit in
+rank order it replaced (the whole prompt rendered for every candidate), and counts the prompts whose functions
+differ and the worth each choice shows. Writes `benchmarks/results/prompt_pack.json`.
 """
 
 from __future__ import annotations
@@ -52,36 +53,48 @@ def build_all(tasks: list[Any], tokenizer: Any, repos: Path, cached: bool) -> tu
     return time.perf_counter() - t0, digest.hexdigest()
 
 
-def exhaustive_fit(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
-                   bare: int) -> tuple[list[tuple[str, str]], list[str]]:
-    """The fit as it was (`_fit`'s signature): the whole prompt rendered for every candidate."""
-    return prompt._fit_exhaustive(statement, files, tokenizer, budget, system_prompt)
+def greedy_fit(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
+               bare: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """The choice before the packing (`_pack`'s signature): greedily in rank order, each function in whole if it fits
+    beside those already in, the whole prompt rendered for every candidate."""
+    kept: list[tuple[str, str]] = []
+    dropped: list[str] = []
+    for path, body in files:
+        _, trial = prompt._render(tokenizer, system_prompt, prompt._user_message(statement, [*kept, (path, body)], []))
+        (kept.append((path, body)) if len(trial) <= budget else dropped.append(path))
+    return kept, dropped
 
 
-def fit_bench(tasks: list[Any], tokenizer: Any, repos: Path, settings: str, rounds: int) -> dict[str, Any]:
-    bounded = prompt._fit
+def _worth(shown: dict[str, list[str]], ranked: dict[str, list[str]]) -> float:
+    """Summed 1 / (rank + 1) of the functions shown, over the tasks: what the packing maximises."""
+    return round(sum(1 / (ranked[i].index(label) + 1) for i, labels in shown.items() for label in labels), 1)
+
+
+def pack_bench(tasks: list[Any], tokenizer: Any, repos: Path, settings: str, rounds: int) -> dict[str, Any]:
+    packed = prompt._pack
     out: dict[str, Any] = {"tasks": len(tasks), "settings": []}
     for setting in Prompting.settings(settings):
-        for task in tasks:  # the retrieval's caches warm: only the fit is timed
-            setting.build(task, tokenizer, repos)
-        seconds: dict[str, list[float]] = {"bounded": [], "exhaustive": []}
-        digests = set()
-        for r in range(rounds):
-            for name in (("bounded", "exhaustive") if r % 2 == 0 else ("exhaustive", "bounded")):
-                prompt._fit = bounded if name == "bounded" else exhaustive_fit
-                digest = hashlib.sha256()
-                t0 = time.perf_counter()
-                for task in tasks:
-                    built = setting.build(task, tokenizer, repos)
-                    digest.update(json.dumps([built.token_ids, built.context_files]).encode())
-                seconds[name].append(round(time.perf_counter() - t0, 2))
-                digests.add(digest.hexdigest())
-        prompt._fit = bounded
-        if len(digests) != 1:
-            raise SystemExit(f"{setting.figures()}: the bounded fit chose other functions than the exhaustive one")
+        ranked = {t.instance_id: [label for label, _ in prompt.context_files(t, repos, setting.context,
+                                                                             setting.functions)] for t in tasks}
+        seconds: dict[str, list[float]] = {"packed": [], "greedy": []}
+        shown: dict[str, dict[str, list[str]]] = {}
+        try:
+            for r in range(rounds):
+                for name in (("packed", "greedy") if r % 2 == 0 else ("greedy", "packed")):
+                    prompt._pack = packed if name == "packed" else greedy_fit
+                    t0 = time.perf_counter()
+                    shown[name] = {t.instance_id: setting.build(t, tokenizer, repos).context_files for t in tasks}
+                    seconds[name].append(round(time.perf_counter() - t0, 2))
+        finally:
+            prompt._pack = packed
+
         med = {k: statistics.median(v) for k, v in seconds.items()}
-        out["settings"].append({**setting.figures(), "seconds": seconds, "median_s": med,
-                                "speedup": round(med["exhaustive"] / med["bounded"], 2), "prompts_identical": True})
+        out["settings"].append({
+            **setting.figures(), "seconds": seconds, "median_s": med,
+            "packed_vs_greedy_time": round(med["packed"] / med["greedy"], 2),
+            "prompts_differing": sum(shown["packed"][i] != shown["greedy"][i] for i in ranked),
+            "functions_shown": {k: sum(map(len, v.values())) for k, v in shown.items()},
+            "worth_shown": {k: _worth(v, ranked) for k, v in shown.items()}})
         print(json.dumps(out["settings"][-1]), flush=True)
     return out
 
@@ -91,19 +104,19 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=ROOT / ".speedrun", help="holds tasks/ and corpus/tokenizer")
     ap.add_argument("--split", default="validation")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--fit", default=None, help="BUDGET:FUNCTIONS,...: time the budget fit instead (see above)")
+    ap.add_argument("--pack", default=None, help="BUDGET:FUNCTIONS,...: time the packing instead (see above)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="default benchmarks/results/prompt_build.json (prompt_fit.json with --fit)")
+                    help="default benchmarks/results/prompt_build.json (prompt_pack.json with --pack)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", category=SyntaxWarning)  # the repositories' own sources, parsed
     tasks = read_split(args.data / "tasks", args.split)
     tokenizer = load_tokenizer(args.data / "corpus" / "tokenizer")
     results = ROOT / "benchmarks" / "results"
-    if args.fit:
-        fits = fit_bench(tasks, tokenizer, args.data / "tasks" / "repos", args.fit, args.rounds)
-        fits["host"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
-        out = args.out or results / "prompt_fit.json"
-        out.write_text(json.dumps(fits, indent=1) + "\n")
+    if args.pack:
+        packs = pack_bench(tasks, tokenizer, args.data / "tasks" / "repos", args.pack, args.rounds)
+        packs["host"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+        out = args.out or results / "prompt_pack.json"
+        out.write_text(json.dumps(packs, indent=1) + "\n")
         return
     args.out = args.out or results / "prompt_build.json"
     seconds: dict[str, list[float]] = {"without_caches": [], "with_caches": []}

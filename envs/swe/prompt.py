@@ -112,7 +112,8 @@ def render_prompt(
     task_id: str = "",
 ) -> PromptResult:
     """The prompt of a statement and its ranked context (files or functions, best first) within the budget: each
-    context entry in whole, greedily in rank order, or left out (and named when `name_omitted`)."""
+    context entry in whole or left out (and named when `name_omitted`). Files go greedily in rank order, as
+    SWE-bench's bm25 prompts take them; functions, many and small, are packed (`_pack`)."""
     dropped: list[str] = []
     text, ids = _render(tokenizer, system_prompt, _user_message(statement, [], [p for p, _ in files if name_omitted]))
     if len(ids) > max_prompt_length:
@@ -129,57 +130,57 @@ def render_prompt(
             else:
                 dropped = [*dropped, path]
     else:
-        kept, dropped = _fit(statement, files, tokenizer, max_prompt_length, system_prompt, len(ids))
+        kept, dropped = _pack(statement, files, tokenizer, max_prompt_length, system_prompt, len(ids))
     text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped if name_omitted else []))
-    if not name_omitted and len(ids) > max_prompt_length:  # a joint moved a count past `_JOINT_SLACK`: fit exactly
-        kept, dropped = _fit_exhaustive(statement, files, tokenizer, max_prompt_length, system_prompt)
-        text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, []))
     return PromptResult(ids, text, [p for p, _ in kept], dropped)
 
 
-# Tokens a block's count alone may differ by from what it adds to the prompt: byte-level BPE merges only within a
-# pre-token, and the joints ("]" + "\n" + "[start of") change at most a token or two.
-_JOINT_SLACK = 8
+# A ranked function's worth to a prompt: 1 / (rank + 1), the chance it is the one a fix changes falling with its
+# rank as retrieval's hits do. Integers, so that ties (and so the choice) never depend on float rounding.
+_WORTH = 10**9
 
 
-def _fit(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
-         bare: int) -> tuple[list[tuple[str, str]], list[str]]:
-    """The same greedy choice as rendering the whole prompt for every candidate (each entry in whole if it fits
-    beside those already in, in rank order), with far fewer renders: the prompt's length is kept as bounds, moved by
-    each entry's own token count, and rendered only when the bounds cannot tell whether the next one fits (a
-    4,096-token prompt of 32 functions took 34 renders). `bare`: the statement-only prompt's length."""
-    kept: list[tuple[str, str]] = []
-    dropped: list[str] = []
-    lo = hi = bare
-    for path, body in files:
-        if kept:
-            n = len(tokenizer("\n" + _block(path, body), add_special_tokens=False)["input_ids"])
-            if lo + n - _JOINT_SLACK > budget:
-                dropped.append(path)
-                continue
-            if hi + n + _JOINT_SLACK <= budget:
-                kept.append((path, body))
-                lo, hi = lo + n - _JOINT_SLACK, hi + n + _JOINT_SLACK
-                continue
-        _, trial = _render(tokenizer, system_prompt, _user_message(statement, [*kept, (path, body)], []))
-        if len(trial) <= budget:
-            kept.append((path, body))
-            lo = hi = len(trial)
-        else:
-            dropped.append(path)
-    return kept, dropped
+def _pack(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
+          bare: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """The ranked functions (best first) a prompt of `budget` tokens shows: of the sets that fit, the one whose
+    summed worth (1 / (rank + 1) each) is largest, shown in rank order.
 
+    Taking them greedily in rank order let one long function crowd out the several after it: the greedy prompt
+    showed the buggy function for 194 of the speedrun's 287 held-out tasks at 1,792 tokens and 234 at 4,096, this
+    choice 204 and 252 (and 297 -> 303, 344 -> 351 on its 451 training tasks, where the worth was chosen:
+    `benchmarks/prompt_fix_shown.py`). A 0/1 knapsack over each function's own token count (`bare`: the
+    statement-only prompt's length); the joints between blocks can move the rendered count by a few tokens, so the
+    choice is rendered and, while it is over, made again within what the overshoot leaves."""
+    import numpy as np
 
-def _fit_exhaustive(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str
-                    ) -> tuple[list[tuple[str, str]], list[str]]:
-    """`_fit`'s choice made by rendering the whole prompt for every candidate: where its bounds failed, and the
-    reference it is checked and timed against (tests/unit/envs/test_prompt.py, benchmarks/prompt_build_bench.py)."""
-    kept: list[tuple[str, str]] = []
-    dropped: list[str] = []
-    for path, body in files:
-        _, trial = _render(tokenizer, system_prompt, _user_message(statement, [*kept, (path, body)], []))
-        (kept.append((path, body)) if len(trial) <= budget else dropped.append(path))
-    return kept, dropped
+    if not files:
+        return [], []
+    sizes = [len(tokenizer("\n" + _block(path, body), add_special_tokens=False)["input_ids"]) for path, body in files]
+    # The <code> wrapper's tokens, from the first function rendered alone.
+    _, one = _render(tokenizer, system_prompt, _user_message(statement, files[:1], []))
+    room = budget - bare - max(0, len(one) - bare - sizes[0])
+    worth = [_WORTH // (rank + 1) for rank in range(len(files))]
+    while True:
+        chosen: list[int] = []
+        if room > 0:
+            best = np.zeros(room + 1, dtype=np.int64)  # best[c]: the most worth within c tokens
+            took = np.zeros((len(files), room + 1), dtype=bool)
+            for i, n in enumerate(sizes):
+                if n <= room:
+                    with_it = best[: room + 1 - n] + worth[i]
+                    took[i, n:] = with_it > best[n:]  # strictly: a tie keeps the set without it (fewer tokens)
+                    best[n:] = np.where(took[i, n:], with_it, best[n:])
+            c = room
+            for i in range(len(files) - 1, -1, -1):
+                if took[i, c]:
+                    chosen.append(i)
+                    c -= sizes[i]
+            chosen.reverse()
+        kept = [files[i] for i in chosen]
+        _, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, []))
+        if len(ids) <= budget or not kept:
+            return kept, [path for i, (path, _) in enumerate(files) if i not in chosen]
+        room -= len(ids) - budget
 
 
 def _truncated_statement(

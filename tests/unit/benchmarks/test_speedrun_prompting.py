@@ -55,12 +55,11 @@ def test_sft_pairs_made_for_another_prompt_are_refused_and_old_pairs_count_as_th
 
 
 def test_a_longer_prompt_keeps_the_tokens_a_pretraining_and_an_sft_step_take() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import swe_speedrun
+    import lm
 
-    assert swe_speedrun.per_step(2048, 64) == 64 and swe_speedrun.per_step(2048, 32) == 32  # the runs so far
+    assert lm.rows_per_step(2048, 64) == 64 and lm.rows_per_step(2048, 32) == 32  # the runs so far
     long = Prompting(max_prompt_length=4096).row_tokens
-    assert (swe_speedrun.per_step(long, 64), swe_speedrun.per_step(long, 32)) == (30, 15)
+    assert (lm.rows_per_step(long, 64), lm.rows_per_step(long, 32)) == (30, 15)
     assert 30 * long <= 64 * 2048 < 31 * long
 
 

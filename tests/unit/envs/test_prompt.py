@@ -101,37 +101,48 @@ def test_a_functions_prompt_shows_at_most_context_functions_of_them_whatever_the
     assert shown[1] == shown[3][:1] and shown[3] == shown[12][:3] == shown[40][:3]  # one ranking, cut further on
 
 
-def test_the_functions_fit_chooses_what_rendering_every_candidate_would(tmp_path, chat_tokenizer):
-    import dataclasses
-
-    from envs.swe.prompt import SYSTEM_PROMPT, _fit_exhaustive
-    from envs.swe.retrieval import retrieve_functions
-
-    task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
-    task = dataclasses.replace(task, problem_statement="Each function of x returns the wrong x.")
-    ranked = retrieve_functions(BareRepo(repos / "demo.git"), task.base_commit, task.problem_statement, k=40)
-
-    def exhaustive(budget: int) -> list[str]:  # the whole prompt rendered for every candidate
-        kept, _ = _fit_exhaustive(task.problem_statement, ranked, chat_tokenizer, budget, SYSTEM_PROMPT)
-        return [label for label, _ in kept]
-
-    full = len(build_prompt(task, chat_tokenizer, 100_000, "bm25_functions", repos_root=repos, functions=40).token_ids)
-    bare = len(build_prompt(task, chat_tokenizer, 100_000, "none").token_ids)
-    for budget in range(bare, full + 2, max(1, (full - bare) // 97)):
-        r = build_prompt(task, chat_tokenizer, budget, "bm25_functions", repos_root=repos, functions=40)
-        assert r.context_files == exhaustive(budget), budget
-        assert len(r.token_ids) <= budget
+# Ranked functions of very different sizes, best first: taken greedily in rank order, a long one crowds out the
+# short ones after it.
+RANKED = [(f"pkg/m.py:{10 * i} h{i}",
+           f"def h{i}(x):\n" + "".join(f"    x = x + {j}\n" for j in range(n)) + "    return x")
+          for i, n in enumerate([30, 2, 3, 25, 1, 4, 12, 2])]
+STATEMENT = "Each of h0 .. h7 returns the wrong x."
 
 
-def test_where_the_bounds_fail_the_exact_fit_decides_and_the_budget_holds(tmp_path, chat_tokenizer):
-    import dataclasses
+def test_the_functions_shown_are_the_set_of_most_worth_that_fits(chat_tokenizer):
+    from itertools import combinations
 
-    from envs.swe.prompt import SYSTEM_PROMPT, _fit_exhaustive
-    from envs.swe.retrieval import retrieve_functions
+    from envs.swe.prompt import SYSTEM_PROMPT, _render, _user_message, render_prompt
+
+    # Every subset rendered exactly: its length, its worth (1 / (rank + 1) for each function), its labels.
+    subsets = []
+    for r in range(len(RANKED) + 1):
+        for chosen in combinations(range(len(RANKED)), r):
+            _, ids = _render(chat_tokenizer, SYSTEM_PROMPT, _user_message(STATEMENT, [RANKED[i] for i in chosen], []))
+            subsets.append((len(ids), sum(1 / (i + 1) for i in chosen), [RANKED[i][0] for i in chosen]))
+    bare, full = subsets[0][0], subsets[-1][0]
+    beat_greedy = 0
+    for budget in range(bare, full + 2):
+        r = render_prompt(STATEMENT, RANKED, chat_tokenizer, budget, name_omitted=False)
+        assert len(r.token_ids) <= budget, budget
+        best = max(worth for n, worth, _ in subsets if n <= budget)
+        shown = next(worth for _, worth, labels in subsets if labels == r.context_files)
+        assert shown == pytest.approx(best), (budget, r.context_files)
+        assert r.context_files == [label for label, _ in RANKED if label in r.context_files]  # in rank order
+        greedy: list[str] = []
+        for label, _ in RANKED:  # what taking them in rank order would have shown
+            if next(n for n, _, labels in subsets if labels == [*greedy, label]) <= budget:
+                greedy.append(label)
+        beat_greedy += shown > next(worth for _, worth, labels in subsets if labels == greedy) + 1e-9
+    assert beat_greedy >= 20  # the budgets where a long function no longer crowds out the rest
+
+
+def test_where_block_counts_understate_the_prompt_is_packed_again_and_the_budget_holds(chat_tokenizer):
+    from envs.swe.prompt import render_prompt
 
     class Understating:
-        """The chat tokenizer, but a function's block counted alone at a third of its tokens: bounds that do not
-        hold, as a tokenizer merging across the joints far more than `_JOINT_SLACK` allows would give."""
+        """The chat tokenizer, but a function's block counted alone at a third of its tokens: the packing's
+        estimate far below the rendered prompt, as a tokenizer merging across the joints could give."""
 
         chat_template = chat_tokenizer.chat_template
 
@@ -142,17 +153,14 @@ def test_where_the_bounds_fail_the_exact_fit_decides_and_the_budget_holds(tmp_pa
             out = chat_tokenizer(text, **kwargs)
             return {"input_ids": out["input_ids"][: len(out["input_ids"]) // 3]} if text.startswith("\n[start") else out
 
-    task, repos = make_task(tmp_path, {"pkg/big.py": BIG, "pkg/small.py": SMALL})
-    task = dataclasses.replace(task, problem_statement="Each function of x returns the wrong x.")
-    ranked = retrieve_functions(BareRepo(repos / "demo.git"), task.base_commit, task.problem_statement, k=40)
-    bare = len(build_prompt(task, chat_tokenizer, 100_000, "none").token_ids)
+    bare = len(render_prompt(STATEMENT, [], chat_tokenizer, 100_000, name_omitted=False).token_ids)
+    full = len(render_prompt(STATEMENT, RANKED, chat_tokenizer, 100_000, name_omitted=False).token_ids)
     shown = 0
-    for budget in range(bare + 20, bare + 2000, 97):
-        r = build_prompt(task, Understating(), budget, "bm25_functions", repos_root=repos, functions=40)
-        kept, _ = _fit_exhaustive(task.problem_statement, ranked, chat_tokenizer, budget, SYSTEM_PROMPT)
-        assert len(r.token_ids) <= budget and r.context_files == [label for label, _ in kept], budget
-        shown += bool(kept)
-    assert shown >= 10  # the budgets that hold functions at all
+    for budget in range(bare, full + 2, 3):
+        r = render_prompt(STATEMENT, RANKED, Understating(), budget, name_omitted=False)
+        assert len(r.token_ids) <= budget, budget
+        shown += bool(r.context_files)
+    assert shown >= 20  # the budgets that hold functions at all
 
 
 def test_the_configs_default_function_count_is_the_retrievals() -> None:
