@@ -205,8 +205,9 @@ class DatasetConfig(Section):
     path:line qualname]`: more of the relevant code within a small budget); or none. Nothing in a prompt comes from
     the gold patch."""
     context_functions: int = Field(12, ge=1, le=256)
-    """bm25_functions: how many of the best-ranked functions a prompt may show (each whole, greedily in rank order,
-    while `max_prompt_length` has room). Raise it with the budget: at 12, a larger budget is left unused."""
+    """bm25_functions: how many of the best-ranked functions a prompt may choose from (each shown whole; of those,
+    the set that fits `max_prompt_length` and is worth most, a function at rank r worth 1 / (r + 1)). Raise it with
+    the budget: at 12, a larger budget is left unused."""
     assets_dir: str | None = None
     """Folder of the rows' image assets (SWE-bench Multimodal `image_assets`), one file per URL named
     `<sha256 of the URL>.<ext>`; None: `assets/` beside the data. Fill it where there is internet with
