@@ -15,6 +15,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from envs.registry import PromptResult, Task
 from envs.swe.assets import statement_with_image_notes
 from envs.swe.gitrepo import BareRepo, GitError
@@ -145,14 +147,12 @@ def _pack(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: 
     """The ranked functions (best first) a prompt of `budget` tokens shows: of the sets that fit, the one whose
     summed worth (1 / (rank + 1) each) is largest, shown in rank order.
 
-    Taking them greedily in rank order let one long function crowd out the several after it: the greedy prompt
-    showed the buggy function for 194 of the speedrun's 287 held-out tasks at 1,792 tokens and 234 at 4,096, this
-    choice 204 and 252 (and 297 -> 303, 344 -> 351 on its 451 training tasks, where the worth was chosen:
-    `benchmarks/prompt_fix_shown.py`). A 0/1 knapsack over each function's own token count (`bare`: the
-    statement-only prompt's length); the joints between blocks can move the rendered count by a few tokens, so the
-    choice is rendered and, while it is over, made again within what the overshoot leaves."""
-    import numpy as np
-
+    Taking them greedily in rank order let one long function crowd out the several after it. Of the speedrun's 287
+    held-out prompts, those showing the lines their fix changes: 192 -> 201 at 1,792 tokens, 232 -> 249 at 4,096
+    (`benchmarks/prompt_fix_shown.py`; the worth was chosen on the training tasks). A 0/1 knapsack over each
+    function's own token count (`bare`: the statement-only prompt's length); the joints between blocks can move the
+    rendered count by a few tokens, so the choice is rendered and, while it is over, made again within what the
+    overshoot leaves."""
     if not files:
         return [], []
     sizes = [len(tokenizer("\n" + _block(path, body), add_special_tokens=False)["input_ids"]) for path, body in files]
@@ -168,7 +168,7 @@ def _pack(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: 
             for i, n in enumerate(sizes):
                 if n <= room:
                     with_it = best[: room + 1 - n] + worth[i]
-                    took[i, n:] = with_it > best[n:]  # strictly: a tie keeps the set without it (fewer tokens)
+                    took[i, n:] = with_it > best[n:]  # strictly: at a tie the set without this later-ranked one stays
                     best[n:] = np.where(took[i, n:], with_it, best[n:])
             c = room
             for i in range(len(files) - 1, -1, -1):
