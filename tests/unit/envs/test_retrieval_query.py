@@ -2,7 +2,7 @@
 them) from the checkout and adds their source to the query: the function a failing test goes through ranks higher
 than on the statement's words alone, and a named test that is not in the checkout adds nothing. Functions a
 traceback in the statement passes through (pytest's frames or Python's) come first, innermost first; then the
-functions the statement calls by name."""
+functions the statement calls by name or reads as attributes."""
 
 from __future__ import annotations
 
@@ -152,6 +152,23 @@ def test_a_called_name_many_functions_share_points_at_none_of_them(tmp_path: Pat
     # Four `get` methods: the call is no pointer, and the words rank the duration parser first.
     assert ranked[0] == "pkg/core.py:6 parse_duration"
     assert called_names(statement) == {"get"}
+
+
+def test_an_attribute_the_failing_line_reads_points_at_the_property_of_that_name(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    walk = ("\n\nclass WalkError(Exception):\n    @property\n    def first_path(self):\n        return self.args[0]\n")
+    (src / "pkg" / "core.py").write_text(LIB + walk)
+    bare = BareRepo.create(tmp_path / "pkg.git")
+    commit = bare.commit_directory(src, "pkg 1.0")
+    # pathspec's shape: the failing line reads a property (no call, no library frame), and the words are those of
+    # the duration parser, which BM25 alone ranks first.
+    statement = ("Parsing the hours and minutes of a duration text fails when the tree walk ends:\n```\n"
+                 "tests/test_walk.py:12: in test_parse_duration_text_hours_minutes\n"
+                 "    assert context.exception.first_path == 'Dir'\nE   AssertionError: '/tmp/x/Dir' != 'Dir'\n```\n")
+    assert {"exception", "first_path"} <= called_names(statement)
+    ranked = [label for label, _ in retrieve_functions(bare, commit, statement)]
+    assert ranked[0] == "pkg/core.py:16 WalkError.first_path"
 
 
 GUARDED = '''import json
