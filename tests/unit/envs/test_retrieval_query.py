@@ -2,7 +2,8 @@
 them) from the checkout and adds their source to the query: the function a failing test goes through ranks higher
 than on the statement's words alone, and a named test that is not in the checkout adds nothing. Functions a
 traceback in the statement passes through (pytest's frames or Python's) come first, innermost first; then the
-functions the statement calls by name or reads as attributes."""
+constructor of a class whose object lacks an attribute; then the functions the statement calls by name or reads as
+attributes."""
 
 from __future__ import annotations
 
@@ -169,6 +170,23 @@ def test_an_attribute_the_failing_line_reads_points_at_the_property_of_that_name
     assert {"exception", "first_path"} <= called_names(statement)
     ranked = [label for label, _ in retrieve_functions(bare, commit, statement)]
     assert ranked[0] == "pkg/core.py:16 WalkError.first_path"
+
+
+def test_an_object_missing_an_attribute_points_at_its_class_constructor(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    box = ("\n\nclass Box:\n    def __init__(self, value):\n        self.label = str(value)\n\n"
+           "    def show(self):\n        return self.value\n")
+    (src / "pkg" / "core.py").write_text(LIB + box)
+    bare = BareRepo.create(tmp_path / "pkg.git")
+    commit = bare.commit_directory(src, "pkg 1.0")
+    # voluptuous' shape (a removed `self.x = ...`): the frame is the method that read it, the words the parser's.
+    statement = ("Parsing the hours and minutes of a duration text fails:\n```\n"
+                 "tests/test_box.py:12: in test_parse_duration_text_hours_minutes\n    Box(90).show()\n"
+                 "pkg/core.py:20: in show\n    return self.value\n"
+                 "E   AttributeError: 'Box' object has no attribute 'value'\n```\n")
+    ranked = [label for label, _ in retrieve_functions(bare, commit, statement)]
+    assert ranked[:2] == ["pkg/core.py:19 Box.show", "pkg/core.py:16 Box.__init__"]
 
 
 GUARDED = '''import json
