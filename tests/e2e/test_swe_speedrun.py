@@ -125,7 +125,8 @@ def stdlib_tokenizer(data: Path) -> Path:
     return data / "corpus" / "tokenizer"
 
 
-def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_slice: Path, tmp_path: Path) -> None:
+def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_slice: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`grpo --train-shown` on a real built slice: the training split it writes holds exactly the tasks `fixes.build`
     makes SFT pairs of (the same prompts, tokenizer and budget), and the validation split stays whole."""
     import shutil
@@ -133,7 +134,11 @@ def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_
     tokenizer = stdlib_tokenizer(tmp_path)  # puts benchmarks/ and benchmarks/speedrun/ on the path
     import fixes
     import swe_speedrun
+    from prompting import Prompting
 
+    # A budget that leaves some of the slice's fixes out (a 1,024-token vocabulary: at 1,024 tokens two of six toolz
+    # fixes are out of their prompts here; at the default 1,792 none is).
+    monkeypatch.setattr(swe_speedrun, "PROMPT", Prompting(max_prompt_length=1024))
     tasks = tmp_path / "tasks"
     shutil.copytree(task_slice, tasks)
     validation = (tasks / "validation.jsonl").read_text()
@@ -145,7 +150,7 @@ def test_train_shown_keeps_the_training_tasks_whose_prompt_shows_their_fix(task_
     name, n = swe_speedrun.train_split(tasks, None, frames=False, shown=tokenizer)
     chosen = [json.loads(line)["instance_id"] for line in (tasks / f"{name}.jsonl").read_text().splitlines()]
     assert n == len(paired) >= 1 and chosen == paired
-    assert n < counts["tasks"]  # one of the slice's toolz fixes is out of its prompt (a 1,024-token vocabulary)
+    assert n < counts["tasks"]
     assert (tasks / "validation.jsonl").read_text() == validation
 
 
