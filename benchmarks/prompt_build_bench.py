@@ -54,15 +54,20 @@ def build_all(tasks: list[Any], tokenizer: Any, repos: Path, cached: bool) -> tu
 
 
 def greedy_fit(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
-               bare: int) -> tuple[list[tuple[str, str]], list[str]]:
+               bare: prompt.Rendered) -> tuple[list[tuple[str, str]], list[str], prompt.Rendered]:
     """The choice before the packing (`_pack`'s signature): greedily in rank order, each function in whole if it fits
     beside those already in, the whole prompt rendered for every candidate."""
     kept: list[tuple[str, str]] = []
     dropped: list[str] = []
+    rendered = bare
     for path, body in files:
-        _, trial = prompt._render(tokenizer, system_prompt, prompt._user_message(statement, [*kept, (path, body)], []))
-        (kept.append((path, body)) if len(trial) <= budget else dropped.append(path))
-    return kept, dropped
+        trial = prompt._render(tokenizer, system_prompt, prompt._user_message(statement, [*kept, (path, body)], []))
+        if len(trial[1]) <= budget:
+            kept.append((path, body))
+            rendered = trial
+        else:
+            dropped.append(path)
+    return kept, dropped, rendered
 
 
 def _worth(shown: dict[str, list[str]], ranked: dict[str, list[str]]) -> float:

@@ -64,12 +64,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     lm.train(s, batches, steps=skip, peak_lr=1e-4, warmup=1, row_tokens=r, max_seconds=1e9,
                              log_every=10**9)
                     entry["first_steps_s"] = round(time.perf_counter() - t0, 2)
-                if device == "cuda":
-                    torch.cuda.synchronize()
+                # `train` reads the loss (a sync) at its last step, inside its clock: each call's seconds hold all
+                # of its GPU work and none of the call before.
                 stats = lm.train(s, batches, steps=args.steps, peak_lr=1e-4, warmup=1, row_tokens=r,
                                  max_seconds=1e9, log_every=10**9)
-                if device == "cuda":
-                    torch.cuda.synchronize()  # `train` reads the loss (a sync) only at its last step
                 entry["rounds"].append({"tokens_per_s": round(stats["tokens"] / stats["seconds"]),
                                         "seconds": round(stats["seconds"], 3)})
                 entry["tokens_per_s"] = max(x["tokens_per_s"] for x in entry["rounds"])

@@ -131,9 +131,9 @@ def render_prompt(
                 kept.append((path, body))
             else:
                 dropped = [*dropped, path]
+        text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped))
     else:
-        kept, dropped = _pack(statement, files, tokenizer, max_prompt_length, system_prompt, len(ids))
-    text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, dropped if name_omitted else []))
+        kept, dropped, (text, ids) = _pack(statement, files, tokenizer, max_prompt_length, system_prompt, (text, ids))
     return PromptResult(ids, text, [p for p, _ in kept], dropped)
 
 
@@ -142,23 +142,27 @@ def render_prompt(
 _WORTH = 10**9
 
 
+Rendered = tuple[str, list[int]]
+
+
 def _pack(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: int, system_prompt: str,
-          bare: int) -> tuple[list[tuple[str, str]], list[str]]:
+          bare: Rendered) -> tuple[list[tuple[str, str]], list[str], Rendered]:
     """The ranked functions (best first) a prompt of `budget` tokens shows: of the sets that fit, the one whose
     summed worth (1 / (rank + 1) each) is largest, shown in rank order.
 
     Taking them greedily in rank order let one long function crowd out the several after it. Of the speedrun's 287
     held-out prompts, those showing the lines their fix changes: 192 -> 201 at 1,792 tokens, 232 -> 249 at 4,096
     (`benchmarks/prompt_fix_shown.py`; the worth was chosen on the training tasks). A 0/1 knapsack over each
-    function's own token count (`bare`: the statement-only prompt's length); the joints between blocks can move the
+    function's own token count (`bare`: the statement-only prompt, rendered); the joints between blocks can move the
     rendered count by a few tokens, so the choice is rendered and, while it is over, made again within what the
-    overshoot leaves."""
+    overshoot leaves. Returns the choice, the functions left out and the prompt rendered."""
     if not files:
-        return [], []
+        return [], [], bare
     sizes = [len(tokenizer("\n" + _block(path, body), add_special_tokens=False)["input_ids"]) for path, body in files]
     # The <code> wrapper's tokens, from the first function rendered alone.
     _, one = _render(tokenizer, system_prompt, _user_message(statement, files[:1], []))
-    room = budget - bare - max(0, len(one) - bare - sizes[0])
+    n_bare = len(bare[1])
+    room = budget - n_bare - max(0, len(one) - n_bare - sizes[0])
     worth = [_WORTH // (rank + 1) for rank in range(len(files))]
     while True:
         chosen: list[int] = []
@@ -177,9 +181,9 @@ def _pack(statement: str, files: list[tuple[str, str]], tokenizer: Any, budget: 
                     c -= sizes[i]
             chosen.reverse()
         kept = [files[i] for i in chosen]
-        _, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, []))
+        text, ids = _render(tokenizer, system_prompt, _user_message(statement, kept, []))
         if len(ids) <= budget or not kept:
-            return kept, [path for i, (path, _) in enumerate(files) if i not in chosen]
+            return kept, [path for i, (path, _) in enumerate(files) if i not in chosen], (text, ids)
         room -= len(ids) - budget
 
 

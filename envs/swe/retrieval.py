@@ -241,8 +241,12 @@ def called_names(statement: str) -> set[str]:
     return set(_CALL.findall(statement)) | set(_ATTR.findall(statement))
 
 
+def _qualname(doc: _Doc) -> str:
+    return doc.path.rsplit(" ", 1)[-1]  # `path:line Class.method` -> `Class.method`
+
+
 def _function_name(doc: _Doc) -> str:
-    return doc.path.rsplit(" ", 1)[-1].rsplit(".", 1)[-1]  # `path:line Class.method` -> `method`
+    return _qualname(doc).rsplit(".", 1)[-1]  # `Class.method` -> `method`
 
 
 def retrieve_functions(repo: BareRepo, commit: str, statement: str, k: int = TOP_K_FUNCTIONS
@@ -267,10 +271,10 @@ def retrieve_functions(repo: BareRepo, commit: str, statement: str, k: int = TOP
                 ranked.setdefault(d.path, d)
     # `'Or' object has no attribute 'match_count'`: an attribute the class's constructor should have set.
     owners = {f"{cls}.__init__" for cls in _NO_ATTRIBUTE.findall(statement)}
-    for d in docs:
-        qualname = d.path.rsplit(" ", 1)[-1]
-        if qualname in owners or any(qualname.endswith("." + o) for o in owners):
-            ranked.setdefault(d.path, d)
+    if owners:
+        for d in docs:
+            if _qualname(d) in owners or any(_qualname(d).endswith("." + o) for o in owners):
+                ranked.setdefault(d.path, d)
     names = called_names(statement)
     called = [d for d in docs if _function_name(d) in names]
     defined = Counter(_function_name(d) for d in called)

@@ -156,12 +156,8 @@ def test_a_called_name_many_functions_share_points_at_none_of_them(tmp_path: Pat
 
 
 def test_an_attribute_the_failing_line_reads_points_at_the_property_of_that_name(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    (src / "pkg").mkdir(parents=True)
     walk = ("\n\nclass WalkError(Exception):\n    @property\n    def first_path(self):\n        return self.args[0]\n")
-    (src / "pkg" / "core.py").write_text(LIB + walk)
-    bare = BareRepo.create(tmp_path / "pkg.git")
-    commit = bare.commit_directory(src, "pkg 1.0")
+    bare, commit = repo(tmp_path, LIB + walk)
     # pathspec's shape: the failing line reads a property (no call, no library frame), and the words are those of
     # the duration parser, which BM25 alone ranks first.
     statement = ("Parsing the hours and minutes of a duration text fails when the tree walk ends:\n```\n"
@@ -173,13 +169,9 @@ def test_an_attribute_the_failing_line_reads_points_at_the_property_of_that_name
 
 
 def test_an_object_missing_an_attribute_points_at_its_class_constructor(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    (src / "pkg").mkdir(parents=True)
     box = ("\n\nclass Box:\n    def __init__(self, value):\n        self.label = str(value)\n\n"
            "    def show(self):\n        return self.value\n")
-    (src / "pkg" / "core.py").write_text(LIB + box)
-    bare = BareRepo.create(tmp_path / "pkg.git")
-    commit = bare.commit_directory(src, "pkg 1.0")
+    bare, commit = repo(tmp_path, LIB + box)
     # voluptuous' shape (a removed `self.x = ...`): the frame is the method that read it, the words the parser's.
     statement = ("Parsing the hours and minutes of a duration text fails:\n```\n"
                  "tests/test_box.py:12: in test_parse_duration_text_hours_minutes\n    Box(90).show()\n"
