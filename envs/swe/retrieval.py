@@ -86,7 +86,10 @@ def rank(docs: tuple[_Doc, ...], query: str, k: int = TOP_K) -> list[_Doc]:
     """The k documents with the best BM25 score for `query` (score > 0), best first; ties by path."""
     if not docs:
         return []
-    terms = set(tokens(query))
+    # A score is a float sum over the terms: summed in a set's order (which a process's hash seed sets), two
+    # documents of equal score (`Hunk.added`, `Hunk.removed`) came out in one order in one process and the other in
+    # the next, and so did the prompts. Summed in sorted order and rounded, equal scores tie, and ties go by path.
+    terms = sorted(set(tokens(query)))
     avg = sum(d.length for d in docs) / len(docs) or 1.0
     df = Counter(t for d in docs for t in terms if t in d.counts)
     idf = {t: math.log(1 + (len(docs) - n + 0.5) / (n + 0.5)) for t, n in df.items()}
@@ -98,7 +101,7 @@ def rank(docs: tuple[_Doc, ...], query: str, k: int = TOP_K) -> list[_Doc]:
             if f:
                 score += w * f * (_K1 + 1) / (f + _K1 * (1 - _B + _B * d.length / avg))
         if score > 0:
-            scored.append((-score, d.path, d))
+            scored.append((-round(score, 9), d.path, d))
     return [d for _, _, d in sorted(scored, key=lambda s: (s[0], s[1]))[:k]]
 
 

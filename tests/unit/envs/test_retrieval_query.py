@@ -7,6 +7,9 @@ attributes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from envs.swe.gitrepo import BareRepo
@@ -179,6 +182,24 @@ def test_an_object_missing_an_attribute_points_at_its_class_constructor(tmp_path
                  "E   AttributeError: 'Box' object has no attribute 'value'\n```\n")
     ranked = [label for label, _ in retrieve_functions(bare, commit, statement)]
     assert ranked[:2] == ["pkg/core.py:19 Box.show", "pkg/core.py:16 Box.__init__"]
+
+
+TIE = """
+from envs.swe.retrieval import _doc, rank
+body = "def {0}(self):\\n    return [line for line in self.lines if line.is_{0} and line.target_line_no]\\n"
+docs = tuple(_doc(f"pkg/patch.py:{10 * i} Hunk.{w}", body.format(w)) for i, w in enumerate(["removed", "added"]))
+query = "The hunk counts added and removed lines wrong: target_line_no is_added is_removed lines self"
+print(*[d.path for d in rank(docs, query, 2)])
+"""
+
+
+def test_equal_scores_tie_by_path_whatever_the_processs_hash_seed() -> None:
+    # unidiff's `Hunk.added` and `Hunk.removed` score alike; summed in a set's order the float sums differed in
+    # their last bits, and so the order (and the prompt) changed from one process to the next.
+    root = Path(__file__).resolve().parents[3]
+    orders = {subprocess.run([sys.executable, "-c", TIE], cwd=root, capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip() for seed in range(6)}
+    assert orders == {"pkg/patch.py:0 Hunk.removed pkg/patch.py:10 Hunk.added"}
 
 
 GUARDED = '''import json
